@@ -1,0 +1,147 @@
+"""One namespace for CUDA-graph code, on a GPU or on a CPU.
+
+Every lesson, exercise and test is written once against the object that :func:`get`
+returns::
+
+    from labkit import backend
+    B = backend.get("auto")          # "cuda" when a GPU is there, else "emulated"
+    x = torch.zeros(8, device=B.device)
+    s = B.Stream()
+    with B.stream(s):
+        ...
+    g = B.CUDAGraph()
+    with B.graph(g):
+        y = x * 2
+
+The contract (tests outside this repo rely on it; do not rename):
+
+    B.name                      "cuda" | "emulated"
+    B.device                    torch.device to put tensors on
+    B.CUDAGraph                 capture_begin/capture_end, replay, reset, pool, register_generator_state
+    B.graph                     graph(g, pool=None, stream=None, capture_error_mode="global")
+    B.graph_pool_handle()
+    B.make_graphed_callables(callables, sample_args, ...)
+    B.Stream, B.stream(s), B.current_stream(), B.synchronize(), B.is_current_stream_capturing()
+
+For ``"cuda"`` each attribute *is* torch.cuda's own object, so nothing in labkit stands
+between a learner and PyTorch on a GPU. For ``"emulated"`` each attribute comes from
+:mod:`labkit.emulator`, which reproduces what CUDA graphs do wherever a CPU can show it.
+
+Extras beyond the contract (both backends): ``B.Event`` (timing events),
+``B.default_stream()``, ``B.pool_stats(pool)`` and ``B.is_emulated``.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import torch
+
+__all__ = ["get", "NAMES"]
+
+NAMES = ("auto", "cuda", "emulated")
+
+_CONTRACT = (
+    "CUDAGraph", "graph", "graph_pool_handle", "make_graphed_callables", "Stream",
+    "stream", "current_stream", "synchronize", "is_current_stream_capturing",
+)
+
+_cache: dict[str, types.SimpleNamespace] = {}
+
+
+def _cuda_pool_stats(pool=None) -> dict:
+    """Bytes reserved and allocated in one graph pool (or all memory if pool is None)."""
+    reserved = allocated = active_peak = 0
+    for seg in torch.cuda.memory_snapshot():
+        if pool is not None and tuple(seg.get("segment_pool_id", (0, 0))) != tuple(pool):
+            continue
+        reserved += seg["total_size"]
+        allocated += seg["allocated_size"]
+    stats = torch.cuda.memory_stats()
+    return {
+        "reserved_bytes": reserved,
+        "allocated_bytes": allocated,
+        # torch keeps no per-pool peak; report the device-wide one and say so.
+        "peak_bytes": stats.get("allocated_bytes.all.peak", 0),
+        "peak_is_device_wide": True,
+    }
+
+
+def _make_cuda() -> types.SimpleNamespace:
+    c = torch.cuda
+    return types.SimpleNamespace(
+        name="cuda",
+        is_emulated=False,
+        device=torch.device("cuda", c.current_device()),
+        CUDAGraph=c.CUDAGraph,
+        graph=c.graph,
+        graph_pool_handle=c.graph_pool_handle,
+        make_graphed_callables=c.make_graphed_callables,
+        Stream=c.Stream,
+        Event=c.Event,
+        stream=c.stream,
+        current_stream=c.current_stream,
+        default_stream=c.default_stream,
+        synchronize=c.synchronize,
+        is_current_stream_capturing=c.is_current_stream_capturing,
+        pool_stats=_cuda_pool_stats,
+    )
+
+
+def _make_emulated() -> types.SimpleNamespace:
+    from labkit import emulator as e
+
+    return types.SimpleNamespace(
+        name="emulated",
+        is_emulated=True,
+        device=torch.device("cpu"),
+        CUDAGraph=e.CUDAGraph,
+        graph=e.graph,
+        graph_pool_handle=e.graph_pool_handle,
+        make_graphed_callables=e.make_graphed_callables,
+        Stream=e.Stream,
+        Event=e.Event,
+        stream=e.stream,
+        current_stream=e.current_stream,
+        default_stream=e.default_stream,
+        synchronize=e.synchronize,
+        is_current_stream_capturing=e.is_current_stream_capturing,
+        pool_stats=e.pool_stats,
+    )
+
+
+def resolve(name: str = "auto") -> str:
+    """The backend name ``get(name)`` would give: "cuda" or "emulated".
+
+    ``LABKIT_BACKEND`` in the environment overrides "auto" (e.g. to force the emulator
+    on a GPU machine and compare the two).
+    """
+    if name not in NAMES:
+        raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(NAMES)}")
+    if name == "auto":
+        name = os.environ.get("LABKIT_BACKEND", "auto")
+        if name not in NAMES:
+            raise ValueError(f"LABKIT_BACKEND={name!r} is not one of {', '.join(NAMES)}")
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "emulated"
+    return name
+
+
+def get(name: str = "auto") -> types.SimpleNamespace:
+    """Return the backend namespace: ``"cuda"``, ``"emulated"`` or ``"auto"``.
+
+    ``"auto"`` picks ``"cuda"`` when ``torch.cuda.is_available()``, else ``"emulated"``.
+    Asking for ``"cuda"`` on a machine without a GPU raises a RuntimeError that says so
+    and what to use instead.
+    """
+    name = resolve(name)
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            "backend 'cuda' needs a CUDA GPU, and torch.cuda.is_available() is False here "
+            f"(torch {torch.__version__}). Use backend.get('emulated') or backend.get('auto') "
+            "to run the same code on the CPU emulator; `python -m labkit doctor` says more."
+        )
+    if name not in _cache:
+        _cache[name] = _make_cuda() if name == "cuda" else _make_emulated()
+    return _cache[name]

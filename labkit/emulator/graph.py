@@ -1,0 +1,199 @@
+"""``CUDAGraph``, ``graph``, ``graph_pool_handle`` and ``is_current_stream_capturing``.
+
+The same API and the same rules as ``torch.cuda``'s, checked in the same places with the
+same messages (read off torch 2.11 on an H200), so code written against the backend
+namespace behaves alike on both.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from labkit.emulator import pool as _pool
+from labkit.emulator.recorder import Capture, active_capture, run_steps
+from labkit.emulator import streams as _streams
+from labkit.emulator.streams import (CAPTURE_INVALIDATED, Stream, capture_error,
+                                     current_stream, default_stream, synchronize)
+
+__all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing"]
+
+
+def graph_pool_handle() -> tuple[int, int]:
+    """An opaque token naming a new graph memory pool, to share between captures.
+
+    Graphs captured with the same ``pool`` share memory: a block one of them frees can
+    be reused by a later capture. That saves memory only if the graphs are replayed in
+    the order they were captured (see lesson 05).
+    """
+    return _pool.new_handle()
+
+
+def is_current_stream_capturing() -> bool:
+    """True while a capture is underway on the current stream, False otherwise."""
+    cap = active_capture()
+    return cap is not None and cap.stream == current_stream()
+
+
+class CUDAGraph:
+    """A recorded sequence of ATen ops that ``replay()`` runs again on the same memory.
+
+    Emulates ``torch.cuda.CUDAGraph`` on a CPU. What it reproduces: capture records and
+    does not compute; replay re-runs every recorded op in place on the same storage,
+    reading inputs by address; outputs are static and overwritten by each replay; Python
+    runs once, at capture; CPU syncs and data-dependent shapes are refused; RNG advances
+    per replay (custom generators must be registered); allocations come from a private
+    pool that graphs may share, with the same reuse hazards as on a GPU.
+
+    What it cannot show: the host/device split (on a CPU the "kernels" run when replay
+    is called, on the calling thread) and real GPU timing. Replay does skip Python,
+    modules and the autograd tape, so it is usually faster than eager on a CPU too, but
+    the ratio is not the GPU's.
+
+    .. warning::
+        As on a GPU, a graph keeps writing to the memory it captured. Keep static inputs
+        and outputs alive, fill inputs with ``copy_`` (never rebind), and ``clone()`` an
+        output you want to keep past the next replay.
+    """
+
+    def __init__(self, keep_graph: bool = False):
+        self._steps: list = []
+        self._ops: list[str] = []
+        self._pool: _pool.MemPool | None = None
+        self._capture: Capture | None = None
+        self._has_graph = False
+        self._generators: list[torch.Generator] = []
+
+    # ---- capture ----------------------------------------------------------------------
+    def capture_begin(self, pool=None, capture_error_mode: str = "global", **kwargs) -> None:
+        """Begin capturing on the current stream (prefer the ``graph`` context manager)."""
+        if self._has_graph or self._capture is not None:
+            raise RuntimeError("This CUDAGraph instance already owns a captured graph. "
+                               "To capture a new graph, create a new instance.")
+        if capture_error_mode not in ("global", "thread_local", "relaxed"):
+            raise RuntimeError(f"Unknown capture error mode. Expected `global`, "
+                               f"`thread_local`, or `relaxed`, got {capture_error_mode}")
+        s = current_stream()
+        if s == default_stream():
+            raise RuntimeError("CUDA graphs must be captured on a non-default stream. "
+                               "(However, after capture, it's ok to replay them on the "
+                               "default stream.)")
+        handle = tuple(pool) if pool is not None else _pool.new_handle()
+        mp = _pool.pool_for(handle)
+        cap = Capture(self, mp, s)
+        cap.start()
+        mp.use_count += 1
+        self._pool, self._capture = mp, cap
+
+    def capture_end(self) -> None:
+        """End the capture begun by ``capture_begin``."""
+        cap = self._capture
+        if cap is None:
+            raise RuntimeError("capture_end() called without a capture in progress")
+        cap.stop()
+        self._capture = None
+        if cap.invalid is not None:
+            _pool.release_pool(self._pool)
+            self._pool = None
+            raise capture_error(CAPTURE_INVALIDATED, "cudaErrorStreamCaptureInvalidated",
+                                f"an earlier op in this capture ({cap.invalid}) was refused;"
+                                " the graph was not created.")
+        self._steps, self._ops = cap.steps, cap.ops
+        self._has_graph = True
+
+    def register_generator_state(self, state) -> None:
+        """Let ops in this graph draw from ``state`` (a ``torch.Generator``).
+
+        The default generator is always registered. A custom generator used during
+        capture without this raises, as PyTorch does on a GPU. On replay, registered
+        generators advance, so random ops give new numbers on every replay.
+        """
+        self._generators.append(state)
+
+    # ---- replay -----------------------------------------------------------------------
+    def replay(self) -> None:
+        """Run every recorded op again, in order, on the captured memory."""
+        if not self._has_graph:
+            raise RuntimeError("Called CUDAGraph::replay without a preceding successful "
+                               "capture.")
+        outer = active_capture()
+        if outer is not None:       # replay inside another capture: record it as one step
+            if outer.graph is self:
+                raise RuntimeError("a graph cannot replay itself during its own capture")
+            outer.steps.append(self.replay)
+            outer.ops.append(f"<graph replay: {len(self._steps)} ops>")
+            return
+        run_steps(self._steps)
+
+    def reset(self) -> None:
+        """Drop the captured graph and its hold on the pool; the instance can capture again."""
+        if self._capture is not None:
+            self._capture.stop()
+            self._capture = None
+        if self._has_graph and self._pool is not None:
+            _pool.release_pool(self._pool)
+        self._steps, self._ops, self._has_graph, self._pool = [], [], False, None
+
+    def pool(self) -> tuple[int, int]:
+        """The handle of the pool this graph allocated from, to share with later captures."""
+        if self._pool is None:
+            raise RuntimeError("Called CUDAGraph::pool() without a preceding successful "
+                               "capture.")
+        return self._pool.handle
+
+    def enable_debug_mode(self) -> None:
+        pass
+
+    def debug_dump(self, debug_path: str) -> None:
+        with open(debug_path, "w") as f:
+            f.write("\n".join(self._ops) + "\n")
+
+    # ---- labkit extras: what was recorded -----------------------------------------------
+    def recorded_ops(self) -> list[str]:
+        """The ATen ops this graph replays, in order (on a GPU: its kernels)."""
+        return list(self._ops)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def __repr__(self) -> str:
+        state = f"{len(self._steps)} ops" if self._has_graph else "empty"
+        return f"<emulated CUDAGraph: {state}>"
+
+    def __del__(self):
+        try:
+            if self._has_graph and self._pool is not None:
+                _pool.release_pool(self._pool)
+        except Exception:
+            pass
+
+
+class graph:
+    """Context manager that captures the work inside it into ``cuda_graph``.
+
+    Mirrors ``torch.cuda.graph`` line for line: synchronize, switch to the capture stream
+    (``stream`` or a process-wide default side stream), ``capture_begin(pool)``; on exit
+    ``capture_end()`` and then switch back. As in PyTorch, if ``capture_end`` raises (after
+    a refused op), the stream switch is not undone.
+    """
+
+    default_capture_stream: Stream | None = None
+
+    def __init__(self, cuda_graph: CUDAGraph, pool=None, stream: Stream | None = None,
+                 capture_error_mode: str = "global"):
+        if stream is None and self.__class__.default_capture_stream is None:
+            self.__class__.default_capture_stream = Stream()
+        self.pool = () if pool is None else (pool,)
+        self.capture_stream = stream if stream is not None else \
+            self.__class__.default_capture_stream
+        self.stream_ctx = _streams.stream(self.capture_stream)
+        self.cuda_graph = cuda_graph
+        self.capture_error_mode = capture_error_mode
+
+    def __enter__(self):
+        synchronize()
+        self.stream_ctx.__enter__()
+        self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
+
+    def __exit__(self, *args):
+        self.cuda_graph.capture_end()
+        self.stream_ctx.__exit__(*args)

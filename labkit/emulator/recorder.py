@@ -1,0 +1,396 @@
+"""Recording ATen calls during capture: the heart of the emulator.
+
+While a graph captures, a ``TorchDispatchMode`` sees every ATen operation after autograd
+and autocast have done their part, i.e. the same stream of kernels a GPU would record.
+For each one it does what capture does on a GPU:
+
+* **records it and does not compute it.** Outputs are allocated from the graph's pool
+  (with the right shape and strides, found by running the op on ``meta`` tensors) and
+  filled with poison (NaN, or the dtype's maximum for integers); in-place updates of
+  existing tensors are *not* applied until replay;
+* **remembers addresses, not Python objects.** A step holds aliases of the exact memory
+  its arguments live in. Replay writes into the same storage every time, reads whatever
+  is in the input buffers then, and never sees a Python name that was rebound;
+* **refuses what a GPU refuses.** Ops that must read device data on the host (``.item()``,
+  ``if tensor:``, printing, ``nonzero``, boolean masks, ``unique``...) raise CUDA's
+  "operation not permitted when stream is capturing" and invalidate the capture; copies
+  to host memory (``.tolist()``, ``.numpy()``, ``.cpu()``) raise PyTorch's pinned-memory
+  error; an unregistered custom generator raises PyTorch's RNG error.
+
+View ops (``view``, ``t``, ``select``, ``expand``...) only change metadata, so they run for
+real during capture and are not recorded: their result aliases the same memory anyway.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from labkit.emulator import pool as _pool
+from labkit.emulator.streams import (CAPTURE_UNSUPPORTED, capture_error)
+
+aten = torch.ops.aten
+
+_state = threading.local()
+
+
+def active_capture() -> "Capture | None":
+    return getattr(_state, "capture", None)
+
+
+# ---- classification of ops -------------------------------------------------------------
+
+#: Ops whose output shape or value must be read on the host: a device->host sync.
+SYNC_OPS = {
+    "_local_scalar_dense": "reads a tensor's value on the host (.item(), float(t), int(t), "
+                          "`if t:`, printing)",
+    "is_nonzero": "reads a tensor's value on the host (`if t:`)",
+    "equal": "compares tensors on the host (torch.equal)",
+    "nonzero": "has an output shape that depends on the data (nonzero / argwhere / "
+               "boolean masks); use torch.where(mask, x, 0) or nonzero_static",
+    "nonzero_numpy": "has an output shape that depends on the data",
+    "masked_select": "has an output shape that depends on the data (x[mask]); use "
+                     "torch.where(mask, x, 0) instead",
+    "unique": "has an output shape that depends on the data",
+    "_unique": "has an output shape that depends on the data",
+    "_unique2": "has an output shape that depends on the data",
+    "unique_dim": "has an output shape that depends on the data",
+    "unique_consecutive": "has an output shape that depends on the data",
+    "unique_dim_consecutive": "has an output shape that depends on the data",
+    "bincount": "has an output shape that depends on the data (max value)",
+    "repeat_interleave": "has an output shape that depends on the data",
+    "histogram": "reads the data range on the host",
+    "_assert_tensor_metadata": None,   # metadata only: fine
+}
+
+#: In-place ops that change a tensor's metadata, not its data: run them now, never replay.
+METADATA_INPLACE = {"t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "detach_",
+                    "swapaxes_", "swapdims_", "set_", "resize_", "resize_as_",
+                    "_unsafe_view"}
+
+#: Factories whose memory is uninitialised: allocate from the pool, record nothing.
+EMPTY_FACTORIES = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided",
+                   "empty_permuted"}
+
+HOST_COPY_MESSAGE = (
+    "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU "
+    "tensor is pinned. Please use tensor.pin_memory() or allocate the tensor with "
+    "pin_memory=True."
+)
+
+RNG_MESSAGE = "Attempt to increase offset for a CUDA generator not in capture mode."
+
+
+def _kind(func) -> str:
+    """'view', 'meta_inplace', 'empty' or 'compute' for an OpOverload (cached)."""
+    k = _KIND_CACHE.get(func)
+    if k is None:
+        name = func.overloadpacket.__name__
+        schema = func._schema
+        writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        aliased_ret = any(r.alias_info is not None for r in schema.returns)
+        if name in METADATA_INPLACE:
+            k = "meta_inplace"
+        elif aliased_ret and not writes:
+            k = "view"
+        elif name in EMPTY_FACTORIES:
+            k = "empty"
+        else:
+            k = "compute"
+        _KIND_CACHE[func] = k
+    return k
+
+
+_KIND_CACHE: dict = {}
+_OUT_CACHE: dict = {}
+
+
+def _out_variant(func):
+    """The ``.out`` overload of a functional op with exactly the same inputs, if any."""
+    if func in _OUT_CACHE:
+        return _OUT_CACHE[func]
+    found = None
+    ins = [(a.name, str(a.type)) for a in func._schema.arguments]
+    nret = len(func._schema.returns)
+    packet = func.overloadpacket
+    for name in packet.overloads():
+        op = getattr(packet, name)
+        args = op._schema.arguments
+        outs = [a.name for a in args if a.is_out]
+        if len(outs) != nret or not outs:
+            continue
+        if [(a.name, str(a.type)) for a in args if not a.is_out] == ins:
+            found = (op, outs)
+            break
+    _OUT_CACHE[func] = found
+    return found
+
+
+def _poison(t: torch.Tensor) -> None:
+    if t.numel() == 0:
+        return
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(torch.iinfo(t.dtype).max)
+
+
+def _extent_bytes(size, stride, itemsize) -> int:
+    if any(s == 0 for s in size):
+        return 0
+    return (1 + sum((s - 1) * st for s, st in zip(size, stride))) * itemsize
+
+
+def _to_meta(x):
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta")
+    if isinstance(x, torch.device):
+        return torch.device("meta")
+    if isinstance(x, torch.Generator):
+        return None
+    return x
+
+
+# ---- one capture ----------------------------------------------------------------------
+
+class Capture:
+    """The state of one capture in progress: the pool, the recorded steps, the modes."""
+
+    def __init__(self, graph, mempool: _pool.MemPool, stream):
+        self.graph = graph
+        self.pool = mempool
+        self.stream = stream
+        self.steps: list[Callable[[], None]] = []
+        self.ops: list[str] = []
+        self.invalid: str | None = None
+        self._aliases: dict[tuple, torch.Tensor] = {}
+        self._modes = (_CaptureFunctionMode(self), _CaptureDispatchMode(self))
+
+    # lifecycle
+    def start(self) -> None:
+        if active_capture() is not None:
+            raise RuntimeError("Another capture is already underway in this process: "
+                               "finish it (capture_end) before starting a new one.")
+        _state.capture = self
+        for m in self._modes:
+            m.__enter__()
+
+    def stop(self) -> None:
+        for m in reversed(self._modes):
+            m.__exit__(None, None, None)
+        _state.capture = None
+
+    def invalidate(self, why: str = "error") -> None:
+        if self.invalid is None:
+            self.invalid = why
+
+    # addresses
+    def alias(self, t: torch.Tensor) -> torch.Tensor:
+        """A tensor on the same memory as ``t`` that does not keep ``t``'s block allocated.
+
+        Pool memory is aliased through its segment, so user code can still free the block
+        (and a later capture can reuse it), as on a GPU where a graph holds raw pointers.
+        Other memory is aliased through its own storage. The alias has its own version
+        counter: replay writes memory without bumping autograd's versions, like a GPU.
+        """
+        st = t.untyped_storage()
+        key = (st.data_ptr(), t.storage_offset(), tuple(t.size()), tuple(t.stride()), t.dtype)
+        a = self._aliases.get(key)
+        if a is None:
+            seg = _pool.segment_of(st.data_ptr()) if st.data_ptr() else None
+            if seg is not None:
+                byte_off = st.data_ptr() - seg.ptr
+                item = t.element_size()
+                base, off = seg.storage, byte_off // item + t.storage_offset()
+            else:
+                base, off = st, t.storage_offset()
+            a = torch.empty(0, dtype=t.dtype).set_(base, off, t.size(), t.stride())
+            self._aliases[key] = a
+        return a
+
+    def allocate(self, like: torch.Tensor) -> torch.Tensor:
+        """A poisoned tensor from the graph's pool with ``like``'s size, stride, dtype."""
+        nbytes = _extent_bytes(like.size(), like.stride(), like.element_size())
+        storage, _ = self.pool.allocate(nbytes)
+        t = torch.empty(0, dtype=like.dtype).set_(storage, 0, like.size(), like.stride())
+        _poison(t)
+        return t
+
+    # recording
+    def record(self, func, args, kwargs):
+        kind = _kind(func)
+        name = func.overloadpacket.__name__
+        if name in SYNC_OPS and SYNC_OPS[name] is not None:
+            self.refuse(name, SYNC_OPS[name])
+        if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
+            indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+            if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+                   for i in indices or ()):
+                self.refuse(name, "uses a boolean mask as an index, so its shape depends on "
+                                  "the data; use torch.where(mask, value, x) instead")
+
+        if kind in ("view", "meta_inplace"):
+            return func(*args, **kwargs)
+
+        meta_out = self._meta(func, args, kwargs)
+        if kind == "empty":
+            return tree_map(lambda m: self.allocate(m) if isinstance(m, torch.Tensor) else m,
+                            meta_out)
+        return self._record_compute(func, name, args, kwargs, meta_out)
+
+    def _meta(self, func, args, kwargs):
+        margs, mkwargs = tree_map(_to_meta, (args, kwargs))
+        try:
+            return func(*margs, **mkwargs)
+        except NotImplementedError:
+            # no meta kernel: learn the output's metadata by running it for real
+            # (outputs are poisoned below, so no computed value escapes)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return func(*args, **kwargs)
+
+    def _record_compute(self, func, name, args, kwargs, meta_out):
+        schema = func._schema
+        # which returns alias a written argument (in-place / out=), and which are fresh
+        arg_values = {}
+        for i, a in enumerate(schema.arguments):
+            if i < len(args) and not a.kwarg_only:
+                arg_values[a.name] = args[i]
+            elif a.name in kwargs:
+                arg_values[a.name] = kwargs[a.name]
+        written = {}
+        for a in schema.arguments:
+            if a.alias_info is not None and a.alias_info.is_write:
+                for s in a.alias_info.before_set:
+                    written[s] = arg_values.get(a.name)
+        rets = list(schema.returns)
+        meta_flat, spec = tree_flatten(meta_out)
+        results, fresh = [], []          # fresh: (position in flat result, pool tensor)
+        if len(rets) == 1 and isinstance(meta_out, (list, tuple)) and not rets[0].alias_info:
+            ret_alias = [None] * len(meta_flat)          # e.g. Tensor[] of fresh tensors
+        elif len(rets) == 1 and isinstance(meta_out, (list, tuple)):
+            ret_alias = [rets[0].alias_info] * len(meta_flat)
+        else:
+            ret_alias = [r.alias_info for r in rets][: len(meta_flat)]
+            ret_alias += [None] * (len(meta_flat) - len(ret_alias))
+        for i, (m, ai) in enumerate(zip(meta_flat, ret_alias)):
+            if ai is not None and ai.is_write:
+                src = written.get(next(iter(ai.before_set)))
+                results.append(src)
+            elif isinstance(m, torch.Tensor):
+                t = self.allocate(m)
+                fresh.append((i, t))
+                results.append(t)
+            else:
+                results.append(m)
+        if name == "copy_" and isinstance(args[0], torch.Tensor) and isinstance(
+                args[1], torch.Tensor) and args[0].device != args[1].device:
+            self.refuse_host_copy()
+        self._add_step(func, args, kwargs, fresh, len(meta_flat) == 1 and spec.num_leaves == 1
+                       and not isinstance(meta_out, (list, tuple)))
+        out = tree_unflatten(results, spec)
+        return out
+
+    def _add_step(self, func, args, kwargs, fresh, single):
+        al = self.alias
+        aargs, akwargs = tree_map(lambda x: al(x) if isinstance(x, torch.Tensor) else x,
+                                  (args, kwargs))
+        outs = [(i, al(t)) for i, t in fresh]
+        self.ops.append(str(func))
+        variant = _out_variant(func) if (outs and len(outs) == len(func._schema.returns)
+                                         and all(i == j for j, (i, _) in enumerate(outs))) else None
+
+        def copy_step(func=func, aargs=aargs, akwargs=akwargs, outs=outs, single=single):
+            res = func(*aargs, **akwargs)
+            if not outs:
+                return
+            if single:
+                outs[0][1].copy_(res)
+            else:
+                flat, _ = tree_flatten(res)
+                for i, o in outs:
+                    o.copy_(flat[i])
+
+        if variant is None:
+            self.steps.append(copy_step)
+            return
+        out_op, names = variant
+        okw = dict(akwargs)
+        okw.update({n: o for n, (_, o) in zip(names, outs)})
+        idx, steps = len(self.steps), self.steps
+
+        def out_step(out_op=out_op, aargs=aargs, okw=okw):
+            try:
+                out_op(*aargs, **okw)
+            except Exception:        # an out= kernel that disagrees: fall back for good
+                steps[idx] = copy_step
+                copy_step()
+
+        self.steps.append(out_step)
+
+    # refusals
+    def refuse(self, name: str, why: str):
+        self.invalidate(name)
+        raise capture_error(CAPTURE_UNSUPPORTED, "cudaErrorStreamCaptureUnsupported",
+                            f"aten.{name} {why}. Nothing inside a captured region may wait "
+                            "for the GPU.")
+
+    def refuse_host_copy(self):
+        raise RuntimeError(HOST_COPY_MESSAGE + "\n[labkit emulator] this copies a captured "
+                           "tensor to host memory; read results after replay() instead.")
+
+
+class _CaptureDispatchMode(TorchDispatchMode):
+    def __init__(self, cap: Capture):
+        super().__init__()
+        self.cap = cap
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.cap.record(func, args, kwargs or {})
+
+
+_HOST_READS = {"tolist", "numpy", "__array__", "cpu"}
+_PRINTS = {"__repr__", "__str__", "__format__"}
+
+
+class _CaptureFunctionMode(TorchFunctionMode):
+    """Catches what never reaches ATen: host copies, printing, custom generators."""
+
+    def __init__(self, cap: Capture):
+        super().__init__()
+        self.cap = cap
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in _HOST_READS:
+            self.cap.refuse_host_copy()
+        if name in _PRINTS:
+            self.cap.refuse(name.strip("_"), "prints a captured tensor, which reads its "
+                            "values on the host")
+        gen = kwargs.get("generator")
+        if isinstance(gen, torch.Generator) and gen is not torch.default_generator:
+            if not any(gen is g for g in self.cap.graph._generators):
+                raise RuntimeError(RNG_MESSAGE + "\n[labkit emulator] this op draws from a "
+                                   "custom torch.Generator: call "
+                                   "g.register_generator_state(generator) before capture.")
+        return func(*args, **kwargs)
+
+
+def run_steps(steps: list[Callable[[], None]]) -> None:
+    """Replay: call every recorded step in order, with autograd and autocast off."""
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        for step in steps:
+            step()
+
+
+__all__ = ["Capture", "active_capture", "run_steps", "SYNC_OPS", "HOST_COPY_MESSAGE",
+           "RNG_MESSAGE"]

@@ -1,0 +1,155 @@
+"""Streams, events and synchronisation for the emulator.
+
+On a CPU there is one timeline, so a stream here orders nothing: work runs when it is
+called. What streams still decide is *capture*: ``capture_begin`` refuses the default
+stream, ``is_current_stream_capturing()`` is true only on the capturing stream, and any
+synchronisation during capture is an error, exactly as on a GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import torch
+
+__all__ = ["Stream", "Event", "stream", "current_stream", "default_stream", "synchronize",
+           "capture_error", "CAPTURE_UNSUPPORTED", "CAPTURE_INVALIDATED"]
+
+_CUDA_TAIL = (
+    "\nSearch for `{code}' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+    "group__CUDART__TYPES.html for more information.\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+    "stacktrace below might be incorrect.\n"
+)
+CAPTURE_UNSUPPORTED = "CUDA error: operation not permitted when stream is capturing"
+CAPTURE_INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
+
+_Accel = getattr(torch, "AcceleratorError", RuntimeError)
+
+
+def capture_error(message: str, code: str, why: str = "") -> RuntimeError:
+    """The error CUDA raises (same class and first line), plus a line saying why."""
+    text = message + _CUDA_TAIL.format(code=code)
+    if why:
+        text += f"[labkit emulator] {why}\n"
+    try:
+        return _Accel(text)
+    except TypeError:   # AcceleratorError may not be constructible from Python
+        return RuntimeError(text)
+
+
+_ids = itertools.count()
+_tls = threading.local()
+
+
+class Stream:
+    """A stand-in for ``torch.cuda.Stream``: an identity, and the ordering methods."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
+        self.stream_id = next(_ids)
+        self.priority = priority
+        self.device = torch.device("cpu")
+
+    def wait_stream(self, other: "Stream") -> None:
+        pass
+
+    def wait_event(self, event: "Event") -> None:
+        pass
+
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        _refuse_sync_during_capture("Stream.synchronize()")
+
+    def __eq__(self, other):
+        return isinstance(other, Stream) and other.stream_id == self.stream_id
+
+    def __hash__(self):
+        return hash(("labkit-stream", self.stream_id))
+
+    def __repr__(self):
+        kind = "default" if self.stream_id == 0 else "side"
+        return f"<emulated Stream id={self.stream_id} ({kind})>"
+
+
+_DEFAULT = Stream()
+
+
+def default_stream(device=None) -> Stream:
+    return _DEFAULT
+
+
+def current_stream(device=None) -> Stream:
+    return getattr(_tls, "stream", _DEFAULT)
+
+
+class stream:
+    """Context manager that makes ``s`` the current stream (``None`` is a no-op)."""
+
+    def __init__(self, s: Stream | None):
+        self.s = s
+
+    def __enter__(self):
+        self.prev = current_stream()
+        if self.s is not None:
+            _tls.stream = self.s
+        return self.s
+
+    def __exit__(self, *exc):
+        _tls.stream = self.prev
+
+
+def _refuse_sync_during_capture(what: str) -> None:
+    from labkit.emulator.recorder import active_capture
+
+    cap = active_capture()
+    if cap is not None:
+        cap.invalidate()
+        raise capture_error(
+            CAPTURE_UNSUPPORTED, "cudaErrorStreamCaptureUnsupported",
+            f"{what} waits for the GPU to finish, but during capture nothing runs: "
+            "move it out of the captured region.",
+        )
+
+
+def synchronize(device=None) -> None:
+    """Wait for all work (a no-op on a CPU), but an error during capture, as on a GPU."""
+    _refuse_sync_during_capture("synchronize()")
+
+
+class Event:
+    """A timing event: ``record()`` notes the host clock, ``elapsed_time`` gives ms.
+
+    On a CPU everything has already run when ``record`` is called, so the host clock
+    measures what a CUDA event would.
+    """
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False):
+        self.enable_timing = enable_timing
+        self._t: int | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        self._t = time.perf_counter_ns()
+
+    def wait(self, stream: Stream | None = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        _refuse_sync_during_capture("Event.synchronize()")
+
+    def elapsed_time(self, end: "Event") -> float:
+        if self._t is None or end._t is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end._t - self._t) / 1e6
