@@ -28,7 +28,7 @@ between a learner and PyTorch on a GPU. For ``"emulated"`` each attribute comes 
 :mod:`labkit.emulator`, which reproduces what CUDA graphs do wherever a CPU can show it.
 
 Extras beyond the contract (both backends): ``B.Event`` (timing events),
-``B.default_stream()``, ``B.pool_stats(pool)`` and ``B.is_emulated``.
+``B.default_stream()``, ``B.set_stream(s)``, ``B.pool_stats(pool)`` and ``B.is_emulated``.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ def _make_cuda() -> types.SimpleNamespace:
         Stream=c.Stream,
         Event=c.Event,
         stream=c.stream,
+        set_stream=c.set_stream,
         current_stream=c.current_stream,
         default_stream=c.default_stream,
         synchronize=c.synchronize,
@@ -103,6 +104,7 @@ def _make_emulated() -> types.SimpleNamespace:
         Stream=e.Stream,
         Event=e.Event,
         stream=e.stream,
+        set_stream=e.set_stream,
         current_stream=e.current_stream,
         default_stream=e.default_stream,
         synchronize=e.synchronize,

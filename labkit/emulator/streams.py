@@ -14,7 +14,8 @@ import time
 
 import torch
 
-__all__ = ["Stream", "Event", "stream", "current_stream", "default_stream", "synchronize",
+__all__ = ["Stream", "Event", "stream", "set_stream", "current_stream", "default_stream",
+           "synchronize",
            "capture_error", "CAPTURE_UNSUPPORTED", "CAPTURE_INVALIDATED"]
 
 _CUDA_TAIL = (
@@ -89,6 +90,11 @@ def default_stream(device=None) -> Stream:
 
 def current_stream(device=None) -> Stream:
     return getattr(_tls, "stream", _DEFAULT)
+
+
+def set_stream(s: Stream) -> None:
+    """Make ``s`` the current stream (like ``torch.cuda.set_stream``)."""
+    _tls.stream = s
 
 
 class stream:

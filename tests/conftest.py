@@ -1,0 +1,37 @@
+"""Shared fixtures: ``B`` runs a test once per backend.
+
+The emulated backend always runs; the cuda one runs where a GPU is present (marker
+``cuda``) and is skipped elsewhere, so the same assertions check the emulator against the
+real thing on a GPU machine (``pytest -m cuda``).
+"""
+
+import pytest
+import torch
+
+from labkit import backend
+
+BACKENDS = [
+    pytest.param("emulated", id="emulated"),
+    pytest.param("cuda", id="cuda", marks=[
+        pytest.mark.cuda,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    ]),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def B(request):
+    b = backend.get(request.param)
+    b.set_stream(b.default_stream())
+    yield b
+    # a capture that failed leaves its stream current (as torch.cuda.graph does): undo it
+    b.set_stream(b.default_stream())
+
+
+@pytest.fixture
+def E():
+    """The emulated backend alone, for emulator-only details."""
+    b = backend.get("emulated")
+    b.set_stream(b.default_stream())
+    yield b
+    b.set_stream(b.default_stream())

@@ -1,0 +1,161 @@
+"""Emulator-only details: the pool allocator, what gets recorded, and corner cases."""
+
+import pytest
+import torch
+
+from labkit.emulator import pool as P
+
+
+def capture(E, fn, pool=None):
+    g = E.CUDAGraph()
+    with E.graph(g, pool=pool):
+        out = fn()
+    return g, out
+
+
+def test_best_fit_split_and_coalesce():
+    mp = P.MemPool(P.new_handle())
+    s1, b1 = mp.allocate(1000)          # rounded to 1024
+    s2, b2 = mp.allocate(512)
+    assert (b1.size, b2.size) == (1024, 512) and b2.offset == 1024
+    assert mp.stats()["reserved_bytes"] == P.SMALL_SEGMENT
+    del s1
+    s3, b3 = mp.allocate(600)           # best fit: the freed 1024 block, not the tail
+    assert b3.offset == 0
+    del s2, s3
+    st = mp.stats()
+    assert st["allocated_bytes"] == 0 and st["peak_bytes"] == 1536
+    s4, b4 = mp.allocate(P.SMALL_SEGMENT)   # all free blocks coalesced back into one
+    assert b4.offset == 0 and len(mp.segments) == 1 + 1  # too big for small: large segment
+
+
+def test_large_allocations_get_their_own_segments():
+    mp = P.MemPool(P.new_handle())
+    _, b = mp.allocate(3 * P.MB)
+    assert b.segment.size == P.LARGE_SEGMENT and not b.segment.small
+    _, b2 = mp.allocate(30 * P.MB)
+    assert b2.segment.size == 30 * P.MB
+
+
+def test_shared_pool_reserves_less_than_separate_pools(E):
+    x = torch.randn(64, 64)
+
+    def chain(pool_of):
+        graphs, pool = [], None
+        for _ in range(4):
+            g = E.CUDAGraph()
+            with E.graph(g, pool=pool_of(graphs)):
+                tmp = x @ x
+                y = tmp.relu()
+                del tmp
+            graphs.append((g, y))
+        return graphs
+
+    shared = chain(lambda gs: gs[0][0].pool() if gs else E.graph_pool_handle())
+    separate = chain(lambda gs: None)
+    reserved_shared = E.pool_stats(shared[0][0].pool())["reserved_bytes"]
+    reserved_separate = sum(E.pool_stats(g.pool())["reserved_bytes"] for g, _ in separate)
+    assert reserved_shared < reserved_separate
+
+
+def test_outputs_are_poisoned_by_dtype(E):
+    f = torch.ones(3)
+    i = torch.ones(3, dtype=torch.int64)
+    _, (a, b, c) = capture(E, lambda: (f * 2, i * 2, f > 0))
+    assert torch.isnan(a).all()
+    assert (b == torch.iinfo(torch.int64).max).all()
+    assert c.all()
+
+
+def test_recorded_ops_skip_views_and_empties(E):
+    x = torch.randn(4, 4)
+    g, _ = capture(E, lambda: (torch.empty(3), x.t()[1].unsqueeze(0) + 1))
+    assert g.recorded_ops() == ["aten.add.Tensor"]
+
+
+def test_zeros_during_capture_is_a_recorded_memset(E):
+    g, z = capture(E, lambda: torch.zeros(3))
+    assert torch.isnan(z).all()
+    g.replay()
+    assert z.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_metadata_inplace_ops_run_once(E):
+    x = torch.arange(6.0).reshape(2, 3)
+    y = x.clone()
+    g, _ = capture(E, lambda: (y.t_(), y.mul_(2)))
+    assert y.shape == (3, 2)
+    g.replay()
+    g.replay()
+    assert y.shape == (3, 2) and torch.equal(y, x.t() * 4)
+
+
+def test_batchnorm_running_stats_update_on_replay_only(E):
+    bn = torch.nn.BatchNorm1d(4)
+    x = torch.randn(8, 4)
+    g, out = capture(E, lambda: bn(x))
+    assert torch.equal(bn.running_mean, torch.zeros(4))
+    g.replay()
+    torch.testing.assert_close(bn.running_mean, 0.1 * x.mean(0))
+
+
+def test_replay_does_not_bump_version_counters(E):
+    w = torch.randn(3, requires_grad=True)
+    x = torch.randn(3)
+    g, _ = capture(E, lambda: x.add_(1))   # (capturing add_ bumps x's version, as on a GPU)
+    y = w * x                 # saves x for backward
+    g.replay()                # a GPU kernel writing x does not bump its version
+    y.sum().backward()        # so autograd does not complain
+    assert w.grad is not None
+
+
+def test_replay_inside_capture_is_one_step(E):
+    x = torch.ones(2)
+    g1, y = capture(E, lambda: x + 1)
+    g2, z = capture(E, lambda: (g1.replay(), y * 10)[1])
+    assert len(g2) == 2
+    x.fill_(4)
+    g2.replay()
+    assert z.tolist() == [50.0, 50.0]
+
+
+def test_error_says_why_and_capture_invalidated(E):
+    x = torch.randn(3)
+    g = E.CUDAGraph()
+    with pytest.raises(RuntimeError) as info:
+        with E.graph(g):
+            x.sum().item()
+    assert "previous error during capture" in str(info.value)
+    assert "[labkit emulator]" in str(info.value.__context__)
+    E.set_stream(E.default_stream())
+    with pytest.raises(RuntimeError, match="without a preceding successful capture"):
+        g.replay()
+
+
+def test_host_copy_error_does_not_invalidate(E):
+    x = torch.randn(3)
+    g = E.CUDAGraph()
+    with E.graph(g):
+        y = x * 2
+        with pytest.raises(RuntimeError, match="pinned"):
+            y.tolist()
+    g.replay()
+    torch.testing.assert_close(y, x * 2)
+
+
+def test_foreach_copy_and_index_put_recorded(E):
+    dst = [torch.zeros(3), torch.zeros(2)]
+    src = [torch.ones(3), torch.full((2,), 5.0)]
+    idx = torch.tensor([0, 2])
+    g, _ = capture(E, lambda: (torch._foreach_copy_(dst, src), dst[0].index_put_((idx,),
+                                                                               torch.tensor(9.0))))
+    assert dst[0].tolist() == [0.0, 0.0, 0.0]
+    g.replay()
+    assert dst[0].tolist() == [9.0, 1.0, 9.0] and dst[1].tolist() == [5.0, 5.0]
+
+
+def test_out_variant_used_for_functional_ops(E):
+    x = torch.randn(5)
+    g, y = capture(E, lambda: torch.sin(x))
+    g.replay()
+    torch.testing.assert_close(y, torch.sin(x))
