@@ -159,3 +159,11 @@ def test_out_variant_used_for_functional_ops(E):
     g, y = capture(E, lambda: torch.sin(x))
     g.replay()
     torch.testing.assert_close(y, torch.sin(x))
+
+
+def test_replay_vs_eager_measurement_runs_and_agrees():
+    from labkit.emulator.cost import replay_vs_eager
+
+    r = replay_vs_eager(d_model=16, nhead=2, batch=2, seq=4, iters=3)
+    assert r["results_equal"] and r["ops_recorded"] > 20
+    assert r["eager_us"] > 0 and r["replay_us"] > 0
