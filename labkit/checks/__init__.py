@@ -1,0 +1,298 @@
+"""Checkers for the exercises: run the learner's function against the reference.
+
+Each lesson has a module ``labkit.checks.lessonNN`` with one ``check_<exercise>(fn)`` per
+exercise; they are thin wrappers around :func:`check`::
+
+    from labkit.checks.lesson00 import check_scale_and_shift
+    check_scale_and_shift(scale_and_shift)
+    # ✅ scale_and_shift: passed 3 random trials
+
+:func:`check` builds fresh random inputs for every trial (seeded, so a failure can be
+reproduced), calls the reference and the learner's function on separate copies, compares
+the results and prints ONE line when all trials pass, or a short report of the first
+failure: which trial, what differs (type, shape, dtype, device, values with the largest
+absolute difference) and a hint. An exception raised by the learner's code is never shown
+as a bare traceback: the report names the exception, its message and the learner's line.
+
+It returns a :class:`CheckResult`, truthy when the check passed, for tests and scripts.
+"""
+
+from __future__ import annotations
+
+import linecache
+import math
+import os
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["CheckResult", "check", "compare_outputs", "describe_exception"]
+
+PASS = "✅"
+FAIL = "❌"
+NOT_DONE = "not done yet: fill in the cell marked YOUR CODE HERE"
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+@dataclass
+class CheckResult:
+    """What a check found. ``bool(result)`` is ``result.passed``."""
+
+    name: str
+    passed: bool
+    message: str
+    trials: int = 0  # trials that passed
+    failed_trial: int | None = None  # 1-based
+    kind: str = "ok"  # ok | mismatch | exception | not_implemented | checker_error
+    details: dict = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __str__(self) -> str:
+        return self.message
+
+    def _ipython_display_(self) -> None:
+        # check() already printed the message; as a cell's last value, show nothing more.
+        pass
+
+
+# --- comparing outputs -----------------------------------------------------------------
+
+
+def _fmt_shape(t: torch.Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ("," if t.dim() == 1 else "") + ")"
+
+
+def _type_name(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return "a torch.Tensor"
+    if x is None:
+        return "None"
+    return f"a {type(x).__name__}"
+
+
+def _compare_tensors(expected: torch.Tensor, actual: torch.Tensor, where: str,
+                     rtol: float, atol: float) -> str | None:
+    if tuple(actual.shape) != tuple(expected.shape):
+        return f"{where}shape: expected {_fmt_shape(expected)}, got {_fmt_shape(actual)}"
+    if actual.dtype != expected.dtype:
+        return f"{where}dtype: expected {expected.dtype}, got {actual.dtype}"
+    if actual.device != expected.device:
+        return f"{where}device: expected {expected.device}, got {actual.device}"
+    e = expected.detach().cpu()
+    a = actual.detach().cpu()
+    if e.numel() == 0:
+        return None
+    if e.is_floating_point() or e.is_complex():
+        close = torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        close = a == e
+    if bool(close.all()):
+        return None
+    bad = ~close
+    n_bad = int(bad.sum())
+    if e.dtype == torch.bool:
+        diff = (a != e).to(torch.float64)
+    else:
+        diff = (a.to(torch.float64) - e.to(torch.float64)).abs()
+        diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
+    diff = torch.where(bad, diff, torch.zeros_like(diff))
+    flat = int(diff.reshape(-1).argmax())
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), e.shape)) if e.dim() else ()
+    ev, av = e.reshape(-1)[flat].item(), a.reshape(-1)[flat].item()
+    at = f" at index {idx}" if idx else ""
+    return (
+        f"{where}values differ: max abs diff {diff.reshape(-1)[flat].item():.4g}{at} "
+        f"(expected {ev:.6g}, got {av:.6g}); {n_bad} of {e.numel()} elements differ"
+    )
+
+
+def compare_outputs(expected: Any, actual: Any, *, rtol: float = 1e-5, atol: float = 1e-6,
+                    where: str = "") -> str | None:
+    """``None`` when ``actual`` matches ``expected``, else one line saying what differs.
+
+    Tensors are compared by shape, dtype, device, then values (``torch.isclose``); tuples,
+    lists and dicts element by element; other values with ``==`` (floats with tolerance).
+    """
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(actual, torch.Tensor):
+            hint = " (did you forget `return`?)" if actual is None else ""
+            return f"{where}expected a torch.Tensor, got {_type_name(actual)}{hint}"
+        return _compare_tensors(expected, actual, where, rtol, atol)
+    if isinstance(expected, Mapping):
+        if not isinstance(actual, Mapping):
+            return f"{where}expected a dict, got {_type_name(actual)}"
+        if set(expected) != set(actual):
+            want, got = sorted(map(str, expected)), sorted(map(str, actual))
+            return f"{where}keys: expected {want}, got {got}"
+        for k in expected:
+            msg = compare_outputs(expected[k], actual[k], rtol=rtol, atol=atol,
+                                  where=f"{where}[{k!r}] ")
+            if msg:
+                return msg
+        return None
+    if isinstance(expected, Sequence) and not isinstance(expected, str):
+        if not isinstance(actual, Sequence) or isinstance(actual, str):
+            return f"{where}expected {_type_name(expected)}, got {_type_name(actual)}"
+        if len(actual) != len(expected):
+            return f"{where}length: expected {len(expected)}, got {len(actual)}"
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            msg = compare_outputs(e, a, rtol=rtol, atol=atol, where=f"{where}[{i}] ")
+            if msg:
+                return msg
+        return None
+    if isinstance(expected, float) and isinstance(actual, (int, float)):
+        if math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol) or (
+            math.isnan(expected) and math.isnan(actual)
+        ):
+            return None
+        return f"{where}value: expected {expected!r}, got {actual!r}"
+    if actual != expected:
+        if type(actual) is not type(expected):
+            return (f"{where}expected {_type_name(expected)} {expected!r}, "
+                    f"got {_type_name(actual)} {actual!r}")
+        return f"{where}value: expected {expected!r}, got {actual!r}"
+    return None
+
+
+# --- exceptions --------------------------------------------------------------------------
+
+
+def _is_learner_frame(filename: str) -> bool:
+    path = os.path.abspath(filename) if not filename.startswith("<") else filename
+    if path.startswith(_HERE) or path.startswith(_TORCH_DIR):
+        return False
+    return True
+
+
+def _is_notebook_frame(filename: str) -> bool:
+    return filename.startswith(("<ipython-input", "<cell")) or "ipykernel_" in filename
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``TypeError: message`` plus the learner's line that raised it, for a report."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__)
+    # Prefer the deepest frame in a notebook cell; else the deepest frame outside
+    # labkit.checks and torch.
+    pick = None
+    for fr in frames:
+        if _is_notebook_frame(fr.filename):
+            pick = fr
+    if pick is None:
+        for fr in frames:
+            if _is_learner_frame(fr.filename):
+                pick = fr
+    if pick is None:
+        return text
+    line = (pick.line or linecache.getline(pick.filename, pick.lineno)).strip()
+    where = "your cell" if _is_notebook_frame(pick.filename) else os.path.basename(pick.filename)
+    loc = f"line {pick.lineno} of {where}"
+    if pick.name != "<module>":
+        loc += f" (in {pick.name})"
+    return f"{text}\n   at {loc}: {line}" if line else f"{text}\n   at {loc}"
+
+
+# --- the checker ---------------------------------------------------------------------------
+
+
+def _as_call(inputs: Any) -> tuple[tuple, dict]:
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, tuple):
+        return inputs, {}
+    return (inputs,), {}
+
+
+def _generator(seed: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def _report(result: CheckResult, quiet: bool) -> CheckResult:
+    if not quiet:
+        print(result.message)
+    return result
+
+
+def check(
+    learner_fn: Callable,
+    reference_fn: Callable,
+    make_inputs: Callable[[torch.Generator], Any],
+    *,
+    trials: int = 3,
+    name: str | None = None,
+    hint: str | None = None,
+    compare: Callable[[Any, Any], str | None] | None = None,
+    seed: int = 0,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    quiet: bool = False,
+) -> CheckResult:
+    """Run ``learner_fn`` against ``reference_fn`` on ``trials`` fresh random inputs.
+
+    ``make_inputs(gen)`` gets a ``torch.Generator`` seeded with ``seed + trial`` and returns
+    the arguments: a tuple (positional), a dict (keyword) or a single value. It is called
+    twice per trial with the same seed, so the reference and the learner get separate but
+    identical inputs (an in-place change by one cannot leak into the other); the global
+    torch RNG is seeded the same way before each call.
+
+    ``compare(expected, actual)`` returns ``None`` when they match, else a one-line reason
+    (default: :func:`compare_outputs` with ``rtol``/``atol``).
+
+    Prints one line (pass) or a short report (fail) unless ``quiet``; returns a
+    :class:`CheckResult`.
+    """
+    name = name or getattr(reference_fn, "__name__", "check")
+    compare = compare or (lambda e, a: compare_outputs(e, a, rtol=rtol, atol=atol))
+    hint_line = f"\n   hint: {hint}" if hint else ""
+
+    if not callable(learner_fn):
+        msg = f"{FAIL} {name}: expected a function, got {_type_name(learner_fn)}"
+        return _report(CheckResult(name, False, msg + hint_line, kind="mismatch"), quiet)
+
+    for trial in range(1, trials + 1):
+        trial_seed = seed + trial
+        try:
+            args, kwargs = _as_call(make_inputs(_generator(trial_seed)))
+            torch.manual_seed(trial_seed)
+            expected = reference_fn(*args, **kwargs)
+            l_args, l_kwargs = _as_call(make_inputs(_generator(trial_seed)))
+        except Exception as exc:  # a bug in the checker, not in the learner's code
+            msg = (f"{FAIL} {name}: the checker itself failed (not your fault): "
+                   f"{type(exc).__name__}: {exc}")
+            return _report(CheckResult(name, False, msg, trials=trial - 1, failed_trial=trial,
+                                       kind="checker_error"), quiet)
+
+        torch.manual_seed(trial_seed)
+        try:
+            actual = learner_fn(*l_args, **l_kwargs)
+        except NotImplementedError:
+            msg = f"{FAIL} {name}: {NOT_DONE}"
+            return _report(CheckResult(name, False, msg, trials=trial - 1, failed_trial=trial,
+                                       kind="not_implemented"), quiet)
+        except Exception as exc:
+            desc = describe_exception(exc)
+            msg = f"{FAIL} {name}: trial {trial} of {trials}: your code raised {desc}{hint_line}"
+            return _report(CheckResult(name, False, msg, trials=trial - 1, failed_trial=trial,
+                                       kind="exception",
+                                       details={"exception": exc}), quiet)
+
+        reason = compare(expected, actual)
+        if reason:
+            msg = f"{FAIL} {name}: trial {trial} of {trials}: {reason}{hint_line}"
+            return _report(CheckResult(name, False, msg, trials=trial - 1, failed_trial=trial,
+                                       kind="mismatch",
+                                       details={"expected": expected, "actual": actual,
+                                                "inputs": (l_args, l_kwargs)}), quiet)
+
+    plural = "trial" if trials == 1 else "trials"
+    msg = f"{PASS} {name}: passed {trials} random {plural}"
+    return _report(CheckResult(name, True, msg, trials=trials), quiet)

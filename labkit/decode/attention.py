@@ -1,0 +1,149 @@
+"""The attention backend: how a batch of requests finds its keys, eagerly or in a graph.
+
+This is SGLang's split (``base_attn_backend.py``), in plain torch ops:
+
+``init_forward_metadata(batch)``
+    eager path: build the metadata for exactly this batch, any way you like.
+
+``init_cuda_graph_state(max_bs, max_num_tokens)``
+    once: allocate the metadata tensors at their largest shape. Graphs captured later
+    read these addresses, so they are never reallocated.
+
+``init_forward_metadata_out_graph(batch)``
+    host-side / dynamic-shape preparation, run *outside* the graph before capture and
+    before every replay. It may read Python ints (``seq_lens_cpu``) and use them as
+    shapes. Here: copy each request's row of ``req_to_token`` into the page table, but
+    only the first ``max(seq_lens)`` columns — a width that changes every step, so this
+    copy could never be recorded into a graph.
+
+``init_forward_metadata_in_graph(batch)``
+    static-shape tensor ops only, executed *inside* the captured region so they are
+    recorded and re-run on every replay: here, the key mask ``arange < seq_lens`` (and
+    the causal mask of a verify block). No ``.item()``, no ``.cpu()``, no ``nonzero``,
+    no Python branch on a tensor value.
+
+Decode attention then gathers keys through the page table (``index_select``), masks the
+keys a request may not see with a comparison against an ``arange``, and runs SDPA. Every
+shape depends on the bucket size alone, never on the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["DecodeMetadata", "TorchNativeAttnBackend"]
+
+
+@dataclass
+class DecodeMetadata:
+    """page_table (bs, W): pool locations of each request's keys 0..W-1.
+    kv_mask (bs, tokens_per_request, W): True where query t of request i may see key j."""
+
+    page_table: torch.Tensor
+    kv_mask: torch.Tensor
+
+
+def _expand_kv(x: torch.Tensor, n_head: int, dim: int) -> torch.Tensor:
+    """Grouped-query attention: repeat each KV head for its query heads. expand + reshape
+    rather than repeat_interleave, whose general form has a data-dependent output size."""
+    rep = n_head // x.size(dim)
+    if rep == 1:
+        return x
+    shape = list(x.shape)
+    x = x.unsqueeze(dim + 1).expand(*shape[:dim + 1], rep, *shape[dim + 1:])
+    return x.reshape(*shape[:dim], shape[dim] * rep, *shape[dim + 1:])
+
+
+class TorchNativeAttnBackend:
+    def __init__(self, model):
+        self.req_to_token = model.req_to_token
+        self.max_seq_len = model.args.max_seq_len
+        self.forward_metadata: DecodeMetadata | None = None
+        self.cuda_graph_state: dict | None = None
+
+    # ---- eager -------------------------------------------------------------------------
+    def init_forward_metadata(self, batch) -> None:
+        if batch.forward_mode.is_extend():
+            self.forward_metadata = None  # extend attention loops over requests (host ints)
+            return
+        width = max(batch.seq_lens_cpu)
+        page_table = self.req_to_token[:, :width].index_select(0, batch.req_pool_indices)
+        arange = torch.arange(width, device=page_table.device)
+        self.forward_metadata = DecodeMetadata(page_table, self._kv_mask(batch, arange))
+
+    @staticmethod
+    def _kv_mask(batch, arange: torch.Tensor) -> torch.Tensor:
+        """Static shape: (bs, k, W) from seq_lens (bs,) and positions (bs*k,)."""
+        bs = batch.req_pool_indices.numel()
+        pos = batch.positions.view(bs, -1)
+        within = arange.view(1, 1, -1) < batch.seq_lens.view(bs, 1, 1)   # keys beyond seq_len
+        causal = arange.view(1, 1, -1) <= pos.unsqueeze(-1)              # verify block causality
+        return within & causal
+
+    # ---- CUDA graph --------------------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        dev = self.req_to_token.device
+        k = max_num_tokens // max_bs
+        self.cuda_graph_state = {
+            "page_table": torch.zeros((max_bs, self.max_seq_len), dtype=torch.int64, device=dev),
+            "kv_mask": torch.zeros((max_bs, k, self.max_seq_len), dtype=torch.bool, device=dev),
+            "arange": torch.arange(self.max_seq_len, device=dev),
+        }
+
+    def init_forward_metadata_out_graph(self, batch, in_capture: bool = False) -> None:
+        """Outside the graph: may use host ints as shapes. ``batch`` is the padded view
+        over the runner's static buffers; its ``seq_lens_cpu`` covers the padded rows too."""
+        st = self.cuda_graph_state
+        bs = batch.req_pool_indices.numel()
+        width = max(batch.seq_lens_cpu)  # a Python int that changes every step
+        rows = self.req_to_token[:, :width].index_select(0, batch.req_pool_indices)
+        st["page_table"][:bs, :width].copy_(rows)
+        # Columns >= width keep whatever an earlier batch left there: always valid pool
+        # locations, and masked out by kv_mask, so never read into a result.
+        self.forward_metadata = DecodeMetadata(st["page_table"][:bs], st["kv_mask"][:bs])
+
+    def init_forward_metadata_in_graph(self, batch) -> None:
+        """Inside the graph: pure static-shape ops, recorded at capture, re-run at replay."""
+        md = self.forward_metadata
+        md.kv_mask.copy_(self._kv_mask(batch, self.cuda_graph_state["arange"]))
+
+    # ---- the attention op --------------------------------------------------------------
+    def forward(self, q, k, v, kv_cache, batch) -> torch.Tensor:
+        """q (T, Hq, D), k/v (T, Hkv, D) for the T new tokens → (T, Hq, D)."""
+        kv_cache.store(batch.out_cache_loc, k, v)
+        if batch.forward_mode.is_extend():
+            return self._forward_extend(q, kv_cache, batch)
+        return self._forward_decode(q, kv_cache)
+
+    def _forward_decode(self, q, kv_cache) -> torch.Tensor:
+        md = self.forward_metadata
+        bs, width = md.page_table.shape
+        T, Hq, D = q.shape
+        locs = md.page_table.reshape(-1)
+        keys = kv_cache.k_cache.index_select(0, locs).view(bs, width, -1, D).transpose(1, 2)
+        vals = kv_cache.v_cache.index_select(0, locs).view(bs, width, -1, D).transpose(1, 2)
+        keys, vals = _expand_kv(keys, Hq, 1), _expand_kv(vals, Hq, 1)
+        qh = q.view(bs, T // bs, Hq, D).transpose(1, 2)                   # (bs, Hq, k, D)
+        y = F.scaled_dot_product_attention(qh, keys, vals, attn_mask=md.kv_mask.unsqueeze(1))
+        return y.transpose(1, 2).reshape(T, Hq, D)
+
+    def _forward_extend(self, q, kv_cache, batch) -> torch.Tensor:
+        """Prefill: one request at a time with host-side lengths — eager only, by design."""
+        out = torch.empty_like(q)
+        start = 0
+        Hq, D = q.shape[1:]
+        for i, (n_new, seq_len) in enumerate(zip(batch.extend_lens, batch.seq_lens_cpu)):
+            locs = self.req_to_token[batch.req_pool_indices[i], :seq_len]
+            keys = kv_cache.k_cache.index_select(0, locs).transpose(0, 1)   # (Hkv, S, D)
+            vals = kv_cache.v_cache.index_select(0, locs).transpose(0, 1)
+            keys, vals = _expand_kv(keys, Hq, 0), _expand_kv(vals, Hq, 0)
+            qi = q[start:start + n_new].transpose(0, 1)                     # (Hq, L, D)
+            qpos = torch.arange(seq_len - n_new, seq_len, device=q.device)
+            mask = torch.arange(seq_len, device=q.device).view(1, -1) <= qpos.view(-1, 1)
+            out[start:start + n_new] = F.scaled_dot_product_attention(
+                qi, keys, vals, attn_mask=mask).transpose(0, 1)
+            start += n_new
+        return out

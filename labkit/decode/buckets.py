@@ -1,0 +1,138 @@
+"""Batch-size buckets: which graphs to capture and which one a batch replays.
+
+A CUDA graph replays fixed shapes, and a decode step's shape is fixed by its batch size.
+So the runner captures one graph per *bucket* and pads every real batch up to the
+smallest bucket that holds it (real rows first, a padding tail after). SGLang's default
+list is dense where batches are small (a padded row costs a larger share there) and sparse
+where they are large (``server_args.py``):
+
+    [1, 2, 4, 8, 12] + range(16, 257, 8) + range(272, 512, 16) + range(512, max_bs + 1, 32)
+
+clipped to ``max_bs`` with ``max_bs`` itself always included. ``disable_padding=True``
+(``--disable-cuda-graph-padding``) turns it into one graph per size: no padding waste,
+``max_bs`` graphs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+__all__ = ["default_buckets", "pow2_buckets", "make_buckets", "pad_to_bucket",
+           "BatchTooLargeError", "BucketReport", "explore_buckets"]
+
+
+class BatchTooLargeError(ValueError):
+    """A batch has more requests than the largest captured graph."""
+
+
+def default_buckets(max_bs: int, disable_padding: bool = False) -> list[int]:
+    """SGLang's capture list for ``max_bs`` (no spec decode), sorted ascending."""
+    if max_bs < 1:
+        raise ValueError(f"max_bs must be >= 1, got {max_bs}")
+    if disable_padding:
+        return list(range(1, max_bs + 1))
+    bs = ([1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16))
+          + list(range(512, max_bs + 1, 32)))
+    return sorted({b for b in bs if b <= max_bs} | {max_bs})
+
+
+def pow2_buckets(max_bs: int) -> list[int]:
+    """1, 2, 4, ... up to max_bs (max_bs included): few graphs, up to ~50% padding."""
+    out = [1 << i for i in range(max(1, math.ceil(math.log2(max_bs)) + 1)) if 1 << i < max_bs]
+    return out + [max_bs]
+
+
+def make_buckets(max_bs: int, scheme: str | Iterable[int] = "sglang") -> list[int]:
+    """``scheme``: "sglang" (default list), "every" (no padding), "pow2", or a list."""
+    if not isinstance(scheme, str):
+        out = sorted(set(int(b) for b in scheme))
+        if not out or out[0] < 1:
+            raise ValueError(f"bucket sizes must be >= 1, got {out}")
+        return out
+    if scheme == "sglang":
+        return default_buckets(max_bs)
+    if scheme in ("every", "disable_padding"):
+        return default_buckets(max_bs, disable_padding=True)
+    if scheme == "pow2":
+        return pow2_buckets(max_bs)
+    raise ValueError(f"unknown bucket scheme {scheme!r}: use 'sglang', 'every', 'pow2' or a list")
+
+
+def pad_to_bucket(raw_bs: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket >= raw_bs (``bisect_left`` on the sorted list).
+
+    Raises :class:`BatchTooLargeError` when no bucket holds ``raw_bs`` — the caller
+    decides whether that is an error or an eager fallback; it is never silent here.
+    """
+    if raw_bs < 1:
+        raise ValueError(f"a batch has at least one request, got {raw_bs}")
+    i = bisect.bisect_left(buckets, raw_bs)
+    if i == len(buckets):
+        raise BatchTooLargeError(
+            f"batch of {raw_bs} requests is larger than the largest captured graph "
+            f"({buckets[-1]}). Capture up to a larger max_bs, admit fewer requests per step, "
+            f"or pass fallback='eager' to run such batches without a graph.")
+    return buckets[i]
+
+
+@dataclass
+class BucketReport:
+    """What a bucket scheme costs on a workload (see :func:`explore_buckets`)."""
+
+    scheme: str
+    buckets: list[int]
+    num_graphs: int
+    real_rows: int             # sum of raw batch sizes that fit a bucket
+    padded_rows: int           # sum of bucket sizes they replayed
+    padding_waste: float       # share of computed rows that were padding
+    oversize_batches: int      # batches larger than the largest bucket (eager / error)
+    memory_bytes: int          # estimated graph memory, one shared pool
+    memory_bytes_separate_pools: int  # the same graphs, each with its own pool
+
+    def as_row(self) -> dict:
+        return {"scheme": self.scheme, "graphs": self.num_graphs,
+                "padding_waste_%": round(100 * self.padding_waste, 2),
+                "oversize": self.oversize_batches,
+                "memory_MiB": round(self.memory_bytes / 2**20, 2),
+                "memory_MiB_separate": round(self.memory_bytes_separate_pools / 2**20, 2)}
+
+
+def explore_buckets(max_bs: int, workload: Iterable[int], scheme: str | Iterable[int] = "sglang",
+                    activation_bytes_per_row: int = 64 * 1024,
+                    output_bytes_per_row: int = 4 * 1024,
+                    graph_overhead_bytes: int = 64 * 1024) -> BucketReport:
+    """Pure function: given ``max_bs``, a bucket scheme and the batch sizes a server saw,
+    how many graphs, how much padding, how much memory.
+
+    The memory model is deliberately simple. A graph's pool must hold its activations
+    (``activation_bytes_per_row * bs``) while it runs, and its output stays alive after
+    (``output_bytes_per_row * bs``, returned to the caller at every replay), plus a fixed
+    per-graph overhead. Captured **largest first into one pool**, the smaller graphs reuse
+    the largest one's activation blocks, so the pool costs roughly
+    ``act(max) + sum(out(b)) + n * overhead``; with a pool each it would be the sum of all
+    of them. Feed real numbers from ``DecodeGraphRunner.capture_report()`` to calibrate.
+    """
+    buckets = make_buckets(max_bs, scheme)
+    name = scheme if isinstance(scheme, str) else "custom"
+    real = padded = oversize = 0
+    for bs in workload:
+        try:
+            p = pad_to_bucket(int(bs), buckets)
+        except BatchTooLargeError:
+            oversize += 1
+            continue
+        real += int(bs)
+        padded += p
+    act = [activation_bytes_per_row * b for b in buckets]
+    out = [output_bytes_per_row * b for b in buckets]
+    n = len(buckets)
+    return BucketReport(
+        scheme=name, buckets=buckets, num_graphs=n, real_rows=real, padded_rows=padded,
+        padding_waste=(padded - real) / padded if padded else 0.0,
+        oversize_batches=oversize,
+        memory_bytes=max(act) + sum(out) + n * graph_overhead_bytes,
+        memory_bytes_separate_pools=sum(act) + sum(out) + n * graph_overhead_bytes,
+    )

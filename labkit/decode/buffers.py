@@ -1,0 +1,133 @@
+"""Static input buffers sized by ``max_bs``, each with its own padding policy.
+
+A captured graph reads its inputs from fixed addresses, so the runner allocates every
+input once, at the largest shape (SGLang's ``decode_cuda_graph_runner.py``)::
+
+    input_ids        = zeros(max_num_token)          int64
+    req_pool_indices = zeros(max_bs)                  int64
+    seq_lens         = full(max_bs, fill_value)       int32   # a sentinel
+    out_cache_loc    = zeros(max_num_token)           int64
+    positions        = zeros(max_num_token)           int64
+
+and before each replay copies the real batch into the *head* of each buffer. What to do
+with the *tail* — the padding rows between the real batch and the bucket size — is a
+per-buffer decision (SGLang's ``CudaGraphBufferRegistry`` / ``GraphSlot``):
+
+HEAD_ONLY  (input_ids)
+    leave the tail alone. Whatever an earlier batch left there is a valid token id, and
+    padded rows' results are thrown away, so stale values are harmless.
+ZERO_TAIL  (req_pool_indices, positions, out_cache_loc)
+    zero the tail. These are *indices*: padded rows gather and scatter through them. A
+    stale value may point into a live request's KV cache (silent corruption: the padded
+    row overwrites a real key) or past the end of a table (an index error on the CPU, an
+    illegal memory access on a GPU). Zero points at the dummy slot / location 0, which
+    exists precisely to absorb padded rows.
+SENTINEL   (seq_lens)
+    fill the tail with a fixed value (1): a padded row then sees exactly one key (its
+    dummy one). 0 would mask every key and turn the row's softmax into NaN; a stale
+    length would make it read keys it has no business with.
+
+The tails are cleared first, then every head is copied with **one**
+``torch._foreach_copy_`` (one launch for the lot instead of one per buffer).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Pad", "GraphSlot", "StaticBuffers", "SEQ_LEN_FILL_VALUE"]
+
+SEQ_LEN_FILL_VALUE = 1
+
+
+class Pad(str, enum.Enum):
+    HEAD_ONLY = "head_only"
+    ZERO_TAIL = "zero_tail"
+    SENTINEL = "sentinel"
+
+
+@dataclass
+class GraphSlot:
+    """One static buffer: its tensor, its padding policy, and whether it has a row per
+    request (``per_token=False``) or per token (``per_token=True``)."""
+
+    name: str
+    tensor: torch.Tensor
+    pad: Pad
+    per_token: bool
+    fill_value: int = 0
+
+    def rows(self, bs: int, tokens_per_bs: int) -> int:
+        return bs * tokens_per_bs if self.per_token else bs
+
+
+class StaticBuffers:
+    """The registry of a runner's static inputs. ``buffers.input_ids`` etc. are the full
+    ``max_bs``-sized tensors; :meth:`fill_from` loads a batch into them."""
+
+    def __init__(self, max_bs: int, num_tokens_per_bs: int = 1, device=None,
+                 seq_len_fill_value: int = SEQ_LEN_FILL_VALUE):
+        self.max_bs = max_bs
+        self.num_tokens_per_bs = num_tokens_per_bs
+        self.max_num_token = max_bs * num_tokens_per_bs
+        self.slots: dict[str, GraphSlot] = {}
+        n, b = self.max_num_token, max_bs
+        i64 = dict(dtype=torch.int64, device=device)
+        self.register("input_ids", torch.zeros(n, **i64), Pad.HEAD_ONLY, per_token=True)
+        self.register("req_pool_indices", torch.zeros(b, **i64), Pad.ZERO_TAIL, per_token=False)
+        self.register("seq_lens", torch.full((b,), seq_len_fill_value, dtype=torch.int32,
+                                             device=device),
+                      Pad.SENTINEL, per_token=False, fill_value=seq_len_fill_value)
+        self.register("out_cache_loc", torch.zeros(n, **i64), Pad.ZERO_TAIL, per_token=True)
+        self.register("positions", torch.zeros(n, **i64), Pad.ZERO_TAIL, per_token=True)
+
+    def register(self, name: str, tensor: torch.Tensor, pad: Pad | str, per_token: bool,
+                 fill_value: int = 0) -> GraphSlot:
+        slot = GraphSlot(name, tensor, Pad(pad), per_token, fill_value)
+        self.slots[name] = slot
+        return slot
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        slots = self.__dict__.get("slots", {})
+        if name in slots:
+            return slots[name].tensor
+        raise AttributeError(name)
+
+    def policies(self) -> dict[str, str]:
+        return {n: s.pad.value for n, s in self.slots.items()}
+
+    def fill_from(self, batch, raw_bs: int, padded_bs: int,
+                  override: dict[str, Pad | str] | None = None) -> None:
+        """Copy ``batch`` into the heads; treat rows ``raw..padded`` by each policy.
+
+        ``override`` swaps a buffer's policy for this call only — for demonstrations of
+        what goes wrong (e.g. ``{"positions": "head_only"}`` leaves a stale tail).
+        """
+        override = {k: Pad(v) for k, v in (override or {}).items()}
+        k = self.num_tokens_per_bs
+        dsts, srcs = [], []
+        for name, slot in self.slots.items():
+            lo, hi = slot.rows(raw_bs, k), slot.rows(padded_bs, k)
+            pad = override.get(name, slot.pad)
+            if hi > lo and pad is Pad.ZERO_TAIL:
+                slot.tensor[lo:hi].zero_()
+            elif hi > lo and pad is Pad.SENTINEL:
+                slot.tensor[lo:hi].fill_(slot.fill_value)
+            src = getattr(batch, name)
+            if src.numel() != lo:
+                raise ValueError(f"{name}: batch has {src.numel()} rows, expected {lo}")
+            dsts.append(slot.tensor[:lo])
+            srcs.append(src.to(slot.tensor.dtype))
+        torch._foreach_copy_(dsts, srcs)  # all heads in one call
+
+    def view(self, bs: int) -> dict[str, torch.Tensor]:
+        """The first rows of every buffer for a bucket of ``bs`` requests (views, same
+        addresses as the full buffers: what a graph captured for ``bs`` reads)."""
+        k = self.num_tokens_per_bs
+        return {n: s.tensor[: s.rows(bs, k)] for n, s in self.slots.items()}
+
+    def nbytes(self) -> int:
+        return sum(s.tensor.numel() * s.tensor.element_size() for s in self.slots.values())

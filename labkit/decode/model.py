@@ -1,0 +1,247 @@
+"""A tiny GPT in gpt-fast's shape, with a KV cache whose address never moves.
+
+Read it top to bottom in one sitting: a dataclass config, RMSNorm, rotary embeddings,
+attention, an MLP, the block, the model. Two things differ from gpt-fast, both because
+lesson 06 serves *many requests at once* the way SGLang does:
+
+* The KV cache is one **token pool** per layer, ``(num_slots * max_seq_len, n_kv, head_dim)``,
+  registered as buffers at ``setup_caches`` time. A request owns a *slot* (a row of
+  ``req_to_token``) and each of its tokens a *location* in the pool. The buffers are
+  allocated once, so every CUDA graph captured later reads and writes the same addresses.
+  Slot 0 is reserved as the **dummy slot**: padded rows of a bucket (and the warmup runs
+  before capture) write their throw-away K/V there, never into a live request.
+* Attention itself lives in :mod:`labkit.decode.attention` (SGLang's "attention backend"),
+  because the part that CUDA graphs care about — how a batch of requests finds its keys —
+  is exactly the part that changes between prefill and decode.
+
+The model's forward is ``model(input_ids, positions, batch) -> logits``: tokens are flat
+(``num_tokens``), ``batch`` (a :class:`~labkit.decode.batch.ForwardBatch`) says which
+request each token belongs to and where its K/V goes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["ModelArgs", "CONFIGS", "RMSNorm", "KVCache", "Attention", "FeedForward",
+           "TransformerBlock", "Transformer", "precompute_freqs_cis", "apply_rotary_emb",
+           "build_model", "greedy", "DUMMY_SLOT"]
+
+DUMMY_SLOT = 0  # req_to_token row 0 / pool location 0: where padded rows write
+
+
+def find_multiple(n: int, k: int) -> int:
+    return n if n % k == 0 else n + k - (n % k)
+
+
+@dataclass
+class ModelArgs:
+    """The model's shape (gpt-fast's ModelArgs, trimmed)."""
+
+    vocab_size: int = 256
+    n_layer: int = 2
+    n_head: int = 4
+    dim: int = 64
+    n_local_heads: int = -1          # KV heads (grouped-query attention); -1 → n_head
+    intermediate_size: int | None = None
+    max_seq_len: int = 128           # per request: prompt + generated tokens
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        if self.n_local_heads == -1:
+            self.n_local_heads = self.n_head
+        if self.intermediate_size is None:
+            self.intermediate_size = find_multiple(int(2 * 4 * self.dim / 3), 32)
+        assert self.dim % self.n_head == 0 and self.n_head % self.n_local_heads == 0
+        self.head_dim = self.dim // self.n_head
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> "ModelArgs":
+        return replace(CONFIGS[name], **overrides)
+
+
+CONFIGS = {
+    # CPU tests and the notebook on the emulator: milliseconds per step.
+    "tiny": ModelArgs(vocab_size=128, n_layer=2, n_head=4, n_local_heads=2, dim=64,
+                      intermediate_size=128, max_seq_len=64),
+    # A GPU demo that is clearly launch-bound: many layers of small kernels.
+    "small": ModelArgs(vocab_size=1024, n_layer=8, n_head=8, n_local_heads=4, dim=256,
+                       max_seq_len=256),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()  # normalise in fp32 even when the model runs in fp16
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+
+def precompute_freqs_cis(seq_len: int, n_elem: int, base: float = 10000.0) -> torch.Tensor:
+    """(seq_len, n_elem // 2, 2): cos and sin of every position, computed once."""
+    freqs = 1.0 / (base ** (torch.arange(0, n_elem, 2)[: n_elem // 2].float() / n_elem))
+    t = torch.arange(seq_len, dtype=torch.float32)
+    freqs = torch.outer(t, freqs)
+    return torch.stack([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def apply_rotary_emb(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """x: (num_tokens, heads, head_dim); freqs_cis: (num_tokens, head_dim // 2, 2)."""
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    fc = freqs_cis.view(xs.size(0), 1, xs.size(2), 2)
+    out = torch.stack([xs[..., 0] * fc[..., 0] - xs[..., 1] * fc[..., 1],
+                       xs[..., 1] * fc[..., 0] + xs[..., 0] * fc[..., 1]], dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class KVCache(nn.Module):
+    """One layer's K and V token pools, allocated once (their addresses never move).
+
+    ``k_cache[loc]`` is the key of the token stored at pool location ``loc``;
+    ``loc = req_to_token[slot, position]``.
+    """
+
+    def __init__(self, num_locs: int, n_kv: int, head_dim: int, dtype: torch.dtype,
+                 device=None):
+        super().__init__()
+        shape = (num_locs, n_kv, head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device),
+                             persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device),
+                             persistent=False)
+
+    def store(self, locs: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write new K/V in place: a scatter at ``locs``, a static-shape op."""
+        self.k_cache.index_copy_(0, locs, k)
+        self.v_cache.index_copy_(0, locs, v)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.n_head, self.n_kv, self.head_dim = args.n_head, args.n_local_heads, args.head_dim
+        total = (args.n_head + 2 * args.n_local_heads) * args.head_dim
+        self.wqkv = nn.Linear(args.dim, total, bias=False)
+        self.wo = nn.Linear(args.dim, args.dim, bias=False)
+        self.kv_cache: KVCache | None = None  # set by Transformer.setup_caches
+
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, batch) -> torch.Tensor:
+        T = x.size(0)
+        q, k, v = self.wqkv(x).split(
+            [self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim],
+            dim=-1)
+        q = apply_rotary_emb(q.view(T, self.n_head, self.head_dim), freqs_cis)
+        k = apply_rotary_emb(k.view(T, self.n_kv, self.head_dim), freqs_cis)
+        v = v.view(T, self.n_kv, self.head_dim)
+        # The attention backend stores k/v in the cache and attends over the request's keys.
+        y = batch.attn_backend.forward(q, k, v, self.kv_cache, batch)
+        return self.wo(y.reshape(T, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w1 = nn.Linear(args.dim, args.intermediate_size, bias=False)
+        self.w3 = nn.Linear(args.dim, args.intermediate_size, bias=False)
+        self.w2 = nn.Linear(args.intermediate_size, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.attention = Attention(args, layer_id)
+        self.feed_forward = FeedForward(args)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+
+    def forward(self, x, freqs_cis, batch):
+        h = x + self.attention(self.attention_norm(x), freqs_cis, batch)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(TransformerBlock(args, i) for i in range(args.n_layer))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.num_slots = 0
+        self.register_buffer(
+            "freqs_cis", precompute_freqs_cis(args.max_seq_len, args.head_dim, args.rope_base),
+            persistent=False)
+
+    def setup_caches(self, max_requests: int) -> None:
+        """Allocate the KV pools and the request→token table, once.
+
+        ``max_requests`` live requests get slots ``1..max_requests``; slot 0 is the dummy
+        slot. Every slot owns ``max_seq_len`` consecutive pool locations, so
+        ``req_to_token`` is an identity layout here (a real server hands out pages on
+        demand); all code still goes through the table, as SGLang's does.
+        """
+        a = self.args
+        p = self.output.weight
+        self.num_slots = max_requests + 1
+        num_locs = self.num_slots * a.max_seq_len
+        for layer in self.layers:
+            layer.attention.kv_cache = KVCache(num_locs, a.n_local_heads, a.head_dim,
+                                               p.dtype, p.device)
+        self.register_buffer(
+            "req_to_token",
+            torch.arange(num_locs, device=p.device).view(self.num_slots, a.max_seq_len),
+            persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.output.weight.device
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch) -> torch.Tensor:
+        """input_ids, positions: (num_tokens,) → logits (num_tokens, vocab), fp32."""
+        if self.num_slots == 0:
+            raise RuntimeError("call model.setup_caches(max_requests) before running it")
+        # index_select, not freqs_cis[positions]: the same static-shape gather, and an
+        # out-of-range position raises (CPU) / faults (GPU) instead of being clamped.
+        freqs_cis = self.freqs_cis.index_select(0, positions)
+        x = self.tok_embeddings(input_ids)
+        for layer in self.layers:
+            x = layer(x, freqs_cis, batch)
+        return self.output(self.norm(x)).float()
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy sampling: the most likely next token of every row (deterministic, so an
+    eager run and a graphed run must produce the very same tokens)."""
+    return logits.argmax(dim=-1)
+
+
+def build_model(args: ModelArgs | str = "tiny", max_requests: int = 16, device=None,
+                dtype: torch.dtype | None = None, seed: int = 0) -> Transformer:
+    """A seeded model with caches set up: fp32 on CPU, fp16 on CUDA unless told."""
+    if isinstance(args, str):
+        args = ModelArgs.from_name(args)
+    device = torch.device(device if device is not None else "cpu")
+    if dtype is None:
+        dtype = torch.float16 if device.type == "cuda" else torch.float32
+    g = torch.random.fork_rng(devices=[])
+    with g:
+        torch.manual_seed(seed)
+        model = Transformer(args)
+    model = model.to(device=device, dtype=dtype).eval()
+    model.freqs_cis = model.freqs_cis.float()  # rotary tables stay fp32
+    model.setup_caches(max_requests)
+    return model

@@ -1,0 +1,425 @@
+"""The decode graph runner: capture one graph per bucket, replay the right one, pad, slice.
+
+Three layers, as in SGLang's refactor (``base_cuda_graph_runner.py`` +
+``decode_cuda_graph_runner.py`` + ``runner_backend/``):
+
+:class:`FullGraphBackend`
+    the pluggable graph backend: ``capture_one(key, fn)`` (two warmups on the capture
+    stream, then capture into the shared pool) and ``replay(key)``. One full graph per
+    shape — the only backend decode needs (prefill would need a piecewise one).
+:class:`BaseGraphRunner`
+    phase-agnostic: walks the buckets **largest first** so every graph can reuse the
+    blocks the larger ones freed in the one shared pool, times each capture and measures
+    the pool after it, and picks a bucket with ``bisect_left``.
+:class:`DecodeGraphRunner`
+    the decode phase: static buffers with padding policies, the attention metadata split
+    (out of graph / in graph), the fast path, slicing outputs back to the real batch, and
+    ``forward(batch)`` — graph when :meth:`can_run`, eager otherwise.
+
+Typical use (any backend)::
+
+    B = backend.get("auto")
+    model = build_model("tiny", max_requests=16, device=B.device)
+    runner = DecodeGraphRunner(model, B, max_bs=16)
+    runner.capture()
+    logits = runner.forward(batch)     # graph for DECODE batches that fit, else eager
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import time
+import warnings
+from typing import Callable, Iterable
+
+import torch
+
+from .attention import TorchNativeAttnBackend
+from .batch import ForwardBatch, ForwardMode
+from .buckets import make_buckets, pad_to_bucket
+from .buffers import Pad, StaticBuffers
+
+__all__ = ["FullGraphBackend", "BaseGraphRunner", "DecodeGraphRunner", "EagerRunner",
+           "demo_stale_tail"]
+
+logger = logging.getLogger("labkit.decode")
+
+
+def _progress(iterable, enabled: bool, **kw):
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+    return tqdm(iterable, **kw)
+
+
+@contextlib.contextmanager
+def _freeze_gc():
+    """Collect once, then keep the garbage collector out of the capture loop (SGLang's
+    freeze_gc): a collection mid-capture could free tensors the graph still records."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+class FullGraphBackend:
+    """One full CUDA graph per shape key, all in one memory pool, one capture stream."""
+
+    def __init__(self, B, num_warmups: int = 2):
+        self.B = B
+        self.num_warmups = num_warmups
+        self.graphs: dict = {}
+        self.outputs: dict = {}
+        self.pool = None
+        self.stream = None
+
+    @contextlib.contextmanager
+    def capture_session(self):
+        self.pool = self.B.graph_pool_handle()  # ONE pool shared by every bucket's graph
+        self.stream = self.B.Stream()           # capture happens off the default stream
+        yield self
+
+    def capture_one(self, key, forward_fn: Callable[[], torch.Tensor],
+                    post_warmup_hook: Callable[[], None] | None = None) -> torch.Tensor:
+        B = self.B
+        for _ in range(self.num_warmups):
+            # Warm up on the capture stream: lazy init, allocator growth and library
+            # autotuning happen now, not during capture (where they would be illegal).
+            B.synchronize()
+            with B.stream(self.stream):
+                forward_fn()
+            if post_warmup_hook is not None:
+                post_warmup_hook()
+        B.synchronize()
+        g = B.CUDAGraph()
+        with B.graph(g, pool=self.pool, stream=self.stream):
+            out = forward_fn()
+        B.synchronize()
+        self.graphs[key] = g
+        self.outputs[key] = out
+        return out
+
+    def replay(self, key) -> torch.Tensor:
+        self.graphs[key].replay()
+        return self.outputs[key]
+
+    def cleanup(self) -> None:
+        for g in self.graphs.values():
+            g.reset()
+        self.graphs.clear()
+        self.outputs.clear()
+
+
+class BaseGraphRunner:
+    """Phase-agnostic: buckets, the largest-first capture loop, timing and pool memory.
+
+    A phase runner implements :meth:`capture_prepare` (bs → a zero-argument function
+    that runs the forward on the static buffers for a bucket of ``bs``).
+    """
+
+    def __init__(self, B, buckets: list[int], backend: FullGraphBackend | None = None,
+                 progress: bool = True):
+        self.B = B
+        self.buckets = list(buckets)
+        self.backend = backend or FullGraphBackend(B)
+        self.progress = progress
+        self.capture_log: list[dict] = []
+
+    @property
+    def max_bucket(self) -> int:
+        return self.buckets[-1]
+
+    @property
+    def captured(self) -> bool:
+        return bool(self.backend.graphs)
+
+    def capture_prepare(self, bs: int) -> Callable[[], torch.Tensor]:
+        raise NotImplementedError
+
+    def capture(self) -> list[dict]:
+        """Capture every bucket, largest first, into one pool. Returns the capture log:
+        one dict per bucket with ``bs``, ``seconds`` (warmups + capture),
+        ``pool_reserved_bytes`` / ``pool_allocated_bytes`` (the pool after this graph) and
+        the ``*_delta_bytes`` this graph added. Reserved memory barely grows after the
+        first (largest) graph: the smaller ones reuse its freed blocks; allocated memory
+        grows by each graph's live output."""
+        if self.captured:
+            self.backend.cleanup()
+        self.capture_log = []
+        t_all = time.perf_counter()
+        with _freeze_gc(), torch.no_grad(), self.backend.capture_session():
+            before = self._pool_bytes()
+            bar = _progress(list(reversed(self.buckets)), self.progress,
+                            desc=f"Capturing {len(self.buckets)} graphs", unit="graph")
+            for bs in bar:
+                t0 = time.perf_counter()
+                fn = self.capture_prepare(bs)
+                self.backend.capture_one(bs, fn)
+                secs = time.perf_counter() - t0
+                now = self._pool_bytes()
+                self.capture_log.append({
+                    "bs": bs, "seconds": secs,
+                    "pool_reserved_bytes": now[0], "pool_allocated_bytes": now[1],
+                    "reserved_delta_bytes": now[0] - before[0],
+                    "allocated_delta_bytes": now[1] - before[1]})
+                before = now
+                if hasattr(bar, "set_postfix"):
+                    bar.set_postfix(bs=bs, pool_MiB=f"{now[0] / 2**20:.1f}")
+                logger.debug("captured bs=%d in %.1f ms, pool reserved %.2f MiB", bs,
+                             1e3 * secs, now[0] / 2**20)
+        r = self.capture_report()
+        logger.info("captured %d graphs (bs %d..%d) in %.2f s (%.2f s total), "
+                    "pool reserved %.2f MiB", r["graphs"], self.buckets[0], self.buckets[-1],
+                    r["capture_seconds"], time.perf_counter() - t_all,
+                    r["pool_reserved_bytes"] / 2**20)
+        return self.capture_log
+
+    def capture_report(self) -> dict:
+        """Totals over the capture log (for the notebook's table)."""
+        log = self.capture_log
+        return {
+            "graphs": len(log),
+            "capture_seconds": sum(r["seconds"] for r in log),
+            "pool_reserved_bytes": log[-1]["pool_reserved_bytes"] if log else 0,
+            "pool_allocated_bytes": log[-1]["pool_allocated_bytes"] if log else 0,
+            "sum_reserved_deltas_bytes": sum(r["reserved_delta_bytes"] for r in log),
+            "per_bucket": sorted(log, key=lambda r: r["bs"]),
+        }
+
+    def _pool_bytes(self) -> tuple[int, int]:
+        try:
+            st = self.B.pool_stats(self.backend.pool)
+        except Exception:  # a backend without pool accounting: report 0, don't fail
+            return (0, 0)
+        return int(st.get("reserved_bytes", 0)), int(st.get("allocated_bytes", 0))
+
+
+class EagerRunner:
+    """Run any batch without a graph: the reference, and the fallback."""
+
+    def __init__(self, model, attn_backend: TorchNativeAttnBackend | None = None):
+        self.model = model
+        self.attn = attn_backend or TorchNativeAttnBackend(model)
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if batch.num_tokens == 0:  # IDLE: nothing to run
+            return torch.empty(0, self.model.args.vocab_size, device=self.model.device)
+        batch.attn_backend = self.attn
+        self.attn.init_forward_metadata(batch)
+        return self.model(batch.input_ids, batch.positions, batch)
+
+
+class DecodeGraphRunner(BaseGraphRunner):
+    """Decode (or target-verify) graphs for every bucket up to ``max_bs``.
+
+    model              a :class:`~labkit.decode.model.Transformer` with caches set up
+    B                  the backend namespace (``labkit.backend.get(...)``)
+    max_bs             largest batch to capture (default: every slot the model has)
+    buckets            "sglang" (default), "every", "pow2" or a list of sizes
+    disable_padding    shorthand for buckets="every": one graph per batch size
+    num_tokens_per_bs  1 for decode; k for TARGET_VERIFY (k draft tokens per request)
+    fallback           "error" (default): a DECODE batch larger than the largest bucket
+                       raises BatchTooLargeError; "eager": run it eagerly, with a warning
+                       the first time and a count in ``stats``
+    padding_override   e.g. {"positions": "head_only"}: change a buffer's policy (demos)
+    compile_bs         buckets <= this run through torch.compile before capture (GPU)
+    """
+
+    def __init__(self, model, B, max_bs: int | None = None,
+                 buckets: str | Iterable[int] | None = "sglang", disable_padding: bool = False,
+                 num_tokens_per_bs: int = 1, forward_mode: ForwardMode | None = None,
+                 fallback: str = "error", padding_override: dict | None = None,
+                 num_warmups: int = 2, compile_bs: int = 0, progress: bool = True):
+        if fallback not in ("error", "eager"):
+            raise ValueError(f"fallback must be 'error' or 'eager', got {fallback!r}")
+        if model.device.type != torch.device(B.device).type:
+            raise ValueError(f"model is on {model.device} but backend {B.name!r} runs on "
+                             f"{B.device}: build the model with device=B.device")
+        max_bs = max_bs or (model.num_slots - 1)
+        scheme = "every" if disable_padding else (buckets if buckets is not None else "sglang")
+        bucket_list = make_buckets(max_bs, scheme)
+        if bucket_list[-1] > max_bs:
+            raise ValueError(f"bucket {bucket_list[-1]} exceeds max_bs={max_bs}")
+        super().__init__(B, bucket_list, FullGraphBackend(B, num_warmups), progress)
+        self.model = model
+        self.max_bs = max_bs
+        self.num_tokens_per_bs = num_tokens_per_bs
+        self.capture_forward_mode = forward_mode or (
+            ForwardMode.DECODE if num_tokens_per_bs == 1 else ForwardMode.TARGET_VERIFY)
+        self.fallback = fallback
+        self.padding_override = dict(padding_override or {})
+        self.compile_bs = compile_bs
+        self.attn = TorchNativeAttnBackend(model)
+        self.attn.init_cuda_graph_state(max_bs, max_bs * num_tokens_per_bs)
+        self.buffers = StaticBuffers(max_bs, num_tokens_per_bs, device=model.device)
+        self.eager = EagerRunner(model, TorchNativeAttnBackend(model))
+        self.stats = {"graph": 0, "fast_path": 0, "eager": 0, "eager_fallback": 0}
+        self._warned_fallback = False
+        self._loaded: tuple | None = None  # (batch, raw_bs, padded_bs) now in the buffers
+        self._compiled = None
+        self.last_replay: tuple[int, int] | None = None  # (raw_bs, bucket) of the last replay
+
+    # ---- capture -----------------------------------------------------------------------
+    def _buffer_batch(self, bs: int, seq_lens_cpu: list[int]) -> ForwardBatch:
+        """A ForwardBatch whose tensors are views of the static buffers (first ``bs`` rows)."""
+        v = self.buffers.view(bs)
+        return ForwardBatch(self.capture_forward_mode, v["input_ids"], v["positions"],
+                            v["out_cache_loc"], v["req_pool_indices"], v["seq_lens"],
+                            seq_lens_cpu, attn_backend=self.attn)
+
+    def _reset_buffers(self) -> None:
+        """Dummy inputs for capture: every row points at the dummy slot, seq_len = sentinel.
+        The warmups really run, and this is what keeps them out of live requests' cache."""
+        for slot in self.buffers.slots.values():
+            slot.tensor.fill_(slot.fill_value if slot.pad is Pad.SENTINEL else 0)
+        self._loaded = None  # whatever was planned is gone
+
+    def capture_prepare(self, bs: int) -> Callable[[], torch.Tensor]:
+        self._reset_buffers()
+        fill = self.buffers.slots["seq_lens"].fill_value
+        fb = self._buffer_batch(bs, [fill] * bs)
+        self.attn.init_forward_metadata_out_graph(fb, in_capture=True)
+        model_fn = self.model
+        if self.compile_bs and bs <= self.compile_bs:
+            if self._compiled is None:
+                # One compiled variant per bucket shape (dynamic=False, as SGLang does):
+                # make sure dynamo's recompile limit does not silently fall back to eager.
+                import torch._dynamo
+                cfg = torch._dynamo.config
+                name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+                n = sum(b <= self.compile_bs for b in self.buckets)
+                setattr(cfg, name, max(getattr(cfg, name), n + 8))
+                self._compiled = torch.compile(self.model, mode="max-autotune-no-cudagraphs",
+                                               dynamic=False)
+            model_fn = self._compiled
+
+        def run_once() -> torch.Tensor:
+            self.attn.init_forward_metadata_in_graph(fb)  # recorded into the graph
+            return model_fn(fb.input_ids, fb.positions, fb)
+
+        return run_once
+
+    # ---- replay ------------------------------------------------------------------------
+    def can_run(self, batch: ForwardBatch) -> bool:
+        """Graph or eager? The forward mode must be graphable and the one captured, the
+        tokens per request must match, and the batch must fit the largest bucket."""
+        return (self.captured
+                and batch.forward_mode is self.capture_forward_mode
+                and batch.forward_mode.is_cuda_graph()
+                and batch.num_tokens_per_bs == self.num_tokens_per_bs
+                and 1 <= batch.batch_size <= self.max_bucket)
+
+    def plan(self, batch: ForwardBatch, padding_override: dict | None = None) -> int:
+        """Load a batch into the static buffers and prepare its metadata out of graph.
+
+        SGLang runs this ahead of time on a plan stream; a batch planned here later
+        replays through the fast path (only input_ids / positions copied again). Returns
+        the bucket size.
+        """
+        raw_bs = batch.batch_size
+        bs = pad_to_bucket(raw_bs, self.buckets)
+        override = {**self.padding_override, **(padding_override or {})}
+        self.buffers.fill_from(batch, raw_bs, bs, override=override)
+        fill = self.buffers.slots["seq_lens"].fill_value  # host view of the padded rows
+        self.attn.init_forward_metadata_out_graph(
+            self._buffer_batch(bs, list(batch.seq_lens_cpu) + [fill] * (bs - raw_bs)))
+        self._loaded = (batch, raw_bs, bs)
+        batch.metadata_ready = True
+        return bs
+
+    @torch.no_grad()
+    def replay(self, batch: ForwardBatch, padding_override: dict | None = None) -> torch.Tensor:
+        """Replay the bucket's graph for ``batch``; return logits for the real tokens only.
+
+        Fast path: the batch was planned (``metadata_ready``) and is the one the buffers
+        hold, so only ``input_ids`` and ``positions`` heads are copied (in spec decoding,
+        the two fields that arrive after planning). Otherwise: pad to the bucket, fill the
+        buffers by policy, rebuild metadata out of graph.
+
+        The returned tensor is a *view* of the graph's static output: the next replay of
+        the same bucket overwrites it. Use it (or ``.clone()`` it) before replaying again.
+        """
+        if not self.captured:
+            raise RuntimeError("call runner.capture() before replay()")
+        k = self.num_tokens_per_bs
+        if batch.num_tokens_per_bs != k or batch.forward_mode is not self.capture_forward_mode:
+            raise ValueError(f"runner captured {self.capture_forward_mode.name} with {k} "
+                             f"token(s)/request; batch is {batch.forward_mode.name} with "
+                             f"{batch.num_tokens_per_bs}")
+        loaded = self._loaded
+        if (not batch.needs_forward_metadata_init() and loaded is not None
+                and loaded[0] is batch and loaded[1] == batch.batch_size
+                and not padding_override):
+            n = batch.batch_size * k
+            self.buffers.input_ids[:n].copy_(batch.input_ids)
+            self.buffers.positions[:n].copy_(batch.positions)
+            bs = loaded[2]
+            self.stats["fast_path"] += 1
+        else:
+            bs = self.plan(batch, padding_override)
+        self.last_replay = (batch.batch_size, bs)
+        out = self.backend.replay(bs)
+        self.stats["graph"] += 1
+        return out[: batch.batch_size * k]  # drop the padded rows
+
+    def eager_forward(self, batch: ForwardBatch) -> torch.Tensor:
+        self.stats["eager"] += 1
+        return self.eager.forward(batch)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """The dispatch (SGLang's model_runner): replay when :meth:`can_run`, else eager.
+
+        Prefill (EXTEND) always runs eagerly. A graphable batch that is too large raises
+        :class:`BatchTooLargeError` unless ``fallback="eager"``, which runs it eagerly and
+        warns the first time (and logs every time at INFO) — never silently.
+        """
+        if self.can_run(batch):
+            return self.replay(batch)
+        if (self.captured and batch.forward_mode is self.capture_forward_mode
+                and batch.batch_size > self.max_bucket):
+            if self.fallback == "error":
+                pad_to_bucket(batch.batch_size, self.buckets)  # raises BatchTooLargeError
+            msg = (f"batch of {batch.batch_size} requests > largest captured graph "
+                   f"({self.max_bucket}); running it eagerly")
+            if not self._warned_fallback:
+                warnings.warn(msg + " (warned once; see runner.stats['eager_fallback'])",
+                              RuntimeWarning, stacklevel=2)
+                self._warned_fallback = True
+            logger.info(msg)
+            self.stats["eager_fallback"] += 1
+        return self.eager_forward(batch)
+
+
+def demo_stale_tail(runner: DecodeGraphRunner, batch: ForwardBatch, buffer: str = "positions",
+                    stale_value: int | None = None) -> torch.Tensor:
+    """Replay ``batch`` with ``buffer``'s padding tail NOT cleared and a stale,
+    out-of-range value sitting in it — what another user of a shared buffer (or a larger
+    table from an earlier run) can leave behind.
+
+    The padded rows then gather/scatter through that value: on the CPU (emulator) the
+    op raises ``IndexError``; on a GPU it is a device-side assert or an illegal memory
+    access that poisons the CUDA context, so run it in a subprocess there.
+    ``batch`` must not fill its bucket exactly (it needs a tail).
+    """
+    raw = batch.batch_size
+    bs = pad_to_bucket(raw, runner.buckets)
+    if bs == raw:
+        raise ValueError(f"batch of {raw} fills bucket {bs} exactly: no padding tail to go stale")
+    m = runner.model
+    table_size = {"positions": m.args.max_seq_len,         # rows of the rotary table
+                  "req_pool_indices": m.num_slots,         # rows of req_to_token
+                  "out_cache_loc": m.req_to_token.numel()}  # locations in the KV pool
+    if buffer not in table_size:
+        raise ValueError(f"{buffer!r} is not an index buffer; choose one of {list(table_size)}")
+    if stale_value is None:
+        stale_value = table_size[buffer] + 1000
+    slot = runner.buffers.slots[buffer]
+    k = runner.num_tokens_per_bs
+    slot.tensor[slot.rows(raw, k):slot.rows(bs, k)] = stale_value
+    runner._loaded = None
+    return runner.replay(batch, padding_override={buffer: Pad.HEAD_ONLY})

@@ -1,0 +1,127 @@
+"""The checker framework: right answers pass, wrong ones get a helpful message."""
+
+from __future__ import annotations
+
+import torch
+
+from labkit.checks import CheckResult, check, compare_outputs
+from labkit.checks.lesson00 import check_scale_and_shift
+
+
+def _inputs(gen):
+    return (torch.randn(3, 4, generator=gen),)
+
+
+def _double(x):
+    return x * 2
+
+
+def test_accepts_a_right_answer(capsys):
+    res = check(lambda x: x + x, _double, _inputs, trials=4, name="double")
+    out = capsys.readouterr().out
+    assert isinstance(res, CheckResult) and res and res.trials == 4
+    assert out == "✅ double: passed 4 random trials\n"
+
+
+def test_rejects_wrong_values_with_max_abs_diff_and_hint(capsys):
+    res = check(lambda x: x * 3, _double, _inputs, name="double", hint="multiply by two")
+    out = capsys.readouterr().out
+    assert not res and res.kind == "mismatch" and res.failed_trial == 1
+    assert out.startswith("❌ double: trial 1 of 3: values differ: max abs diff")
+    assert "of 12 elements differ" in out
+    assert "hint: multiply by two" in out
+    assert "Traceback" not in out
+
+
+def test_rejects_wrong_shape_dtype_and_type(capsys):
+    assert "shape: expected (3, 4), got (4, 3)" in check(
+        lambda x: (x * 2).t(), _double, _inputs, quiet=True).message
+    assert "dtype: expected torch.float32, got torch.float64" in check(
+        lambda x: (x * 2).double(), _double, _inputs, quiet=True).message
+    res = check(lambda x: None, _double, _inputs, quiet=True)
+    assert "expected a torch.Tensor, got None (did you forget `return`?)" in res.message
+    assert capsys.readouterr().out == ""
+
+
+def test_fails_on_a_later_trial_and_says_which():
+    calls = []
+
+    def flaky(x):
+        calls.append(1)
+        return x * 2 if len(calls) < 2 else x * 2 + 1
+
+    res = check(flaky, _double, _inputs, quiet=True, name="double")
+    assert not res and res.failed_trial == 2 and res.trials == 1
+    assert "trial 2 of 3" in res.message
+
+
+def test_turns_an_exception_into_a_message(capsys):
+    def broken(x):
+        y = x.view(5, 5)  # the line the report should show
+        return y
+
+    res = check(broken, _double, _inputs, name="double")
+    out = capsys.readouterr().out
+    assert not res and res.kind == "exception"
+    assert out.startswith("❌ double: trial 1 of 3: your code raised RuntimeError:")
+    assert "y = x.view(5, 5)" in out
+    assert "(in broken)" in out
+    assert "Traceback" not in out
+
+
+def test_handles_not_implemented(capsys):
+    def stub(x):
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+    res = check(stub, _double, _inputs, name="double")
+    out = capsys.readouterr().out
+    assert not res and res.kind == "not_implemented"
+    assert out == "❌ double: not done yet: fill in the cell marked YOUR CODE HERE\n"
+
+
+def test_inputs_are_fresh_copies_and_seeded():
+    seen = []
+
+    def mutating(x):
+        seen.append(x.clone())
+        x.mul_(2)  # mutate the learner's copy: the reference must not see it
+        return x
+
+    assert check(mutating, _double, _inputs, quiet=True)
+    # every trial has different data, and the same seed gives the same data again
+    assert not torch.equal(seen[0], seen[1])
+    seen2 = []
+    check(lambda x: seen2.append(x.clone()) or x * 2, _double, _inputs, quiet=True)
+    assert all(torch.equal(a, b) for a, b in zip(seen, seen2))
+
+
+def test_not_a_function_and_custom_compare():
+    assert "expected a function, got None" in check(None, _double, _inputs, quiet=True).message
+    res = check(lambda x: x, _double, _inputs, quiet=True,
+                compare=lambda e, a: None if e.shape == a.shape else "shape")
+    assert res
+
+
+def test_checker_errors_are_not_blamed_on_the_learner():
+    def bad_inputs(gen):
+        raise ValueError("oops")
+
+    res = check(_double, _double, bad_inputs, quiet=True, name="double")
+    assert not res and res.kind == "checker_error" and "not your fault" in res.message
+
+
+def test_compare_outputs_nested():
+    t = torch.ones(2)
+    assert compare_outputs((t, {"a": 1.0}), (t.clone(), {"a": 1.0})) is None
+    assert "length: expected 2, got 1" in compare_outputs((t, t), (t,))
+    assert "[1] ['a'] value" in compare_outputs((t, {"a": 1.0}), (t, {"a": 2.0}))
+
+
+def test_lesson00_scale_and_shift(capsys):
+    assert check_scale_and_shift(lambda x, a, b: a * x + b, device="cpu")
+    assert capsys.readouterr().out == "✅ scale_and_shift: passed 3 random trials\n"
+    wrong = check_scale_and_shift(lambda x, a, b: b * x + a, device="cpu")
+    assert not wrong and "values differ" in wrong.message and "hint:" in wrong.message
+    listy = check_scale_and_shift(lambda x, a, b: (a * x + b).tolist(), device="cpu")
+    assert "expected a torch.Tensor, got a list" in listy.message

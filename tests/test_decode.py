@@ -1,0 +1,399 @@
+"""labkit.decode: buckets, padding policies, the decode graph runner, the serving loop.
+
+Every runner test takes the ``B`` fixture (tests/conftest.py): it runs on the emulator
+everywhere and again on a GPU where one is present (``pytest -m cuda``). The model is tiny
+(2 layers, dim 64, 16 request slots) so the whole file runs in seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from labkit import backend
+from labkit.decode import (
+    BatchTooLargeError,
+    DecodeGraphRunner,
+    ForwardMode,
+    Pad,
+    StaticBuffers,
+    build_model,
+    default_buckets,
+    demo_stale_tail,
+    explore_buckets,
+    make_buckets,
+    make_decode_batch,
+    make_extend_batch,
+    pad_to_bucket,
+    pow2_buckets,
+    serve,
+    synthetic_workload,
+)
+
+MAX_BS = 16
+
+# ---- buckets (pure) --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_bs", [1, 2, 3, 12, 13, 16, 100, 256, 300, 511, 512, 600, 1024])
+def test_default_buckets_properties(max_bs):
+    b = default_buckets(max_bs)
+    assert b == sorted(set(b)), "sorted, no duplicates"
+    assert b[-1] == max_bs and all(1 <= x <= max_bs for x in b)
+    full = ([1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16))
+            + list(range(512, max_bs + 1, 32)))
+    assert set(b) == {x for x in full if x <= max_bs} | {max_bs}
+
+
+def test_default_buckets_known_values():
+    assert default_buckets(16) == [1, 2, 4, 8, 12, 16]
+    assert default_buckets(20) == [1, 2, 4, 8, 12, 16, 20]
+    assert default_buckets(30) == [1, 2, 4, 8, 12, 16, 24, 30]
+    assert default_buckets(600)[-5:] == [496, 512, 544, 576, 600]
+    assert len(default_buckets(512)) == 5 + 31 + 15 + 1
+    assert default_buckets(16, disable_padding=True) == list(range(1, 17))
+    assert pow2_buckets(16) == [1, 2, 4, 8, 16] and pow2_buckets(12) == [1, 2, 4, 8, 12]
+    assert make_buckets(16, [8, 2, 2, 4]) == [2, 4, 8]
+
+
+@pytest.mark.parametrize("scheme", ["sglang", "every", "pow2"])
+def test_pad_to_bucket_is_smallest_bucket_that_fits(scheme):
+    buckets = make_buckets(300, scheme)
+    for raw in range(1, 301):
+        assert pad_to_bucket(raw, buckets) == min(b for b in buckets if b >= raw)
+    with pytest.raises(BatchTooLargeError, match="larger than the largest captured graph"):
+        pad_to_bucket(301, buckets)
+    with pytest.raises(ValueError):
+        pad_to_bucket(0, buckets)
+
+
+def test_explore_buckets():
+    workload = [1, 3, 5, 9, 16, 17]
+    r = explore_buckets(16, workload, "sglang", activation_bytes_per_row=100,
+                        output_bytes_per_row=10, graph_overhead_bytes=0)
+    assert r.num_graphs == 6 and r.oversize_batches == 1
+    assert (r.real_rows, r.padded_rows) == (34, 1 + 4 + 8 + 12 + 16)
+    assert r.padding_waste == pytest.approx(7 / 41)
+    assert r.memory_bytes == 1600 + 10 * sum(r.buckets)
+    assert r.memory_bytes_separate_pools == 100 * sum(r.buckets) + 10 * sum(r.buckets)
+    every = explore_buckets(16, workload, "every")
+    assert every.num_graphs == 16 and every.padding_waste == 0
+    assert every.memory_bytes < every.memory_bytes_separate_pools
+    assert set(r.as_row()) >= {"scheme", "graphs", "padding_waste_%", "memory_MiB"}
+
+
+# ---- static buffers and their padding policies -------------------------------------------
+
+
+def _fake_batch(bs, k, base):
+    n = bs * k
+    return type("FB", (), dict(
+        input_ids=torch.arange(n) + base, positions=torch.arange(n) + base + 1,
+        out_cache_loc=torch.arange(n) + base + 2, req_pool_indices=torch.arange(bs) + base + 3,
+        seq_lens=(torch.arange(bs) + base + 4).int()))()
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_padding_policy_per_buffer(k, monkeypatch):
+    buf = StaticBuffers(max_bs=8, num_tokens_per_bs=k)
+    assert buf.policies() == {"input_ids": "head_only", "req_pool_indices": "zero_tail",
+                              "seq_lens": "sentinel", "out_cache_loc": "zero_tail",
+                              "positions": "zero_tail"}
+    for s in buf.slots.values():
+        s.tensor.fill_(99)  # stale values from an earlier batch
+    calls = []
+    real = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda d, s: (calls.append(len(d)), real(d, s)))
+    fb = _fake_batch(5, k, base=10)
+    buf.fill_from(fb, raw_bs=5, padded_bs=6)
+    assert calls == [5], "all heads copied by one _foreach_copy_"
+    for name, slot in buf.slots.items():
+        lo, hi = slot.rows(5, k), slot.rows(6, k)
+        t = slot.tensor
+        assert torch.equal(t[:lo], getattr(fb, name).to(t.dtype)), name
+        tail = {"input_ids": 99, "seq_lens": 1}.get(name, 0)
+        assert (t[lo:hi] == tail).all(), f"{name}: tail should be {tail}"
+        assert (t[hi:] == 99).all(), f"{name}: rows past the bucket are not touched"
+    # an override leaves a tail stale (the demo of what goes wrong)
+    buf.fill_from(_fake_batch(2, k, base=0), 2, 4, override={"positions": "head_only"})
+    assert (buf.positions[2 * k:4 * k] == torch.arange(2 * k, 4 * k) + 11).all()
+
+
+# ---- the model and the runner ----------------------------------------------------------
+
+_CACHE: dict = {}
+
+
+def _model(B):
+    key = ("model", B.name)
+    if key not in _CACHE:
+        m = build_model("tiny", max_requests=MAX_BS, device=B.device, dtype=torch.float32)
+        _CACHE[key] = (m, _prefill(m))
+    return _CACHE[key]
+
+
+def _prefill(m, seed=0):
+    """Prefill all 16 slots with random prompts; return each slot's (token, position)."""
+    g = torch.Generator().manual_seed(seed)
+    slots = list(range(1, MAX_BS + 1))
+    lens = torch.randint(2, 20, (MAX_BS,), generator=g).tolist()
+    prompts = [torch.randint(0, m.args.vocab_size, (n,), generator=g).tolist() for n in lens]
+    from labkit.decode import EagerRunner
+    logits = EagerRunner(m).forward(make_extend_batch(m, slots, prompts))
+    last = torch.tensor(lens).cumsum(0) - 1
+    toks = logits[last.to(logits.device)].argmax(-1).tolist()
+    return {s: (t, n) for s, t, n in zip(slots, toks, lens)}
+
+
+def _runner(B, **kw):
+    key = ("runner", B.name, tuple(sorted(kw.items(), key=str)))
+    if key not in _CACHE:
+        m, _ = _model(B)
+        r = DecodeGraphRunner(m, B, progress=False, **{"max_bs": MAX_BS, **kw})
+        r.capture()
+        _CACHE[key] = r
+    return _CACHE[key]
+
+
+def _decode_batch(m, state, slots, mode=ForwardMode.DECODE, k=1):
+    toks = [[state[s][0]] * k if k > 1 else state[s][0] for s in slots]
+    return make_decode_batch(m, slots, toks, [state[s][1] for s in slots], mode=mode)
+
+
+def _random_slots(bs, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randperm(MAX_BS, generator=g)[:bs] + 1).tolist()
+
+
+@pytest.mark.parametrize("scheme", ["sglang", "every"])
+def test_graph_logits_equal_eager_for_every_batch_size(B, scheme):
+    m, state = _model(B)
+    r = _runner(B, buckets=scheme)
+    assert r.buckets == make_buckets(MAX_BS, scheme)
+    for bs in range(1, MAX_BS + 1):
+        batch = _decode_batch(m, state, _random_slots(bs, seed=bs))
+        assert r.can_run(batch)
+        eager = r.eager_forward(batch).clone()
+        graphed = r.forward(batch)
+        assert graphed.shape == (bs, m.args.vocab_size), "sliced to the real rows"
+        torch.testing.assert_close(graphed, eager, rtol=1e-5, atol=1e-5)
+    assert r.stats["graph"] >= MAX_BS
+
+
+def test_capture_log_largest_first_one_pool(B):
+    r = _runner(B, buckets="sglang")
+    log = r.capture_log
+    assert [e["bs"] for e in log] == sorted(r.buckets, reverse=True), "largest first"
+    assert len(r.backend.graphs) == len(r.buckets)
+    rep = r.capture_report()
+    assert rep["graphs"] == len(r.buckets) and rep["capture_seconds"] > 0
+    assert rep["pool_reserved_bytes"] > 0
+    # the first (largest) graph reserves the pool; the smaller ones mostly reuse it
+    assert log[0]["reserved_delta_bytes"] >= max(e["reserved_delta_bytes"] for e in log[1:])
+    pools = {tuple(g.pool()) for g in r.backend.graphs.values()}
+    assert pools == {tuple(r.backend.pool)}, "every bucket's graph lives in the one shared pool"
+
+
+def test_can_run_by_mode_and_size(B):
+    m, state = _model(B)
+    r = _runner(B, max_bs=8)
+    assert r.buckets == [1, 2, 4, 8]
+    assert r.can_run(_decode_batch(m, state, [1, 2, 3]))
+    assert not r.can_run(_decode_batch(m, state, list(range(1, 10))))  # 9 > 8
+    assert not r.can_run(make_extend_batch(m, [1], [[1, 2, 3]]))      # prefill: never
+    verify = _decode_batch(m, state, [1, 2], mode=ForwardMode.TARGET_VERIFY, k=2)
+    assert not r.can_run(verify), "a decode runner does not replay verify batches"
+
+
+def test_oversize_batch_error_or_logged_eager_fallback(B):
+    m, state = _model(B)
+    batch = _decode_batch(m, state, list(range(1, 13)))  # 12 > 8
+    strict = _runner(B, max_bs=8)
+    with pytest.raises(BatchTooLargeError, match="fallback='eager'"):
+        strict.forward(batch)
+    lenient = _runner(B, max_bs=8, fallback="eager")
+    with pytest.warns(RuntimeWarning, match="running it eagerly"):
+        out = lenient.forward(batch).clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once only; later fallbacks are logged
+        lenient.forward(batch)
+    assert lenient.stats["eager_fallback"] == 2
+    torch.testing.assert_close(out, lenient.eager_forward(batch))
+
+
+def test_fast_path_copies_only_ids_and_positions(B):
+    """A batch planned ahead (SGLang's plan stream) replays with only input_ids and
+    positions copied: in spec decoding they are what arrives after planning."""
+    m, state = _model(B)
+    r = _runner(B, buckets="sglang")
+    slots = _random_slots(5, seed=1)
+    batch = _decode_batch(m, state, slots)
+    real_ids = batch.input_ids.clone()
+    batch.input_ids = torch.zeros_like(real_ids)  # tokens not known yet at plan time
+    assert r.plan(batch) == 8 and not batch.needs_forward_metadata_init()
+    before = dict(r.stats)
+    batch.input_ids = real_ids                     # ... now they are
+    out = r.replay(batch).clone()
+    assert r.stats["fast_path"] == before["fast_path"] + 1
+    torch.testing.assert_close(out, r.eager_forward(batch), rtol=1e-5, atol=1e-5)
+    other = _decode_batch(m, state, slots)         # a new batch: full fill, no fast path
+    r.replay(other)
+    assert r.stats["fast_path"] == before["fast_path"] + 1
+
+
+def test_target_verify_equals_sequential_decode(B):
+    """Verifying k tokens per request in one graph = k single-token decode steps."""
+    m, state = _model(B)
+    k = 3
+    r = _runner(B, max_bs=8, num_tokens_per_bs=k)
+    assert r.capture_forward_mode is ForwardMode.TARGET_VERIFY
+    slots = [3, 5, 6, 9, 11]
+    # k greedy decode steps, eagerly, one token each
+    toks = {s: [state[s][0]] for s in slots}
+    step_logits = []
+    for j in range(k):
+        b = make_decode_batch(m, slots, [toks[s][j] for s in slots],
+                              [state[s][1] + j for s in slots])
+        lg = r.eager_forward(b).clone()
+        step_logits.append(lg)
+        for s, t in zip(slots, lg.argmax(-1).tolist()):
+            toks[s].append(t)
+    verify = make_decode_batch(m, slots, [toks[s][:k] for s in slots],
+                               [state[s][1] for s in slots], mode=ForwardMode.TARGET_VERIFY)
+    assert r.can_run(verify)
+    out = r.forward(verify).view(len(slots), k, -1)
+    for j in range(k):
+        torch.testing.assert_close(out[:, j], step_logits[j], rtol=1e-4, atol=1e-4)
+    assert r.stats["graph"] >= 1
+
+
+def test_stale_tail_gives_index_error(B):
+    """With the tail NOT zeroed, a stale out-of-range index in the padded rows is read by
+    the graph: IndexError on the CPU. (On a GPU this is a device-side assert / illegal
+    memory access that kills the context, so the cuda variant is not run here; see
+    test_stale_tail_cuda_subprocess.)"""
+    if B.name == "cuda":
+        pytest.skip("fatal to the CUDA context: covered by test_stale_tail_cuda_subprocess")
+    m, state = _model(B)
+    r = _runner(B, buckets="sglang")
+    batch = _decode_batch(m, state, [1, 2, 3])  # padded to 4: one tail row
+    for name in ("positions", "out_cache_loc", "req_pool_indices"):
+        with pytest.raises(IndexError):
+            demo_stale_tail(r, batch, name)
+    with pytest.raises(ValueError, match="no padding tail"):
+        demo_stale_tail(r, _decode_batch(m, state, [1, 2, 3, 4]))
+    # with the policy in force the same buffers are cleaned and the replay is fine
+    torch.testing.assert_close(r.forward(batch), r.eager_forward(batch), rtol=1e-5, atol=1e-5)
+
+
+def test_stale_in_range_loc_silently_corrupts_a_live_request(B):
+    """The quieter failure: a stale out_cache_loc that is still in range makes a padded
+    row overwrite a live request's key. Zeroing the tail sends it to the dummy slot."""
+    m, state = _model(B)
+    r = _runner(B, buckets="sglang")
+    kc = m.layers[0].attention.kv_cache.k_cache
+    four = _decode_batch(m, state, [1, 2, 3, 4])
+    r.forward(four)
+    loc = int(four.out_cache_loc[3])  # request 4's newest key; it now sits out a step
+    saved = kc[loc].clone()
+    three = _decode_batch(m, state, [1, 2, 3])
+    r.replay(three)                                  # zero tail: request 4 untouched
+    assert torch.equal(kc[loc], saved)
+    r.forward(four)                                  # reload the 4-row batch's locations
+    r.replay(three, padding_override={"out_cache_loc": Pad.HEAD_ONLY})
+    assert not torch.equal(kc[loc], saved), "the padded row wrote into request 4's cache"
+    r.forward(four)                                  # repair
+
+
+def test_serving_eager_and_graphed_tokens_identical(B):
+    m, _ = _model(B)
+    wl = synthetic_workload(24, arrival_rate=2.0, prompt_len=(2, 12), output_len=(2, 16),
+                            vocab_size=m.args.vocab_size, max_seq_len=m.args.max_seq_len,
+                            seed=3)
+    eager = serve(m, wl)
+    graphed = serve(m, wl, runner=_runner(B, buckets="sglang"))
+    assert graphed.tokens == eager.tokens
+    assert [len(t) for t in eager.tokens.values()] == [r.max_new_tokens for r in wl]
+    assert graphed.decode_batch_size == eager.decode_batch_size
+    assert len(set(eager.decode_batch_size)) > 4, "continuous batching varies the batch size"
+    assert max(eager.decode_batch_size) <= MAX_BS
+    s = graphed.summary()
+    assert s["generated_tokens"] == sum(r.max_new_tokens for r in wl) and s["tokens_per_s"] > 0
+    assert graphed.runner_stats["graph"] == len(graphed.decode_latency_s)
+    # a runner smaller than the running set falls back to eager for big steps, same tokens
+    small = _runner(B, max_bs=4, fallback="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mixed = serve(m, wl, runner=small)
+    assert mixed.tokens == eager.tokens
+    assert mixed.runner_stats["eager_fallback"] > 0 and mixed.runner_stats["graph"] > 0
+
+
+def test_workload_is_seeded_and_fits():
+    a = synthetic_workload(20, seed=7, max_seq_len=30, prompt_len=(4, 24), output_len=(4, 40))
+    b = synthetic_workload(20, seed=7, max_seq_len=30, prompt_len=(4, 24), output_len=(4, 40))
+    assert [(r.arrival_step, r.prompt, r.max_new_tokens) for r in a] == \
+           [(r.arrival_step, r.prompt, r.max_new_tokens) for r in b]
+    assert all(len(r.prompt) + r.max_new_tokens - 1 <= 30 for r in a)
+    assert [r.arrival_step for r in a] == sorted(r.arrival_step for r in a)
+
+
+# ---- GPU only -----------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fp16_cuda_graph_matches_eager():
+    B = backend.get("cuda")
+    m = build_model("tiny", max_requests=MAX_BS, device=B.device)  # fp16 on CUDA
+    assert m.output.weight.dtype == torch.float16
+    state = _prefill(m)
+    r = DecodeGraphRunner(m, B, max_bs=MAX_BS, progress=False)
+    r.capture()
+    for bs in range(1, MAX_BS + 1):
+        batch = _decode_batch(m, state, _random_slots(bs, seed=bs))
+        torch.testing.assert_close(r.forward(batch), r.eager_forward(batch),
+                                   rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_stale_tail_cuda_subprocess():
+    """On a GPU the stale-tail replay faults the device, so it runs in a child process."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    code = (
+        "import torch\n"
+        "from labkit import backend\n"
+        "from labkit.decode import *\n"
+        "B = backend.get('cuda')\n"
+        "m = build_model('tiny', max_requests=16, device=B.device)\n"
+        "r = DecodeGraphRunner(m, B, max_bs=16, progress=False); r.capture()\n"
+        "b = make_decode_batch(m, [1, 2, 3], [5, 6, 7], [0, 0, 0])\n"
+        "demo_stale_tail(r, b, 'positions'); torch.cuda.synchronize()\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env=env, cwd=root)
+    assert p.returncode != 0
+    assert any(s in p.stderr for s in ("device-side assert", "illegal memory access",
+                                       "out of bounds", "CUDA error")), p.stderr[-2000:]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compile_small_buckets_cuda():
+    B = backend.get("cuda")
+    m = build_model("tiny", max_requests=MAX_BS, device=B.device)
+    state = _prefill(m)
+    r = DecodeGraphRunner(m, B, max_bs=8, compile_bs=4, progress=False)
+    r.capture()
+    for bs in (1, 3, 4, 7):
+        batch = _decode_batch(m, state, _random_slots(bs, seed=bs))
+        torch.testing.assert_close(r.forward(batch), r.eager_forward(batch),
+                                   rtol=2e-2, atol=2e-2)
