@@ -1,0 +1,75 @@
+"""labkit.bench — GPU benchmarks: eager vs CUDA graphs vs torch.compile.
+
+    python -m labkit.bench                     all suites (needs a CUDA GPU)
+    python -m labkit.bench train decode        some of them
+    python -m labkit.bench --render            re-render docs/benchmarks/ from results.json
+
+Four suites, one module each, each the measured counterpart of a lesson:
+
+    launch    per-kernel cost, eager vs graph: a chain of 100 tiny adds      (lesson 01)
+    decode    labkit.decode's runner vs eager vs torch.compile, bs 1/8/64    (lesson 06)
+    train     eager vs per-layer graphs vs the whole step as one graph       (04, 05, 07)
+    capture   time and pool memory per captured graph, shared vs separate    (lesson 05)
+
+Every number is one row (see :mod:`labkit.bench.report` for the schema), appended to
+``docs/benchmarks/results.json`` and rendered to ``docs/benchmarks/README.md`` with a PNG
+plot per suite. How things are timed, and why, is in :mod:`labkit.bench.timing`.
+
+On a machine without a GPU the command says so and exits (code 0): the CPU emulator
+reproduces what graphs do, not how fast a GPU runs them, so it has nothing to measure
+here. The suite functions still accept the emulated backend, with tiny configurations,
+so that tests can exercise the benchmark code itself on a CPU.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+
+import torch
+
+from labkit.bench.timing import device_name
+
+__all__ = ["SUITES", "make_row", "skipped_row", "run_suite", "SuiteSkip"]
+
+SUITES = ("launch", "decode", "train", "capture")
+
+
+class SuiteSkip(Exception):
+    """Raised by a variant that cannot run here; becomes a row with a ``note``."""
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def make_row(B, suite: str, config_name: str, config: dict, batch_size: int | None,
+             variant: str, median_us: float | None, gpu_busy_us: float | None = None,
+             note: str | None = None, extra: dict | None = None) -> dict:
+    """One result row in the schema of :mod:`labkit.bench.report`."""
+    row = {"suite": suite, "config_name": config_name, "config": dict(config),
+           "batch_size": batch_size, "variant": variant,
+           "median_us": None if median_us is None else round(float(median_us), 3)}
+    if gpu_busy_us is not None:
+        row["gpu_busy_us"] = round(float(gpu_busy_us), 3)
+    row.update(device=device_name(B), torch=torch.__version__, date=_now())
+    if note:
+        row["note"] = note
+    if extra:
+        row["extra"] = extra
+    return row
+
+
+def skipped_row(B, suite, config_name, config, batch_size, variant, why: str) -> dict:
+    """A row saying a variant was not measured, and why."""
+    return make_row(B, suite, config_name, config, batch_size, variant, None,
+                    note=f"skipped: {why}")
+
+
+def run_suite(name: str, B, quick: bool = False, log=print, **kw) -> list[dict]:
+    """Run one suite on backend ``B`` and return its rows (nothing is written).
+    ``kw`` goes to the suite's ``run`` (e.g. ``batch_sizes``, ``cfg``, ``compile_mode``)."""
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}: choose from {', '.join(SUITES)}")
+    module = importlib.import_module(f"labkit.bench.{name}")
+    return module.run(B, quick=quick, log=log, **kw)

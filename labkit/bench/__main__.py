@@ -1,0 +1,83 @@
+"""``python -m labkit.bench [suite ...] [--render] [--quick] [--results PATH] [--out DIR]``"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from labkit.bench import SUITES, report, run_suite
+
+NO_GPU = """\
+labkit.bench measures GPU time and needs a CUDA GPU; torch.cuda.is_available() is False
+here (torch {torch}). Nothing was measured. The CPU emulator reproduces what CUDA graphs
+do, not how fast a GPU runs them, so it has nothing to benchmark.
+  * on a GPU machine:  python -m labkit.bench {suites}
+  * re-render the tables and plots from docs/benchmarks/results.json on any machine:
+      python -m labkit.bench --render"""
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python -m labkit.bench",
+                                description="GPU benchmarks: eager vs CUDA graphs vs "
+                                            "torch.compile; results appended to "
+                                            "docs/benchmarks/results.json and rendered.")
+    p.add_argument("suites", nargs="*", metavar="suite",
+                   help=f"suites to run (default: all): {', '.join(SUITES)}")
+    p.add_argument("--render", action="store_true",
+                   help="re-render README.md and the plots from the results file (no GPU "
+                        "needed); with suites, render after running them (the default)")
+    p.add_argument("--quick", action="store_true", help="fewer repeats and batch sizes")
+    p.add_argument("--results", type=Path, default=None,
+                   help="results file (default: docs/benchmarks/results.json)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where README.md and the plots go (default: beside the results)")
+    p.add_argument("--no-save", action="store_true",
+                   help="print the rows, write nothing")
+    p.add_argument("--decode-compile-mode", default="default",
+                   help="torch.compile mode for the decode suite's labkit_graph_compiled "
+                        "row (default: 'default'; the runner's own is "
+                        "'max-autotune-no-cudagraphs', minutes of autotuning)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    unknown = [s for s in args.suites if s not in SUITES]
+    if unknown:
+        print(f"unknown suite(s) {unknown}: choose from {', '.join(SUITES)}", file=sys.stderr)
+        return 2
+    results = args.results or report.default_results_path()
+    if args.render and not args.suites:
+        for path in report.render(results, args.out):
+            print("wrote", path)
+        return 0
+    suites = args.suites or list(SUITES)
+    if not torch.cuda.is_available():
+        print(NO_GPU.format(torch=torch.__version__,
+                            suites=" ".join(args.suites) or "[suite ...]"))
+        return 0
+
+    from labkit import backend
+
+    B = backend.get("cuda")
+    print(f"labkit.bench on {torch.cuda.get_device_name(B.device)}, torch {torch.__version__}")
+    rows = []
+    for name in suites:
+        print(f"[{name}]")
+        kw = {"compile_mode": args.decode_compile_mode} if name == "decode" else {}
+        rows += run_suite(name, B, quick=args.quick, **kw)
+    if args.no_save:
+        print(report.markdown_table(report.latest(rows)))
+        return 0
+    path = report.append_results(rows, results)
+    print(f"appended {len(rows)} rows to {path}")
+    for p in report.render(results, args.out):
+        print("wrote", p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""Benchmark results: one JSON list of rows, rendered to Markdown tables and PNG plots.
+
+Every measurement is one row, appended to ``docs/benchmarks/results.json``::
+
+    {"suite": "train", "config_name": "bench", "config": {...}, "batch_size": 4,
+     "variant": "labkit_full_step", "median_us": 7412.3, "gpu_busy_us": 6120.5,
+     "device": "NVIDIA H200", "torch": "2.11.0+cu128", "date": "2026-05-09T10:12:03Z"}
+
+(``gpu_busy_us`` only where it was measured; optional ``note`` says why a row has no
+number, e.g. a variant the installed labkit cannot run; optional ``extra`` holds
+suite-specific numbers such as pool memory.) Rows are only ever appended, so the file is
+the history; :func:`latest` picks the newest row per (suite, config, batch size, variant,
+device) for the tables.
+
+:func:`render` turns the file into ``README.md`` (one table per suite) and one PNG per
+suite and device beside it. It reads nothing but the JSON file, so
+``python -m labkit.bench --render`` works on any machine, and tests render synthetic rows
+into a temporary directory (never into ``docs/``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Iterable, Sequence
+
+__all__ = ["REQUIRED_KEYS", "SUITE_ORDER", "default_results_path", "load_results",
+           "append_results", "validate_row", "latest", "speedups", "markdown_table",
+           "render", "format_us"]
+
+REQUIRED_KEYS = ("suite", "config_name", "config", "batch_size", "variant", "median_us",
+                 "device", "torch", "date")
+
+SUITE_ORDER = ("launch", "decode", "train", "capture")
+VARIANT_ORDER = {
+    "launch": ("eager", "graph"),
+    "decode": ("eager", "labkit_graph", "labkit_graph_compiled", "compile_reduce_overhead"),
+    "train": ("eager", "labkit_bridge", "torch_make_graphed_callables", "labkit_full_step",
+              "compile_reduce_overhead"),
+    "capture": ("separate_pools", "shared_pool"),
+}
+
+SUITE_TEXT = {
+    "launch": (
+        "Launch cost: a chain of 100 dependent tiny adds (256 floats each), eager vs one "
+        "graph replay. `median_us` is the whole chain; per kernel = median / 100. Lesson 01."),
+    "decode": (
+        "Decode step of an 8-layer, d=512, 8-head fp16 GPT (`labkit.decode`) at batch sizes "
+        "1, 8, 64: eager; `labkit_graph` = `DecodeGraphRunner` (pad to bucket, fill static "
+        "buffers, replay, slice); `labkit_graph_compiled` = the same runner with the model "
+        "compiled (no cudagraphs) before capture (SGLang's `compile_bs`); "
+        "`compile_reduce_overhead` = `torch.compile(mode=\"reduce-overhead\")` on the eager "
+        "path. Lesson 06."),
+    "train": (
+        "One training step of a 6-layer, d=256 transformer LM, 4 microbatches of 4×64 "
+        "tokens, AdamW (`labkit.full_step`, config \"bench\"): eager; `labkit_bridge` = "
+        "per-layer fwd/bwd graphs from `labkit.bridge` (lesson 04); "
+        "`torch_make_graphed_callables` = the same per layer with torch's function; "
+        "`labkit_full_step` = fwd+bwd of all microbatches as one graph + AdamW(capturable) "
+        "as a second (lesson 07); `compile_reduce_overhead` = the model under "
+        "`torch.compile(mode=\"reduce-overhead\")`. Batch size = sequences per microbatch."),
+    "capture": (
+        "Capturing N graphs one after another (the forward of each of 6 transformer layers, "
+        "fp16, batch × 64 tokens): `median_us` = capture time per graph; `extra` = pool "
+        "memory after all captures, one shared pool vs a private pool per graph. Lesson 05."),
+}
+
+TARGETS = {
+    "train": "Targets on an H200: eager 67.7 ms, per-layer make_graphed_callables 19.4 ms, "
+             "whole step as one graph 7.4 ms.",
+}
+
+
+def default_results_path() -> Path:
+    """``docs/benchmarks/results.json`` of this checkout."""
+    return Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "results.json"
+
+
+def load_results(path: str | Path | None = None) -> list[dict]:
+    """All rows of a results file (``[]`` if it does not exist yet)."""
+    path = Path(path) if path is not None else default_results_path()
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text(encoding="utf-8") or "[]")
+    if not isinstance(rows, list):
+        raise ValueError(f"{path} must hold a JSON list of rows")
+    return rows
+
+
+def validate_row(row: dict) -> None:
+    """Raise ValueError if ``row`` lacks a required key or has a wrong type."""
+    missing = [k for k in REQUIRED_KEYS if k not in row]
+    if missing:
+        raise ValueError(f"benchmark row lacks {missing}: {row}")
+    if row["median_us"] is not None and not isinstance(row["median_us"], (int, float)):
+        raise ValueError(f"median_us must be a number or null: {row}")
+    if row["median_us"] is None and not row.get("note"):
+        raise ValueError(f"a row without a number needs a note saying why: {row}")
+
+
+def append_results(rows: Iterable[dict], path: str | Path | None = None) -> Path:
+    """Validate ``rows`` and append them to the results file (created if missing)."""
+    rows = list(rows)
+    for r in rows:
+        validate_row(r)
+    path = Path(path) if path is not None else default_results_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    allrows = load_results(path) + rows
+    path.write_text(json.dumps(allrows, indent=1, sort_keys=False) + "\n", encoding="utf-8")
+    return path
+
+
+def _order(seq: Sequence[str], value: str) -> tuple[int, str]:
+    return (seq.index(value) if value in seq else len(seq), value)
+
+
+def _key(r: dict) -> tuple:
+    return (r["suite"], r["config_name"], r["batch_size"], r["variant"], r["device"])
+
+
+def _sort_key(r: dict) -> tuple:
+    return (_order(SUITE_ORDER, r["suite"]), r["device"], r["config_name"],
+            r["batch_size"] if r["batch_size"] is not None else -1,
+            _order(VARIANT_ORDER.get(r["suite"], ()), r["variant"]))
+
+
+def latest(rows: Iterable[dict], suite: str | None = None) -> list[dict]:
+    """The newest row per (suite, config, batch size, variant, device), sorted for tables.
+
+    Newest = latest ``date`` (ISO 8601 strings compare in time order); on a tie, the row
+    appended last.
+    """
+    best: dict[tuple, tuple[str, int, dict]] = {}
+    for i, r in enumerate(rows):
+        if suite is not None and r.get("suite") != suite:
+            continue
+        k = _key(r)
+        cand = (str(r.get("date", "")), i, r)
+        if k not in best or cand[:2] >= best[k][:2]:
+            best[k] = cand
+    return sorted((v[2] for v in best.values()), key=_sort_key)
+
+
+def speedups(rows: Sequence[dict]) -> dict[int, float]:
+    """``id(row) → eager median / row median`` for rows that have an eager twin."""
+    eager = {}
+    for r in rows:
+        if r["variant"] == "eager" and r["median_us"]:
+            eager[(r["suite"], r["config_name"], r["batch_size"], r["device"])] = r["median_us"]
+    out = {}
+    for r in rows:
+        e = eager.get((r["suite"], r["config_name"], r["batch_size"], r["device"]))
+        if e and r["median_us"]:
+            out[id(r)] = e / r["median_us"]
+    return out
+
+
+def format_us(us: float | None) -> str:
+    """``'7.41 ms'`` / ``'85.2 µs'`` / ``'—'``."""
+    if us is None or (isinstance(us, float) and math.isnan(us)):
+        return "—"
+    if us >= 1000:
+        return f"{us / 1000:.2f} ms"
+    return f"{us:.1f} µs"
+
+
+def _extra_text(extra: dict | None) -> str:
+    if not extra:
+        return ""
+    parts = []
+    for k, v in extra.items():
+        if isinstance(v, float):
+            v = f"{v:.3g}"
+        parts.append(f"{k}={v}")
+    return ", ".join(parts)
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+    """A Markdown table of ``rows`` (use :func:`latest` first)."""
+    sp = speedups(rows)
+    head = ("| config | batch | variant | median | GPU busy | vs eager | device | torch "
+            "| date | notes |")
+    lines = [head, "|---|---:|---|---:|---:|---:|---|---|---|---|"]
+    for r in rows:
+        ratio = sp.get(id(r))
+        notes = "; ".join(x for x in (r.get("note", ""), _extra_text(r.get("extra"))) if x)
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r["config_name"], "" if r["batch_size"] is None else r["batch_size"],
+            f"`{r['variant']}`", format_us(r["median_us"]), format_us(r.get("gpu_busy_us")),
+            f"{ratio:.2f}×" if ratio else "", r["device"], r["torch"],
+            str(r["date"])[:10], notes.replace("|", "/")))
+    return "\n".join(lines)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
+
+
+def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
+    """Grouped bars: one group per (config, batch size), one bar per variant; log y."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r["median_us"]]
+    groups = []
+    for r in rows:
+        g = (r["config_name"], r["batch_size"])
+        if g not in groups:
+            groups.append(g)
+    order = VARIANT_ORDER.get(rows[0]["suite"], ()) if rows else ()
+    variants = sorted({r["variant"] for r in rows}, key=lambda v: _order(order, v))
+    value = {(r["config_name"], r["batch_size"], r["variant"]): r["median_us"] for r in rows}
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(groups) * max(1, len(variants)) / 2),
+                                    3.8))
+    width = 0.8 / max(1, len(variants))
+    for j, v in enumerate(variants):
+        xs, ys = [], []
+        for i, g in enumerate(groups):
+            y = value.get((g[0], g[1], v))
+            if y:
+                xs.append(i + (j - (len(variants) - 1) / 2) * width)
+                ys.append(y)
+        ax.bar(xs, ys, width=width, label=v)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([f"{c}\nbatch {b}" if b is not None else c for c, b in groups])
+    ax.set_yscale("log")
+    ax.set_ylabel("median time (µs, log)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def render(results_path: str | Path | None = None, out_dir: str | Path | None = None) -> list[Path]:
+    """Write ``README.md`` and one PNG per suite and device into ``out_dir`` (default: the
+    results file's folder) from the newest rows; return the paths written."""
+    results_path = Path(results_path) if results_path is not None else default_results_path()
+    out_dir = Path(out_dir) if out_dir is not None else results_path.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = latest(load_results(results_path))
+    written: list[Path] = []
+    md = ["# Benchmarks", "",
+          "Generated by `python -m labkit.bench --render` from `results.json` (do not edit "
+          "by hand). Measure on a GPU with `python -m labkit.bench [suite ...]`; every run "
+          "appends rows, and these tables show the newest row per configuration, variant "
+          "and device.", "",
+          "Timing: CUDA events, warm-up first, median of repeated runs, random input data. "
+          "*GPU busy* = the sum of kernel (and memcpy/memset) times of one call from "
+          "`torch.profiler`; *median − GPU busy* is the time the GPU sat idle. *vs eager* = "
+          "eager median ÷ this median.", ""]
+    if not rows:
+        md += ["No results yet.", ""]
+    suites = sorted(set(SUITE_ORDER) | {r["suite"] for r in rows},
+                    key=lambda s: _order(SUITE_ORDER, s))
+    for suite in suites:
+        srows = [r for r in rows if r["suite"] == suite]
+        md += [f"## {suite}", "", SUITE_TEXT.get(suite, ""), ""]
+        if suite in TARGETS:
+            md += [TARGETS[suite], ""]
+        if not srows:
+            md += [f"No results yet: run `python -m labkit.bench {suite}` on a GPU.", ""]
+            continue
+        md += [markdown_table(srows), ""]
+        for dev in sorted({r["device"] for r in srows}):
+            drows = [r for r in srows if r["device"] == dev]
+            if not any(r["median_us"] for r in drows):
+                continue
+            name = f"{suite}-{_slug(dev)}.png"
+            written.append(plot_suite(drows, out_dir / name, title=f"{suite} · {dev}"))
+            md += [f"![{suite} on {dev}]({name})", ""]
+    readme = out_dir / "README.md"
+    readme.write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
+    written.insert(0, readme)
+    return written

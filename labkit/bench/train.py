@@ -1,0 +1,139 @@
+"""Suite ``train``: one training step, eager vs per-layer graphs vs the whole step (07).
+
+The model is ``labkit.full_step``'s ``"bench"`` LM: 6 pre-norm transformer layers, d=256,
+4 microbatches of 4×64 tokens per step, AdamW. Variants:
+
+``eager``
+    ``zero_grad`` + forward/backward of every microbatch + ``AdamW.step()``, no graphs.
+``labkit_bridge``
+    each layer replaced by labkit's from-scratch fwd/bwd graph pair
+    (``labkit.bridge.make_graphed_callables``, lesson 04); embedding, head, loss and
+    optimizer stay eager.
+``torch_make_graphed_callables``
+    the same with ``torch.cuda.make_graphed_callables`` (one call for all layers: one
+    pool, forwards captured in order, backwards in reverse).
+``labkit_full_step``
+    ``FullStepTrainer``: fwd+bwd of all microbatches as one graph and
+    ``AdamW(capturable=True)`` as a second, sharing a pool (Megatron's ``full_iteration``).
+``compile_reduce_overhead`` (GPU only)
+    the model under ``torch.compile(mode="reduce-overhead")``; loss and optimizer eager.
+
+Every variant starts from the same seeded weights and cycles through the same random
+batches; each timed call is one full step (for the graph variants: copying the batch
+into the static buffers included).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import itertools
+
+import torch
+
+from labkit import full_step as FS
+from labkit.bench import SuiteSkip, make_row, skipped_row
+from labkit.bench.timing import gpu_busy_us, measure_us
+
+VARIANTS = ("eager", "labkit_bridge", "torch_make_graphed_callables", "labkit_full_step",
+            "compile_reduce_overhead")
+LR = 1e-3
+
+
+def _sample(cfg: FS.LMConfig, B) -> torch.Tensor:
+    return torch.randn(cfg.micro_batch, cfg.seq_len, cfg.d_model, device=B.device,
+                       requires_grad=True)
+
+
+def _graph_layers(model: FS.TinyLM, graphed) -> None:
+    for i, g in enumerate(graphed):
+        model.blocks[i] = g
+
+
+def build(variant: str, cfg: FS.LMConfig, B):
+    """A fresh model and a ``step(batch)`` callable for one variant."""
+    model = FS.build_lm(cfg, B.device)
+    blocks = tuple(model.blocks)
+    samples = tuple((_sample(cfg, B),) for _ in blocks)
+    if variant == "eager":
+        return FS.EagerTrainer(model, FS.lm_loss, torch.optim.AdamW(model.parameters(), lr=LR))
+    if variant == "labkit_bridge":
+        try:
+            from labkit import bridge
+        except ImportError as e:
+            raise SuiteSkip(f"labkit.bridge is not importable ({e})") from None
+        mgc = getattr(bridge, "make_graphed_callables", None)
+        if mgc is None:
+            raise SuiteSkip("labkit.bridge has no make_graphed_callables(callables, "
+                            "sample_args, B=...)")
+        _graph_layers(model, mgc(blocks, samples, B=B))
+        return FS.EagerTrainer(model, FS.lm_loss, torch.optim.AdamW(model.parameters(), lr=LR))
+    if variant == "torch_make_graphed_callables":
+        _graph_layers(model, B.make_graphed_callables(blocks, samples))
+        return FS.EagerTrainer(model, FS.lm_loss, torch.optim.AdamW(model.parameters(), lr=LR))
+    if variant == "labkit_full_step":
+        opt = FS.make_capturable_optimizer(model.parameters(), B, lr=LR)
+        return FS.FullStepTrainer(model, FS.lm_loss, opt, B, cfg.num_microbatches,
+                                  warmup_steps=2)
+    if variant == "compile_reduce_overhead":
+        if B.name != "cuda":
+            raise SuiteSkip("reduce-overhead records CUDA graphs only on a GPU")
+        FS.ensure_grads(model.parameters())    # .grad allocated outside the cudagraph pool
+        compiled = torch.compile(model, mode="reduce-overhead")
+        return FS.EagerTrainer(compiled, FS.lm_loss,
+                               torch.optim.AdamW(model.parameters(), lr=LR))
+    raise ValueError(f"unknown train variant {variant!r}")
+
+
+def _cudagraph_skips() -> int:
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["inductor"]["cudagraph_skips"])
+    except Exception:
+        return 0
+
+
+def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
+        variants=VARIANTS) -> list[dict]:
+    if cfg is None:
+        cfg = "bench" if B.name == "cuda" else "tiny"
+    name = cfg if isinstance(cfg, str) else "custom"
+    cfg = FS.CONFIGS[cfg] if isinstance(cfg, str) else cfg
+    config = {**dataclasses.asdict(cfg), "optimizer": "AdamW", "lr": LR}
+    repeats, warmup = (8, 4) if quick else (30, 6)
+    gen = torch.Generator().manual_seed(0)
+    batches = [FS.random_microbatches(cfg, gen, device=B.device) for _ in range(4)]
+    rows = []
+    for variant in variants:
+        try:
+            skips = _cudagraph_skips()
+            trainer = build(variant, cfg, B)
+            cycle = itertools.cycle(batches)
+
+            def step(trainer=trainer, cycle=cycle):
+                return trainer.step(next(cycle))
+
+            med = measure_us(step, B, warmup=warmup, repeats=repeats)
+            busy = gpu_busy_us(step, B)
+            note = None
+            if variant == "compile_reduce_overhead" and _cudagraph_skips() > skips:
+                note = "torch skipped cudagraphs for part of the model (see its log)"
+            rows.append(make_row(B, "train", name, config, cfg.micro_batch, variant, med,
+                                 busy, note=note))
+            log(f"  train {variant:30s} {med / 1e3:9.3f} ms")
+        except SuiteSkip as why:
+            rows.append(skipped_row(B, "train", name, config, cfg.micro_batch, variant,
+                                    str(why)))
+            log(f"  train {variant:30s} skipped: {why}")
+        except Exception as e:  # one broken variant must not lose the others' numbers
+            first = (str(e).splitlines() or [""])[0][:200]
+            rows.append(skipped_row(B, "train", name, config, cfg.micro_batch, variant,
+                                    f"{type(e).__name__}: {first}"))
+            log(f"  train {variant:30s} FAILED: {type(e).__name__}: {first}")
+        finally:
+            trainer = step = None
+            gc.collect()
+            if B.name == "cuda":
+                torch._dynamo.reset()
+                torch.cuda.empty_cache()
+    return rows

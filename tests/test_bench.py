@@ -1,0 +1,158 @@
+"""labkit.bench: the results file, the rendering (synthetic rows, in a tmp dir only), the
+command line on a machine without a GPU, and the suites' code on the emulator."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from labkit import backend
+from labkit import full_step as FS
+from labkit.bench import SUITES, make_row, report, run_suite
+from labkit.bench.__main__ import main
+
+DEV = "Synthetic GPU"
+
+
+def row(suite, variant, median, *, config_name="c", bs=1, busy=None, date="2026-01-01T00:00:00Z",
+        device=DEV, **more):
+    r = {"suite": suite, "config_name": config_name, "config": {"d": 1}, "batch_size": bs,
+         "variant": variant, "median_us": median, "device": device, "torch": "0.0",
+         "date": date}
+    if busy is not None:
+        r["gpu_busy_us"] = busy
+    r.update(more)
+    return r
+
+
+def synthetic_rows():
+    return [
+        row("launch", "eager", 1050.0, config_name="chain100x256", bs=None, busy=110.0),
+        row("launch", "graph", 115.0, config_name="chain100x256", bs=None, busy=108.0),
+        row("train", "eager", 67700.0, config_name="bench", bs=4),
+        row("train", "eager", 99999.0, config_name="bench", bs=4, date="2025-01-01T00:00:00Z"),
+        row("train", "torch_make_graphed_callables", 19400.0, config_name="bench", bs=4),
+        row("train", "labkit_full_step", 7400.0, config_name="bench", bs=4, busy=6900.0),
+        row("train", "labkit_bridge", None, config_name="bench", bs=4,
+            note="skipped: labkit.bridge has no make_graphed_callables"),
+        *[row("decode", v, m * bs ** 0.3, config_name="gpt", bs=bs)
+          for bs in (1, 8, 64)
+          for v, m in (("eager", 3000.0), ("labkit_graph", 400.0),
+                       ("compile_reduce_overhead", 350.0))],
+        row("capture", "shared_pool", 900.0, config_name="6x", bs=8,
+            extra={"reserved_MiB": 4.0, "graphs": 6}),
+        row("capture", "separate_pools", 950.0, config_name="6x", bs=8,
+            extra={"reserved_MiB": 12.0, "graphs": 6}),
+    ]
+
+
+def test_latest_keeps_the_newest_row_per_key():
+    rows = report.latest(synthetic_rows(), suite="train")
+    eager = [r for r in rows if r["variant"] == "eager"]
+    assert len(eager) == 1 and eager[0]["median_us"] == 67700.0
+    assert [r["variant"] for r in rows] == ["eager", "labkit_bridge",
+                                            "torch_make_graphed_callables", "labkit_full_step"]
+    sp = report.speedups(rows)
+    full = next(r for r in rows if r["variant"] == "labkit_full_step")
+    assert sp[id(full)] == pytest.approx(67700 / 7400)
+
+
+def test_append_validates_and_appends(tmp_path):
+    path = tmp_path / "results.json"
+    report.append_results(synthetic_rows()[:2], path)
+    report.append_results(synthetic_rows()[2:4], path)
+    assert len(json.loads(path.read_text())) == 4
+    with pytest.raises(ValueError, match="lacks"):
+        report.append_results([{"suite": "train"}], path)
+    with pytest.raises(ValueError, match="needs a note"):
+        report.append_results([row("train", "eager", None)], path)
+    assert len(report.load_results(path)) == 4
+
+
+def test_render_tables_and_plots_in_a_tmp_dir(tmp_path):
+    docs = report.default_results_path().parent
+    before = sorted(p.name for p in docs.iterdir()) if docs.exists() else None
+    results = tmp_path / "results.json"
+    report.append_results(synthetic_rows(), results)
+    written = report.render(results, tmp_path / "out")
+    names = sorted(p.name for p in written)
+    assert names == sorted(["README.md", "launch-synthetic-gpu.png", "train-synthetic-gpu.png",
+                            "decode-synthetic-gpu.png", "capture-synthetic-gpu.png"])
+    for p in written:
+        if p.suffix == ".png":
+            assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000
+    md = (tmp_path / "out" / "README.md").read_text()
+    for suite in SUITES:
+        assert f"## {suite}" in md and f"({suite}-synthetic-gpu.png)" in md
+    assert "| bench | 4 | `labkit_full_step` | 7.40 ms | 6.90 ms | 9.15× |" in md
+    assert "skipped: labkit.bridge has no make_graphed_callables" in md
+    assert "99.99 ms" not in md                       # the older eager row is not shown
+    assert "reserved_MiB=4" in md
+    assert "67.7 ms" in md                            # the H200 targets line
+    after = sorted(p.name for p in docs.iterdir()) if docs.exists() else None
+    assert after == before                            # docs/ untouched
+
+
+def test_render_empty(tmp_path):
+    written = report.render(tmp_path / "none.json", tmp_path)
+    assert written == [tmp_path / "README.md"]
+    assert "No results yet" in written[0].read_text()
+
+
+def test_cli_render_only(tmp_path, capsys):
+    results = tmp_path / "results.json"
+    report.append_results(synthetic_rows(), results)
+    assert main(["--render", "--results", str(results), "--out", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / "README.md").exists()
+    assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cli_without_gpu_says_so_and_exits_0(tmp_path, capsys):
+    results = tmp_path / "results.json"
+    assert main(["train", "--results", str(results)]) == 0
+    out = capsys.readouterr().out
+    assert "needs a CUDA GPU" in out and "Nothing was measured" in out
+    assert not results.exists()
+
+
+def test_cli_unknown_suite(capsys):
+    assert main(["nope"]) == 2
+    assert "unknown suite" in capsys.readouterr().err
+
+
+def test_make_row_schema():
+    r = make_row(backend.get("emulated"), "train", "tiny", {"a": 1}, 2, "eager", 12.3456789,
+                 gpu_busy_us=None)
+    report.validate_row(r)
+    assert set(report.REQUIRED_KEYS) <= set(r) and "gpu_busy_us" not in r
+    assert r["median_us"] == 12.346 and r["device"].startswith("CPU (emulated")
+
+
+# ---- the suites' code, on the emulator (numbers meaningless; the code paths are not) -------
+
+def test_suites_run_on_the_emulator():
+    E = backend.get("emulated")
+    quiet = lambda *a, **k: None  # noqa: E731
+    tiny = FS.LMConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8,
+                       micro_batch=2, num_microbatches=2)
+    rows = run_suite("launch", E, quick=True, log=quiet)
+    rows += run_suite("capture", E, quick=True, log=quiet, batch_sizes=(2,), d_model=16,
+                      n_layers=2, seq=8)
+    rows += run_suite("train", E, quick=True, log=quiet, cfg=tiny)
+    rows += run_suite("decode", E, quick=True, log=quiet, batch_sizes=(2,),
+                      variants=("eager", "labkit_graph", "compile_reduce_overhead"))
+    for r in rows:
+        report.validate_row(r)
+    got = {(r["suite"], r["variant"]): r for r in rows}
+    for key in [("launch", "eager"), ("launch", "graph"), ("capture", "shared_pool"),
+                ("capture", "separate_pools"), ("train", "eager"),
+                ("train", "torch_make_graphed_callables"), ("train", "labkit_full_step"),
+                ("decode", "eager"), ("decode", "labkit_graph")]:
+        assert got[key]["median_us"] > 0, (key, got[key].get("note"))
+    assert got[("train", "compile_reduce_overhead")]["median_us"] is None
+    assert "GPU" in got[("decode", "compile_reduce_overhead")]["note"]
+    shared, separate = got[("capture", "shared_pool")], got[("capture", "separate_pools")]
+    assert shared["extra"]["reserved_MiB"] < separate["extra"]["reserved_MiB"]

@@ -1,0 +1,288 @@
+"""Whole-step capture (labkit.full_step): one graph for fwd+bwd of every microbatch, one for
+AdamW, and the static batch loader. Runs on every backend (the ``B`` fixture)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labkit import full_step as FS
+
+SYNC_MSG = "operation not permitted when stream is capturing"
+
+
+def error_chain_text(e: BaseException) -> str:
+    parts = []
+    while e is not None:
+        parts.append(str(e))
+        e = e.__context__
+    return "\n".join(parts)
+
+
+def data_stream(cfg, n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [FS.random_microbatches(cfg, gen) for _ in range(n)]
+
+
+def pair(B, cfg, **adam):
+    """The same model twice: an eager trainer and a whole-step graph trainer, with the same
+    (capturable) AdamW, so the only difference is graphs vs no graphs."""
+    adam = {"lr": 1e-2, **adam}
+    m_eager, m_graph = FS.build_lm(cfg, B.device), FS.build_lm(cfg, B.device)
+    eager = FS.EagerTrainer(m_eager, FS.lm_loss,
+                            FS.make_capturable_optimizer(m_eager.parameters(), B, **adam))
+    graph = FS.FullStepTrainer(m_graph, FS.lm_loss,
+                               FS.make_capturable_optimizer(m_graph.parameters(), B, **adam),
+                               B, cfg.num_microbatches, warmup_steps=2)
+    return eager, graph
+
+
+def to_dev(batch, B):
+    return [tuple(t.to(B.device) for t in mb) for mb in batch]
+
+
+def test_whole_step_graph_trains_like_eager(B):
+    cfg = FS.CONFIGS["tiny"]
+    eager, graph = pair(B, cfg)
+    grad_ptrs = [g.data_ptr() for g in graph.grads]
+    losses = []
+    for it, batch in enumerate(data_stream(cfg, 6)):
+        batch = to_dev(batch, B)
+        e = eager.step(batch).item()
+        g = graph.step(batch)
+        losses.append((e, g.item()))
+        assert graph.captured == (it >= 2)            # captured once, at step warmup_steps
+    assert graph.fwd_bwd.captured_at == 2 and graph.opt_step.captured_at == 2
+    assert graph.fwd_bwd.calls == {"eager": 2, "capture": 1, "replay": 4}
+    for e, g in losses:
+        assert g == pytest.approx(e, rel=1e-5, abs=1e-6)
+    for p, q in zip(eager.model.parameters(), graph.model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5)
+    # backward accumulated into the same .grad tensors all along
+    assert [p.grad.data_ptr() for p in graph.params] == grad_ptrs
+
+
+def test_loss_is_the_graphs_static_output(B):
+    cfg = FS.CONFIGS["tiny"]
+    _, graph = pair(B, cfg)
+    batches = [to_dev(b, B) for b in data_stream(cfg, 5, seed=1)]
+    outs = [graph.step(b) for b in batches]
+    assert outs[2] is outs[3] is outs[4]                # one static tensor, overwritten
+    assert outs[0] is not outs[1]                       # eager steps: fresh results
+    kept = outs[3].clone()
+    graph.step(batches[0])
+    assert not torch.equal(kept, outs[4])               # ...so clone what you keep
+
+
+def test_static_loader_keeps_addresses_and_checks_shapes(B):
+    cfg = FS.CONFIGS["tiny"]
+    loader = FS.StaticBatchLoader(B, cfg.num_microbatches)
+    a, b = [to_dev(x, B) for x in data_stream(cfg, 2)]
+    bufs = loader.load(a)
+    ptrs = [t.data_ptr() for mb in bufs for t in mb]
+    loader.load(b)
+    B.synchronize()
+    assert [t.data_ptr() for mb in loader.buffers for t in mb] == ptrs
+    for buf, mb in zip(loader.buffers, b):
+        for t, s in zip(buf, mb):
+            assert torch.equal(t, s)
+    bad = [(t[:, :-1], s[:, :-1]) for t, s in b]
+    with pytest.raises(ValueError, match="fixed shapes"):
+        loader.load(bad)
+    with pytest.raises(ValueError, match="fixed count"):
+        loader.load(b[:1])
+
+
+def test_capturable_adamw_matches_torch_adamw():
+    torch.manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(7))]
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    ref = torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)
+    ours = FS.CapturableAdamW(qs, lr=1e-2, weight_decay=0.1)
+    for _ in range(10):
+        for p, q in zip(ps, qs):
+            g = torch.randn_like(p)
+            p.grad, q.grad = g.clone(), g.clone()
+        ref.step()
+        ours.step()
+    for p, q in zip(ps, qs):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+    assert ours.state[qs[0]]["step"].item() == 10      # the count is a tensor
+
+
+def test_optimizer_state_must_exist_before_capture(E):
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3)
+    opt = FS.CapturableAdamW([p])
+    with pytest.raises(RuntimeError, match="optimizer state does not exist yet"):
+        with E.graph(E.CUDAGraph()):
+            opt.step()
+
+
+def test_torch_adamw_without_capturable_is_refused(B):
+    p = torch.nn.Parameter(torch.ones(3, device=B.device))
+    p.grad = torch.ones(3, device=B.device)
+    opt = torch.optim.AdamW([p])
+    opt.step()                                        # state exists: the step count is read
+    with pytest.raises(RuntimeError) as info:         # on the host (.item()) in step()
+        with B.graph(B.CUDAGraph()):
+            opt.step()
+    text = error_chain_text(info.value)
+    assert "capturable" in text or "capturing" in text
+
+
+def test_nan_check_syncs_and_the_flag_does_not(B):
+    x = torch.ones(4, device=B.device)
+
+    def with_if():
+        loss = (x * 2).sum()
+        if torch.isnan(loss):                         # reads the value on the host
+            loss = torch.zeros_like(loss)
+        return loss
+
+    with pytest.raises(RuntimeError) as info:
+        with B.graph(B.CUDAGraph()):
+            with_if()
+    assert SYNC_MSG in error_chain_text(info.value)
+    B.set_stream(B.default_stream())
+
+    flag = torch.zeros((), dtype=torch.bool, device=B.device)
+    g = B.CUDAGraph()
+    with B.graph(g):
+        flag.zero_()
+        FS.nonfinite_flag(flag, x * 2)
+    g.replay()
+    assert not flag.item()
+    x[1] = float("nan")
+    g.replay()
+    assert flag.item()
+
+
+def test_skip_nonfinite_step_leaves_weights_untouched(B):
+    cfg = FS.CONFIGS["tiny"]
+    model = FS.build_lm(cfg, B.device)
+    trainer = FS.FullStepTrainer.skip_nonfinite(model, FS.lm_loss, B, cfg.num_microbatches,
+                                                warmup_steps=1, lr=1e-2)
+    batches = [to_dev(b, B) for b in data_stream(cfg, 4, seed=2)]
+    for b in batches[:2]:
+        trainer.step(b)
+    assert trainer.captured and not trainer.found_inf.item()
+    with torch.no_grad():
+        model.head.weight[0, 0] = float("inf")       # poison: every grad becomes non-finite
+    before = [p.detach().clone() for p in model.parameters()]
+    steps_before = trainer.optimizer.state[trainer.params[0]]["step"].clone()
+    trainer.step(batches[2])
+    assert trainer.found_inf.item()                   # read after replay, outside the graph
+    for p, q in zip(model.parameters(), before):
+        assert torch.equal(p, q) or (p.isinf().any() and q.isinf().any())
+    assert torch.equal(trainer.optimizer.state[trainer.params[0]]["step"], steps_before)
+    with torch.no_grad():
+        model.head.weight[0, 0] = 0.0                 # repair, and training goes on
+    trainer.step(batches[3])
+    assert not trainer.found_inf.item()
+    assert trainer.optimizer.state[trainer.params[0]]["step"].item() == steps_before.item() + 1
+
+
+def test_data_dependent_shape_cannot_be_captured(B):
+    x = torch.randn(16, 4, device=B.device)
+    router = torch.randn(4, 2, device=B.device)
+
+    def moe_dispatch():
+        expert = (x @ router).argmax(-1)
+        return [x[expert == e] for e in range(2)]    # how many tokens per expert? data!
+
+    with pytest.raises(RuntimeError) as info:
+        with B.graph(B.CUDAGraph()):
+            moe_dispatch()
+    assert SYNC_MSG in error_chain_text(info.value)
+
+
+def test_phase_logic():
+    seq = []
+    captured = False
+    for it in range(5):
+        p = FS.phase(it, 2, captured)
+        captured = captured or p == "capture"
+        seq.append(p)
+    assert seq == ["eager", "eager", "capture", "replay", "replay"]
+    assert FS.phase(0, 0, False) == "capture"
+
+
+# ---- the lesson 07 checkers: accept the solution, reject typical wrong answers -----------
+
+def test_checker_fill_static_buffers(capsys):
+    from labkit.checks.lesson07 import check_fill_static_buffers
+
+    def right(buffers, microbatches):
+        for buf, mb in zip(buffers, microbatches):
+            for b, m in zip(buf, mb):
+                b.copy_(m, non_blocking=True)
+
+    def rebinds(buffers, microbatches):
+        for i, mb in enumerate(microbatches):
+            buffers[i] = mb
+
+    def first_only(buffers, microbatches):
+        for b, m in zip(buffers[0], microbatches[0]):
+            b.copy_(m)
+
+    assert check_fill_static_buffers(right, device="cpu")
+    res = check_fill_static_buffers(rebinds, device="cpu")
+    assert not res and "copy into them" in res.message
+    res = check_fill_static_buffers(first_only, device="cpu", trials=6)
+    assert not res and "do not hold the microbatches" in res.message
+    assert "Traceback" not in capsys.readouterr().out
+
+
+def test_checker_run_iteration():
+    from labkit.checks.lesson07 import check_run_iteration
+
+    def right(it, warmup_steps, ops):
+        if it < warmup_steps:
+            return ops.eager()
+        if not ops.captured:
+            ops.capture()
+        return ops.replay()
+
+    def no_replay_after_capture(it, warmup_steps, ops):
+        if it < warmup_steps:
+            return ops.eager()
+        if not ops.captured:
+            ops.capture()
+            return None
+        return ops.replay()
+
+    def off_by_one(it, warmup_steps, ops):
+        if it <= warmup_steps:
+            return ops.eager()
+        if not ops.captured:
+            ops.capture()
+        return ops.replay()
+
+    assert check_run_iteration(right)
+    res = check_run_iteration(no_replay_after_capture)
+    assert not res and "computes nothing" in res.message
+    res = check_run_iteration(off_by_one)
+    assert not res and "expected 'capture + replay'" in res.message
+
+
+def test_checker_update_found_inf():
+    from labkit.checks.lesson07 import check_update_found_inf
+
+    def right(found_inf, loss):
+        found_inf.logical_or_(~torch.isfinite(loss))
+
+    def host_if(found_inf, loss):
+        if not torch.isfinite(loss):
+            found_inf.fill_(True)
+
+    def overwrites(found_inf, loss):
+        found_inf.copy_(~torch.isfinite(loss))
+
+    assert check_update_found_inf(right)
+    res = check_update_found_inf(host_if)
+    assert not res and res.kind == "exception"
+    assert "operation not permitted when stream is capturing" in res.message
+    assert "if not torch.isfinite(loss)" in res.message
+    res = check_update_found_inf(overwrites)
+    assert not res and "accumulate over microbatches" in res.message
