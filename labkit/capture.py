@@ -1,0 +1,386 @@
+"""Capture and replay: the template of seed §1.2 as code you can call (lesson 02).
+
+A CUDA graph is recorded once and replayed many times. Every correct use follows the same
+three steps, and each step exists for a reason:
+
+1. **Warm up on a side stream.** Run the work a few times eagerly first, on a stream
+   that is not the default one. The first calls do things that must not happen during
+   capture: the caching allocator grows its pools, cuBLAS/cuDNN pick and cache
+   algorithms (autotuning, workspaces), lazily initialised modules build their buffers.
+   Capture records kernels on fixed addresses, so all of that has to be over by then.
+   The side stream keeps the warm-up allocations off the default stream's blocks, the
+   way capture itself will run (:func:`side_stream_warmup`).
+2. **Capture on a non-default stream into a private pool.** ``with B.graph(g):`` switches
+   to a side stream, begins capture, and every kernel launched inside is *recorded, not
+   run*. Every tensor allocated inside comes from the graph's private memory pool, and
+   those addresses are what the graph will read and write on every replay. Graphs may
+   share one pool (``pool=B.graph_pool_handle()`` or ``pool=g.pool()``) to save memory.
+3. **Replay: copy_ in, replay(), read out.** The graph reads its inputs *by address*:
+   new data goes into the static input tensor with ``copy_`` (rebinding a Python name
+   changes nothing the graph can see); ``g.replay()`` relaunches every recorded kernel
+   with one call; the result is in the static output, *overwritten in place* by the next
+   replay.
+
+What this module gives you, on either backend (``B = labkit.backend.get("auto")``):
+
+* :func:`side_stream_warmup` and :func:`capture`: steps 1 and 2, exactly as the seed
+  writes them;
+* :class:`StaticGraph`: a small runner that owns the static inputs and outputs, does
+  steps 1-3, and refuses misuse with a message that says what was captured and what it
+  received (a wrong shape, dtype, device or Python value, a call before capture);
+* :func:`recorded_kernels`: what a graph recorded (emulated: the ATen ops; CUDA: the
+  kernels of one replay, from ``torch.profiler``);
+* :func:`format_pool_stats`: what a graph pool holds (``B.pool_stats(handle)``).
+
+.. warning::
+    A graph keeps writing to the memory it captured. Keep static inputs and outputs
+    alive, fill inputs with ``copy_`` (never rebind), and ``clone()`` an output you want
+    to keep past the next replay: ``StaticGraph.__call__`` returns the static outputs
+    themselves, the same tensors every time.
+
+.. warning::
+    Python runs once, at capture. Python scalars are baked into the recorded kernels,
+    Python side effects (appending to a list, counting calls, printing) happen once, and
+    Python control flow takes the branch it took during capture, forever. Lesson 03
+    (:mod:`labkit.guards`) shows each of these pitfalls and how to catch them early.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, NamedTuple
+
+import torch
+from torch.utils._pytree import tree_map
+
+__all__ = [
+    "side_stream_warmup", "capture", "Captured", "StaticGraph", "recorded_kernels",
+    "short_kernel_name", "format_pool_stats",
+]
+
+
+def _default_backend(B):
+    if B is not None:
+        return B
+    from labkit import backend
+
+    return backend.get("auto")
+
+
+# ---- steps 1 and 2 ---------------------------------------------------------------------
+
+def side_stream_warmup(fn: Callable, *args, B=None, iters: int = 3, **kwargs) -> Any:
+    """Run ``fn(*args, **kwargs)`` ``iters`` times on a fresh side stream; return the last result.
+
+    This is the seed's warm-up, line for line::
+
+        s = B.Stream()
+        s.wait_stream(B.current_stream())      # the side stream sees earlier work
+        with B.stream(s):
+            for _ in range(iters):
+                out = fn(*args)
+        B.current_stream().wait_stream(s)      # later work sees the warm-up's results
+
+    Why: the first calls allocate (the caching allocator grows), autotune (cuBLAS,
+    cuDNN) and initialise lazily; none of that may happen during capture. Running on a
+    side stream puts the warm-up where capture will run, off the default stream.
+
+    .. warning::
+        Warm-up runs ``fn`` for real: in-place updates (a running mean, an optimizer
+        step, a counter) happen ``iters`` times. Back up such state first if it matters.
+    """
+    B = _default_backend(B)
+    s = B.Stream()
+    s.wait_stream(B.current_stream())
+    out = None
+    with B.stream(s):
+        for _ in range(iters):
+            out = fn(*args, **kwargs)
+    B.current_stream().wait_stream(s)
+    return out
+
+
+class Captured(NamedTuple):
+    """What :func:`capture` returns: the graph and ``fn``'s result, now static outputs."""
+
+    graph: Any
+    output: Any
+
+
+def capture(fn: Callable, *args, B=None, pool=None, stream=None, warmup: int = 3,
+            capture_error_mode: str = "global", **kwargs) -> Captured:
+    """Warm up ``fn(*args, **kwargs)`` on a side stream, then capture it into a new graph.
+
+    ``args`` must already be the *static inputs*: tensors that stay alive and that you
+    will ``copy_`` new data into. Returns ``Captured(graph, output)``; ``output`` is what
+    ``fn`` returned during capture, which now holds no result yet (on a GPU: garbage; on
+    the emulator: NaN) until the first ``graph.replay()``.
+
+    ``pool`` shares the memory pool of earlier captures (a handle from
+    ``B.graph_pool_handle()`` or ``other_graph.pool()``); ``None`` gives the graph a
+    private pool. ``stream`` is the capture stream (``None``: torch's default side
+    stream). If capture fails, the current stream is restored before the error propagates
+    (``B.graph`` alone leaves its capture stream current when ``capture_end`` raises).
+    """
+    B = _default_backend(B)
+    if warmup:
+        side_stream_warmup(fn, *args, B=B, iters=warmup, **kwargs)
+    g = B.CUDAGraph()
+    previous = B.current_stream()
+    try:
+        with B.graph(g, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
+            out = fn(*args, **kwargs)
+    except BaseException:
+        B.set_stream(previous)
+        raise
+    return Captured(g, out)
+
+
+# ---- the runner ------------------------------------------------------------------------
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (a.data_ptr() == b.data_ptr() and a.stride() == b.stride()
+                      and a.shape == b.shape and a.dtype == b.dtype and a.device == b.device)
+
+
+def _describe(meta) -> str:
+    """``Tensor(8, 16) float32``, ``[Tensor(3) float32, float 2.0]``: a metadata tree, briefly."""
+    if isinstance(meta, (list, tuple)):
+        return "[" + ", ".join(_describe(m) for m in meta) + "]"
+    if isinstance(meta, dict):
+        return "{" + ", ".join(f"{k!r}: {_describe(m)}" for k, m in meta.items()) + "}"
+    return meta.describe()
+
+
+def _static_copy(x):
+    """A fresh static buffer holding ``x``'s value (tensors), or ``x`` itself (anything else)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    return x
+
+
+class StaticGraph:
+    """A captured function with its own static inputs and outputs: the §1.2 template.
+
+    ::
+
+        sg = StaticGraph(mlp, B=B).capture(torch.randn(8, 16, device=B.device))
+        y = sg(x)               # copy_ x into the static input, replay, return the output
+        kept = y.clone()        # y is overwritten by the next call: clone what you keep
+
+    ``capture(*sample_args)`` allocates one static input per tensor argument (a copy of
+    the sample), warms ``fn`` up on a side stream, and captures ``fn(*static_inputs)``
+    into a new graph (private pool unless ``pool`` is given), with autograd off: this
+    is the inference template (lesson 04 graphs the backward pass). Non-tensor arguments
+    are passed through and *baked in*: the graph recorded their effect once.
+
+    ``sg(*args)`` checks the arguments against what was captured, copies each tensor into
+    its static input (skipped when you pass the static input itself), replays, and
+    returns the static outputs. It refuses, with one message listing every mismatch:
+
+    * a tensor of another shape, dtype or device (``copy_`` would broadcast or convert
+      silently and the graph would compute on the wrong data): capture one graph per
+      shape (lesson 06 buckets and pads);
+    * a different Python value (it was baked in at capture);
+    * a different number of arguments;
+    * a call or ``replay()`` before ``capture``, and a second ``capture``.
+
+    .. warning::
+        The returned tensors are the graph's static outputs: the *same* tensors on every
+        call, overwritten in place by the next replay (of this graph, and of any graph
+        sharing its pool that reuses the memory). ``clone()`` what you keep.
+    """
+
+    def __init__(self, fn: Callable, *, B=None, pool=None, stream=None, warmup: int = 3,
+                 name: str | None = None):
+        self.fn = fn
+        self.B = _default_backend(B)
+        self.pool_handle = pool
+        self.stream = stream
+        self.warmup = warmup
+        self.name = name or getattr(fn, "__name__", None) or type(fn).__name__
+        self.graph = None
+        self.static_inputs: tuple = ()
+        self.static_outputs: Any = None
+        self.arg_metadata: tuple = ()
+        self.replays = 0        # how many times the graph ran
+        self.copies = 0         # how many input tensors were copied in
+
+    # ---- capture -------------------------------------------------------------------
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None
+
+    def capture(self, *sample_args) -> "StaticGraph":
+        """Allocate static inputs like ``sample_args``, warm up, capture; return ``self``."""
+        from labkit.guards import metadata_tree
+
+        if self.captured:
+            raise RuntimeError(
+                f"{self._label()} is already captured. A graph is recorded once; for other "
+                f"shapes or values create another StaticGraph (or call reset() first).")
+        self._check_devices(sample_args, "args")
+        static = tree_map(_static_copy, tuple(sample_args))    # nested lists/dicts too
+        self.static_outputs = self._record(static, {})
+        self.static_inputs = static
+        self.arg_metadata = tuple(metadata_tree(a) for a in static)
+        return self
+
+    def _record(self, args: tuple, kwargs: dict):
+        """Warm up and capture ``fn(*args, **kwargs)`` with autograd off; keep the graph."""
+        with torch.no_grad():
+            g, out = capture(self.fn, *args, B=self.B, pool=self.pool_handle,
+                             stream=self.stream, warmup=self.warmup, **kwargs)
+        self.graph = g
+        return out
+
+    def _check_devices(self, args, where: str) -> None:
+        want = torch.device(self.B.device)
+        items = args.items() if isinstance(args, dict) else enumerate(args)
+        for i, a in items:
+            at = f"{where}[{i!r}]" if isinstance(args, dict) else f"{where}[{i}]"
+            if isinstance(a, torch.Tensor) and a.device.type != want.type:
+                raise ValueError(
+                    f"{self._label()}: {at} is on {a.device}, but this backend "
+                    f"({self.B.name}) captures on {want}. Move it first: x.to(B.device).")
+            if isinstance(a, (list, tuple, dict)):
+                self._check_devices(a, at)
+
+    def reset(self) -> None:
+        """Forget the graph and its static buffers, so ``capture`` may run again."""
+        if self.graph is not None:
+            self.graph.reset()
+        self.graph, self.static_inputs, self.static_outputs = None, (), None
+        self.arg_metadata = ()
+
+    # ---- replay --------------------------------------------------------------------
+    def replay(self) -> None:
+        """Replay the graph on whatever the static inputs hold now (no copies, no checks)."""
+        self._require_captured("replay()")
+        self.graph.replay()
+        self.replays += 1
+
+    def __call__(self, *args):
+        """Check ``args``, ``copy_`` them into the static inputs, replay, return the outputs."""
+        from labkit.guards import GraphArgumentError, _leaf_pairs, get_mismatch_errors
+
+        self._require_captured("calling it")
+        errors = get_mismatch_errors(self.arg_metadata, args)
+        if errors:
+            raise GraphArgumentError(self._label(), errors)
+        with torch.no_grad():
+            for static, a in _leaf_pairs(self.static_inputs, args):
+                if isinstance(a, torch.Tensor) and not _same_memory(a, static):
+                    static.copy_(a)
+                    self.copies += 1
+        self.replay()
+        return self.static_outputs
+
+    def _require_captured(self, what: str) -> None:
+        if not self.captured:
+            raise RuntimeError(
+                f"{self._label()} has not been captured yet, so there is nothing to replay "
+                f"({what}). Call .capture(*sample_args) first: it warms the function up on "
+                f"a side stream, allocates the static inputs and records the graph.")
+
+    # ---- looking inside ------------------------------------------------------------
+    def recorded_kernels(self, short: bool = True) -> list[str]:
+        """What the graph recorded; see :func:`recorded_kernels` (on a GPU this replays once)."""
+        self._require_captured("recorded_kernels()")
+        return recorded_kernels(self.graph, self.B, short=short)
+
+    def pool(self):
+        """The handle of this graph's memory pool (pass it as ``pool=`` to share it)."""
+        self._require_captured("pool()")
+        return self.graph.pool()
+
+    def pool_stats(self) -> dict:
+        """``B.pool_stats`` of this graph's pool: bytes reserved, allocated, peak."""
+        return self.B.pool_stats(self.pool())
+
+    def _label(self) -> str:
+        return f"StaticGraph({self.name})"
+
+    def __repr__(self) -> str:
+        if not self.captured:
+            return f"<{self._label()}: not captured>"
+        sig = ", ".join(_describe(m) for m in self.arg_metadata)
+        return f"<{self._label()}: captured for ({sig}); {self.replays} replays>"
+
+
+# ---- looking inside a graph -------------------------------------------------------------
+
+_TEMPLATE = re.compile(r"<[^<>]*>")
+
+
+def short_kernel_name(name: str) -> str:
+    """A readable name for a CUDA kernel: ``vectorized_elementwise_kernel[CUDAFunctor_add]``.
+
+    Kernel names from the profiler are demangled C++ signatures, hundreds of characters
+    long. This keeps the function name and, for element-wise kernels, the functor that
+    says which operation it is. ATen op names (the emulator's) pass through unchanged.
+    """
+    if name.startswith("aten.") or name.startswith("<"):
+        return name
+    s = name.strip()
+    if s.startswith("void "):
+        s = s[5:]
+    functor = re.search(r"(\w*(?:Functor|functor|_kernel_cuda|Op)\w*)", s)
+    head = s.split("(")[0]
+    while True:                      # drop template arguments, innermost first
+        stripped = _TEMPLATE.sub("", head)
+        if stripped == head:
+            break
+        head = stripped
+    head = head.split("::")[-1].strip() or s[:60]
+    if functor and functor.group(1) not in head:
+        head = f"{head}[{functor.group(1).split('::')[-1]}]"
+    return head if len(head) <= 80 else head[:77] + "..."
+
+
+def recorded_kernels(g, B=None, *, short: bool = True) -> list[str]:
+    """The kernels a captured graph runs, in order: what capture recorded.
+
+    * emulated backend: ``g.recorded_ops()``, the ATen ops the emulator recorded (one per
+      kernel a GPU would launch, e.g. ``aten.addmm.default``), without replaying;
+    * cuda backend: the GPU kernels (and memcpy/memset) of **one replay**, read from
+      ``torch.profiler``; ``short`` shortens the C++ names (:func:`short_kernel_name`).
+
+    .. warning::
+        On a GPU this *replays the graph once* to observe it: the static outputs are
+        overwritten and registered generators advance, as with any replay. Names differ
+        between the backends (ATen ops vs. CUDA kernels, and one op may launch several
+        kernels), so compare counts and shapes of the lists, not the strings.
+    """
+    B = _default_backend(B)
+    if getattr(B, "is_emulated", B.name == "emulated"):
+        return list(g.recorded_ops())
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    B.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        g.replay()
+        B.synchronize()
+    device_events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    device_events.sort(key=lambda e: e.time_range.start)
+    names = [e.name for e in device_events]
+    return [short_kernel_name(n) for n in names] if short else names
+
+
+def format_pool_stats(stats: dict, label: str = "pool") -> str:
+    """One line for ``B.pool_stats(handle)``: reserved, allocated and peak, in KiB/MiB.
+
+    *Reserved* is what the pool took from the device (whole segments: 2 MiB for small
+    blocks, 20 MiB or more for large ones); *allocated* is what live tensors use now;
+    freed blocks stay reserved by the pool so a later capture into the same pool can reuse
+    them. On a GPU torch keeps no per-pool peak, so the peak there is device-wide.
+    """
+    def size(n: int) -> str:
+        return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+    peak = size(stats.get("peak_bytes", 0))
+    if stats.get("peak_is_device_wide"):
+        peak += " (device-wide)"
+    return (f"{label}: reserved {size(stats.get('reserved_bytes', 0))}, "
+            f"allocated {size(stats.get('allocated_bytes', 0))}, peak {peak}")
