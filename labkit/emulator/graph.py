@@ -179,7 +179,10 @@ class graph:
     default_capture_stream: Stream | None = None
 
     def __init__(self, cuda_graph: CUDAGraph, pool=None, stream: Stream | None = None,
-                 capture_error_mode: str = "global"):
+                 capture_error_mode: str = "global", enable_annotations: bool = False,
+                 check_input_liveness: bool = False):
+        # enable_annotations / check_input_liveness: accepted for parity with newer torch
+        # (debugging aids for profiler annotations and use-after-free); no-ops here.
         if stream is None and self.__class__.default_capture_stream is None:
             self.__class__.default_capture_stream = Stream()
         self.pool = () if pool is None else (pool,)
