@@ -1,0 +1,646 @@
+"""The fwd/bwd bridge: ``make_graphed_callables`` built from scratch (lesson 04).
+
+A CUDA graph replays kernels; autograd knows nothing about it. To train through graphs,
+a layer needs *two* graphs, a forward one and a backward one, and something that plugs
+them back into the autograd engine so that ``loss.backward()`` replays the right backward
+graph at the right moment. That something is an ``autograd.Function``:
+
+* its ``forward`` copies the live inputs into the forward graph's static input buffers
+  (only when ``data_ptr`` differs: a buffer that already *is* the input needs no copy),
+  replays the forward graph and returns the static outputs;
+* its ``backward`` copies the incoming output-gradients into the backward graph's static
+  grad-output buffers, replays the backward graph and returns the static input-gradients
+  (dgrads) and weight-gradients (wgrads) that graph wrote.
+
+The backward graph is captured by running ``torch.autograd.grad`` on the forward graph's
+static outputs *inside* a capture: every backward kernel is recorded, reading the
+activations the forward graph saved (which live in the shared pool) and writing the
+gradients into fresh pool tensors that become ``static_grad_inputs``.
+
+This module mirrors Megatron-LM's ``local`` implementation
+(``megatron/core/transformer/cuda_graphs.py`` at e03878b5f):
+
+==========================  ====================================================
+labkit                      Megatron
+==========================  ====================================================
+:class:`GraphStatus`        ``_GraphStatus`` (FWD_READY / BWD_READY)
+:class:`GraphRunner`        ``_CudaGraphRunner`` (one fwd/bwd pair, L695)
+:meth:`GraphRunner.create_fwd_graph`  ``create_fwd_graph`` (L834-1040)
+:meth:`GraphRunner.create_bwd_graph`  ``create_bwd_graph`` (L1055-1134)
+:class:`ReplayNode`         ``_CudagraphReplayNode`` (L585-692)
+:func:`replay_forward`      ``_CudagraphReplayNode.forward``
+:func:`replay_backward`     ``_CudagraphReplayNode.backward``
+:func:`get_connected_params`  ``get_connected_params`` (L793)
+:func:`mismatch_errors`     ``get_mismatch_errors`` (L1321), via :mod:`labkit.guards`
+:func:`attach_main_grad`, :class:`FusedLinear`  Megatron DDP's ``main_grad`` and the
+                            gradient-accumulation-fusion linear layer
+==========================  ====================================================
+
+and :func:`make_graphed_callables` puts runners together the way
+``torch.cuda.make_graphed_callables`` does (one pool; forwards captured in order,
+backwards in reverse order), so the two can be compared line by line.
+
+What the training details are for (seed §2.1, §2.4):
+
+* **connected params**: the backward graph must also produce the wgrads, so the layer's
+  parameters are appended to the forward graph's *input surface* (they become extra
+  inputs of the ``autograd.Function``). Which parameters? Those the outputs actually
+  depend on: walk ``grad_fn.next_functions`` down to the ``AccumulateGrad`` leaves.
+* **wgrad clone**: the wgrads live in the backward graph's static buffers, which the next
+  replay of that graph overwrites. Anything that keeps the returned tensor past that
+  point (a deferred/bucketed gradient reduction, an ``AccumulateGrad`` that *steals* the
+  tensor when the graph holds only a weak reference to it) would silently see another
+  microbatch's gradient. Cloning before returning makes the returned tensor the
+  caller's own. (dgrads are consumed at once by the previous layer and are not cloned.)
+* **main_grad / grad_added_to_main_grad**: with gradient-accumulation fusion the layer's
+  backward adds its wgrad straight into ``param.main_grad`` and sets
+  ``param.grad_added_to_main_grad = True`` so that the DDP hook does not add it again.
+  Under replay the Python of that backward does not run, so the flag is not set: the
+  runner remembers the value the captured backward left and restores it after every
+  replay.
+* **warmup pollution**: warming up runs real forwards and backwards, which update module
+  buffers and (with fusion) ``main_grad``. Back them up before and restore them after.
+* **RNG**: generators the layer draws from are registered with both graphs, so dropout
+  gets fresh numbers on every replay (the default generator is registered by CUDA
+  graphs themselves).
+* **status machine**: a runner's forward graph may replay again only after its backward
+  ran: a second forward would overwrite the static buffers the first one's backward
+  still needs. Calling out of order raises :class:`GraphOrderError` instead of silently
+  computing wrong gradients.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from labkit.guards import ArgMetadata, GraphArgumentError, get_mismatch_errors
+
+__all__ = [
+    "GraphStatus", "GraphOrderError", "GraphArgMismatch", "ArgMeta", "mismatch_errors",
+    "get_connected_params", "GraphRunner", "ReplayNode", "replay_forward", "replay_backward",
+    "GraphedModule", "make_graphed_callables", "attach_main_grad", "zero_main_grad",
+    "FusedLinear", "warmup_side_stream",
+]
+
+
+class GraphStatus(enum.Enum):
+    """What a runner may do next (Megatron's ``_GraphStatus``)."""
+
+    FWD_READY = 0   # set after a backward replay (and initially)
+    BWD_READY = 1   # set after a forward replay that autograd will differentiate
+
+
+class GraphOrderError(RuntimeError):
+    """A runner's forward or backward graph was called when the other one was due."""
+
+
+# Lesson 03's guard error: a ValueError listing every mismatch (Megatron's message style).
+GraphArgMismatch = GraphArgumentError
+
+
+# ---- argument metadata and guards --------------------------------------------------------
+# The checks themselves are lesson 03's (labkit.guards, Megatron's ArgMetadata /
+# get_mismatch_errors). The runner also needs ``requires_grad`` and a way to make a
+# fresh static buffer from recorded metadata (lesson 05 creates graphs from what step 1
+# recorded), hence this small record type.
+
+@dataclass(frozen=True)
+class ArgMeta:
+    """What a runner remembers about one argument: a tensor's shape/dtype/device and
+    whether it requires grad, or a non-tensor's value (baked in at capture)."""
+
+    type: type
+    shape: tuple | None = None
+    dtype: torch.dtype | None = None
+    device: torch.device | None = None
+    requires_grad: bool = False
+    value: Any = None
+
+    @classmethod
+    def of(cls, arg) -> "ArgMeta":
+        if isinstance(arg, ArgMeta):
+            return arg
+        if isinstance(arg, torch.Tensor):
+            return cls(torch.Tensor, tuple(arg.shape), arg.dtype, arg.device,
+                       bool(arg.requires_grad))
+        return cls(type(arg), value=arg)
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.type is torch.Tensor
+
+    def zeros(self) -> torch.Tensor:
+        """A zero tensor with this metadata (a fresh static buffer)."""
+        return torch.zeros(self.shape, dtype=self.dtype, device=self.device,
+                           requires_grad=self.requires_grad)
+
+    def guard(self) -> ArgMetadata:
+        """The same, as lesson 03's :class:`labkit.guards.ArgMetadata`."""
+        if self.is_tensor:
+            return ArgMetadata(torch.Tensor, self.shape, self.dtype, self.device)
+        return ArgMetadata(self.type, value=self.value)
+
+
+def mismatch_errors(expected: Sequence[ArgMeta], args: Sequence) -> list[str]:
+    """One line per difference between ``args`` and the captured metadata: shape, dtype,
+    device of tensors, type and value of the rest, and the count (lesson 03's
+    :func:`labkit.guards.get_mismatch_errors`). Empty when they match."""
+    return get_mismatch_errors([ArgMeta.of(m).guard() for m in expected], list(args))
+
+
+def _raise_if_mismatch(name: str, expected: Sequence[ArgMeta], args: Sequence) -> None:
+    errors = mismatch_errors(expected, args)
+    if errors:
+        raise GraphArgumentError(f"CUDA graph {name}", errors)
+
+
+# ---- connected parameters ----------------------------------------------------------------
+
+def get_connected_params(outputs, module: torch.nn.Module) -> tuple[torch.nn.Parameter, ...]:
+    """The parameters of ``module`` that ``outputs`` depend on, in ``module.parameters()``
+    order (Megatron's ``get_connected_params``).
+
+    Walks the autograd graph from each output's ``grad_fn`` through ``next_functions``;
+    the leaves are ``AccumulateGrad`` nodes, whose ``.variable`` is the parameter they
+    accumulate into. Frozen parameters (no ``AccumulateGrad``) and parameters the outputs
+    do not use are left out: they get no wgrad, so they must not be graph inputs.
+    """
+    outs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+    stack = [t.grad_fn for t in outs
+             if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None]
+    visited, found = set(), set()
+    while stack:
+        fn = stack.pop()
+        if fn in visited:
+            continue
+        visited.add(fn)
+        var = getattr(fn, "variable", None)      # AccumulateGrad holds its leaf
+        if var is not None:
+            found.add(id(var))
+        stack.extend(f for f, _ in fn.next_functions if f is not None)
+    return tuple(p for p in module.parameters() if id(p) in found)
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+def _flat_outputs(out) -> tuple[tuple[torch.Tensor, ...], bool]:
+    """(tensors, was_single) for a callable's return value: a tensor or a tuple of them."""
+    if isinstance(out, torch.Tensor):
+        return (out,), True
+    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
+        return tuple(out), False
+    raise TypeError("a graphed callable must return a tensor or a tuple of tensors, got "
+                    f"{type(out).__name__}")
+
+
+def warmup_side_stream(B):
+    """A context manager running its body on a fresh side stream that first waits for the
+    current one (and making the current stream wait for it at the end): where warmup
+    belongs, so that lazy initialisation and autotuning never touch the capture."""
+
+    class _Ctx:
+        def __enter__(self):
+            self.s = B.Stream()
+            self.s.wait_stream(B.current_stream())
+            self.cm = B.stream(self.s)
+            self.cm.__enter__()
+            return self.s
+
+        def __exit__(self, *exc):
+            self.cm.__exit__(*exc)
+            B.current_stream().wait_stream(self.s)
+
+    return _Ctx()
+
+
+# ---- the runner ----------------------------------------------------------------------------
+
+class GraphRunner:
+    """One forward graph and one backward graph for one module (Megatron's
+    ``_CudaGraphRunner``): the static buffers, the capture of each graph, and the state
+    machine that keeps forward and backward replays in turn.
+
+    Lifecycle::
+
+        r = GraphRunner(module, B, pool=pool)
+        r.create_fwd_graph(sample_args)    # warm up, capture the forward
+        r.create_bwd_graph()               # capture autograd.grad of it
+        y = r(x)                           # replay forward (through ReplayNode)
+        y.sum().backward()                 # replays the backward graph
+
+    ``create_fwd_graph`` accepts real tensors or :class:`ArgMeta` (lesson 05 creates
+    graphs from what the eager step recorded). Several runners may share one ``pool``;
+    then they must be created in the order they will replay (lesson 05).
+
+    Options that exist to show what each detail prevents (keep the defaults to train):
+    ``clone_wgrads``, ``restore_grad_added``, ``restore_after_warmup``. The replay
+    functions can be swapped (``forward_impl``/``backward_impl``) for the exercises.
+    """
+
+    def __init__(self, module: torch.nn.Module, B, *, pool=None, func: Callable | None = None,
+                 num_warmup: int = 2, generators: Iterable[torch.Generator] = (),
+                 clone_wgrads: bool = True, restore_grad_added: bool = True,
+                 restore_after_warmup: bool = True, name: str | None = None,
+                 forward_impl: Callable | None = None, backward_impl: Callable | None = None):
+        self.module = module
+        self.B = B
+        self.pool = pool
+        self.func = func if func is not None else module
+        self.num_warmup = num_warmup
+        self.generators = list(generators)
+        self.clone_wgrads = clone_wgrads
+        self.restore_grad_added = restore_grad_added
+        self.restore_after_warmup = restore_after_warmup
+        self.name = name or type(module).__name__
+        self.forward_impl = forward_impl or replay_forward
+        self.backward_impl = backward_impl or replay_backward
+
+        self.status = GraphStatus.FWD_READY
+        self.fwd_graph = None
+        self.bwd_graph = None
+        self.arg_metas: list[ArgMeta] = []
+        self.static_args: list = []                 # static buffers / baked scalars
+        self.input_surface: tuple[torch.Tensor, ...] = ()   # tensors + connected params
+        self.num_dgrads = 0
+        self.params_to_backprop: tuple[torch.nn.Parameter, ...] = ()
+        self.output_surface: tuple[torch.Tensor, ...] = ()
+        self.single_output = True
+        self.output_requires_grad: tuple[bool, ...] = ()
+        self.static_grad_outputs: tuple = ()
+        self.static_grad_inputs: tuple = ()
+        self.groundtruth_grad_added_to_main_grad: dict = {}
+        self.grad_enabled = False
+        self.replays = {"fwd": 0, "bwd": 0}
+        self.copies = {"fwd": 0, "bwd": 0}          # copy_ calls made by replays
+
+    def __repr__(self):
+        state = ("fwd+bwd" if self.bwd_graph is not None else
+                 "fwd" if self.fwd_graph is not None else "no graphs")
+        return f"<GraphRunner {self.name}: {state}, {self.status.name}>"
+
+    # -- capture ---------------------------------------------------------------------------
+    def _warmup(self):
+        """Run real forwards (and backwards) so that capture sees no first-time work."""
+        ctx = torch.enable_grad() if self.grad_enabled else torch.no_grad()
+        with warmup_side_stream(self.B), ctx:
+            for _ in range(self.num_warmup):
+                w_args = [a.detach().clone().requires_grad_(a.requires_grad)
+                          if isinstance(a, torch.Tensor) else a for a in self.static_args]
+                outs, _ = _flat_outputs(self.func(*w_args))
+                if not self.grad_enabled:
+                    continue
+                outs = [o for o in outs if o.requires_grad]
+                ins = [a for a in w_args if isinstance(a, torch.Tensor) and a.requires_grad]
+                ins += [p for p in self.module.parameters() if p.requires_grad]
+                if outs and ins:
+                    # the values do not matter (torch passes uninitialised memory, Megatron
+                    # zeros); ones make anything that leaks out of warmup visible
+                    torch.autograd.grad(outs, ins, grad_outputs=[torch.ones_like(o)
+                                                                 for o in outs],
+                                        allow_unused=True)
+
+    def create_fwd_graph(self, sample_args: Sequence) -> None:
+        """Warm up, then capture the forward into ``self.pool`` (Megatron L834-1040).
+
+        ``sample_args``: tensors (their values seed the static buffers) or
+        :class:`ArgMeta` (buffers start as zeros), or non-tensor values (baked in).
+        """
+        if self.fwd_graph is not None:
+            raise RuntimeError(f"{self.name}: the forward graph already exists")
+        B = self.B
+        self.arg_metas = [ArgMeta.of(a) for a in sample_args]
+        static = []
+        for a, m in zip(sample_args, self.arg_metas):
+            if isinstance(a, torch.Tensor):
+                static.append(a.detach().clone().requires_grad_(a.requires_grad))
+            elif isinstance(a, ArgMeta) and a.is_tensor:
+                static.append(a.zeros())
+            else:
+                static.append(m.value)
+        self.static_args = static
+        self.grad_enabled = torch.is_grad_enabled() and self.module.training
+
+        # warmup pollutes buffers and main_grad: back them up (Megatron L834-849)
+        backup = self._backup() if self.restore_after_warmup else None
+        self._warmup()
+
+        g = B.CUDAGraph()
+        for gen in self.generators:              # RNG the layer draws from (L872)
+            g.register_generator_state(gen)
+        ctx = torch.enable_grad() if self.grad_enabled else torch.no_grad()
+        with ctx, B.graph(g, pool=self.pool):
+            outs = self.func(*static)
+        outs, self.single_output = _flat_outputs(outs)
+        if self.pool is None:
+            self.pool = g.pool()                 # the backward graph shares it
+        self.fwd_graph = g
+        self.output_surface = outs
+        self.output_requires_grad = tuple(bool(o.requires_grad) for o in outs)
+        tensors = tuple(a for a in static if isinstance(a, torch.Tensor))
+        self.num_dgrads = len(tensors)
+        if self.grad_enabled:
+            self.params_to_backprop = get_connected_params(outs, self.module)
+        self.input_surface = tensors + self.params_to_backprop
+        if backup is not None:
+            self._restore(backup)
+
+    def create_bwd_graph(self) -> None:
+        """Capture ``torch.autograd.grad`` of the forward graph's outputs (L1055-1134)."""
+        if self.fwd_graph is None:
+            raise RuntimeError(f"{self.name}: create the forward graph first")
+        if self.bwd_graph is not None:
+            raise RuntimeError(f"{self.name}: the backward graph already exists")
+        if not self.grad_enabled:
+            raise RuntimeError(f"{self.name}: the forward graph was captured without "
+                               "autograd (no_grad or eval mode): there is no backward")
+        B = self.B
+        g = B.CUDAGraph()
+        for gen in self.generators:
+            g.register_generator_state(gen)
+        # one static grad-output buffer per output that requires grad
+        self.static_grad_outputs = tuple(torch.zeros_like(o) if rg else None
+                                         for o, rg in zip(self.output_surface,
+                                                          self.output_requires_grad))
+        outs = [o for o, rg in zip(self.output_surface, self.output_requires_grad) if rg]
+        douts = [d for d in self.static_grad_outputs if d is not None]
+        wants = [i for i in self.input_surface if i.requires_grad]
+        flags_before = {p: p.grad_added_to_main_grad for p in self.params_to_backprop
+                        if hasattr(p, "grad_added_to_main_grad")}
+        with B.graph(g, pool=self.pool):
+            grads = torch.autograd.grad(outs, wants, grad_outputs=douts, only_inputs=True,
+                                        allow_unused=True)
+        self.bwd_graph = g
+        # what the captured backward's Python left in the flags: restored at each replay
+        self.groundtruth_grad_added_to_main_grad = {
+            p: p.grad_added_to_main_grad for p in self.params_to_backprop
+            if hasattr(p, "grad_added_to_main_grad")}
+        for p, v in flags_before.items():      # capture itself leaves no trace
+            p.grad_added_to_main_grad = v
+        it = iter(grads)
+        self.static_grad_inputs = tuple(next(it) if i.requires_grad else None
+                                        for i in self.input_surface)
+        # keep only the buffers: drop the forward's autograd graph (its saved activations
+        # stay alive for the graphs, as pool memory, not as Python tensors)
+        self.output_surface = tuple(o.detach() for o in self.output_surface)
+
+    def _backup(self):
+        bufs = [b.detach().clone() for b in self.module.buffers()]
+        mains = [p.main_grad.detach().clone() if hasattr(p, "main_grad") else None
+                 for p in self.module.parameters()]
+        flags = [getattr(p, "grad_added_to_main_grad", None) for p in self.module.parameters()]
+        return bufs, mains, flags
+
+    def _restore(self, backup):
+        bufs, mains, flags = backup
+        with torch.no_grad():
+            for b, saved in zip(self.module.buffers(), bufs):
+                b.copy_(saved)
+            for p, saved, flag in zip(self.module.parameters(), mains, flags):
+                if saved is not None:
+                    p.main_grad.copy_(saved)
+                if flag is not None:
+                    p.grad_added_to_main_grad = flag
+
+    # -- replay ----------------------------------------------------------------------------
+    def __call__(self, *args):
+        """Replay the forward graph with autograd attached (Megatron's
+        ``replay_graph_capture``): check the arguments, then ``ReplayNode.apply``."""
+        if self.fwd_graph is None:
+            raise RuntimeError(f"{self.name}: no forward graph yet (create_fwd_graph)")
+        _raise_if_mismatch(self.name, self.arg_metas, args)
+        tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
+        will_backward = (torch.is_grad_enabled() and self.bwd_graph is not None
+                         and any(self.output_requires_grad))
+        if will_backward:
+            out = ReplayNode.apply(self, *tensors, *self.params_to_backprop)
+            self.status = GraphStatus.BWD_READY
+        else:
+            with torch.no_grad():
+                out = self.forward_impl(self, tensors)
+        return out[0] if self.single_output else tuple(out)
+
+
+# ---- the bridge -------------------------------------------------------------------------------
+
+def _order_error(runner: GraphRunner, wanted: str) -> GraphOrderError:
+    if wanted == "fwd":
+        return GraphOrderError(
+            f"{runner.name}: tried to replay the forward graph while its backward graph is "
+            "due (status BWD_READY). A second forward replay would overwrite the static "
+            "buffers the pending backward still needs: run backward first, or give each "
+            "in-flight microbatch its own runner (lesson 05). (A forward that will never "
+            "be differentiated belongs under torch.no_grad().)")
+    return GraphOrderError(
+        f"{runner.name}: tried to replay the backward graph while its forward graph is due "
+        "(status FWD_READY): this backward has already run (backward twice through one "
+        "forward?) or the forward was never replayed.")
+
+
+def replay_forward(runner: GraphRunner, inputs: Sequence[torch.Tensor]) -> tuple:
+    """The forward half of the bridge (``_CudagraphReplayNode.forward``, L590-640).
+
+    ``inputs`` are the live tensors matching ``runner.input_surface`` (user inputs, then
+    the connected parameters). Copy each into its static buffer unless it already lives
+    there, replay, and return new tensor objects on the static output buffers.
+    """
+    if runner.status != GraphStatus.FWD_READY:
+        raise _order_error(runner, "fwd")
+    for user, static in zip(inputs, runner.input_surface):
+        if user.data_ptr() != static.data_ptr():
+            static.copy_(user)
+            runner.copies["fwd"] += 1
+    runner.fwd_graph.replay()
+    runner.replays["fwd"] += 1
+    return tuple(o.detach() for o in runner.output_surface)
+
+
+def replay_backward(runner: GraphRunner, grads: Sequence[torch.Tensor | None]) -> tuple:
+    """The backward half of the bridge (``_CudagraphReplayNode.backward``, L642-692).
+
+    ``grads`` are the output-gradients autograd hands in, one per output. Copy them into
+    ``runner.static_grad_outputs`` (skipping outputs without a buffer and buffers that
+    already are the gradient), replay the backward graph, flip the status back to
+    FWD_READY, restore ``grad_added_to_main_grad``, and return one gradient per tensor of
+    ``runner.input_surface``: the dgrads as they are, the wgrads cloned.
+    """
+    if runner.status != GraphStatus.BWD_READY:
+        raise _order_error(runner, "bwd")
+    for g, static in zip(grads, runner.static_grad_outputs):
+        if static is None:
+            continue
+        if g is None:
+            static.zero_()
+        elif g.data_ptr() != static.data_ptr():
+            static.copy_(g)
+            runner.copies["bwd"] += 1
+    runner.bwd_graph.replay()
+    runner.replays["bwd"] += 1
+    runner.status = GraphStatus.FWD_READY
+    if runner.restore_grad_added:
+        for p, added in runner.groundtruth_grad_added_to_main_grad.items():
+            p.grad_added_to_main_grad = added
+    n = runner.num_dgrads
+    dgrads = runner.static_grad_inputs[:n]
+    wgrads = runner.static_grad_inputs[n:]
+    if runner.clone_wgrads:
+        wgrads = tuple(w.clone() if w is not None else None for w in wgrads)
+    else:   # what torch.cuda.make_graphed_callables returns: fresh tensors on the buffers
+        wgrads = tuple(w.detach() if w is not None else None for w in wgrads)
+    return (*dgrads, *wgrads)
+
+
+class ReplayNode(torch.autograd.Function):
+    """The ``autograd.Function`` that joins the two graphs (``_CudagraphReplayNode``).
+
+    Its inputs are the user tensors *and* the connected parameters, so autograd routes
+    the wgrads it returns to the parameters' ``AccumulateGrad`` nodes (``.grad``, hooks,
+    ``main_grad``) exactly as eager backward would.
+    """
+
+    @staticmethod
+    def forward(ctx, runner: GraphRunner, *inputs):
+        ctx.runner = runner
+        outs = runner.forward_impl(runner, inputs)
+        ctx.mark_non_differentiable(*[o for o, rg in zip(outs, runner.output_requires_grad)
+                                      if not rg])
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grads_in = ctx.runner.backward_impl(ctx.runner, grads)
+        return (None, *grads_in)
+
+
+# ---- make_graphed_callables ----------------------------------------------------------------
+
+class GraphedModule(torch.nn.Module):
+    """A module whose calls replay its graphs while it is in the mode it was captured in
+    (training or eval), and run eagerly otherwise, like torch's graphed modules.
+
+    ``.module`` is the original (its parameters are this module's parameters, so an
+    optimizer can be built from either); ``.runner`` holds the graphs.
+    """
+
+    def __init__(self, module: torch.nn.Module, runner: GraphRunner):
+        super().__init__()
+        self.module = module
+        self.runner = runner
+        self._captured_training = module.training
+
+    def forward(self, *args):
+        if self.module.training == self._captured_training:
+            return self.runner(*args)
+        return self.module(*args)
+
+
+def make_graphed_callables(callables, sample_args, *, B=None, pool=None,
+                           num_warmup_iters: int = 3, **runner_kw):
+    """Graph the forward and backward of each callable, from scratch.
+
+    The same contract as ``torch.cuda.make_graphed_callables``: ``callables`` is one
+    module/function or a tuple of them, ``sample_args`` the matching tuple of argument
+    tuples; the result is a graphed callable (or a tuple of them) that must be called
+    with arguments of the same shapes and dtypes. All graphs share one pool; forwards
+    are captured in the order given and backwards in reverse order, which is the order
+    a model that calls them in sequence replays them in.
+
+    ``runner_kw`` is passed to each :class:`GraphRunner` (``generators``,
+    ``clone_wgrads``...). Modules come back wrapped in :class:`GraphedModule`; functions
+    (no parameters) as their runner.
+    """
+    if B is None:
+        from labkit import backend
+        B = backend.get("auto")
+    single = not isinstance(callables, tuple)
+    if single:
+        callables, sample_args = (callables,), (sample_args,)
+    if len(callables) != len(sample_args):
+        raise ValueError("callables and sample_args must have the same length")
+    pool = pool if pool is not None else B.graph_pool_handle()
+    runners = []
+    for c, args in zip(callables, sample_args):
+        module = c if isinstance(c, torch.nn.Module) else torch.nn.Module()
+        if isinstance(c, torch.nn.Module) and (c._forward_hooks or c._forward_pre_hooks
+                                                or c._backward_hooks):
+            raise ValueError(f"{type(c).__name__} has module hooks: a graph would run them "
+                             "once, at capture, not at every call. Remove them first.")
+        runners.append(GraphRunner(module, B, pool=pool, func=c, num_warmup=num_warmup_iters,
+                                   **runner_kw))
+    for r, args in zip(runners, sample_args):
+        r.create_fwd_graph(tuple(args))
+    for r in reversed(runners):
+        if r.grad_enabled:
+            r.create_bwd_graph()
+    out = tuple(GraphedModule(c, r) if isinstance(c, torch.nn.Module) else r
+                for c, r in zip(callables, runners))
+    return out[0] if single else out
+
+
+# ---- main_grad: Megatron DDP's gradient buffer, and gradient-accumulation fusion -------------
+
+def attach_main_grad(module: torch.nn.Module, dtype=torch.float32) -> None:
+    """Give every trainable parameter a ``main_grad`` buffer, like Megatron's DDP.
+
+    A hook on each parameter's ``AccumulateGrad`` adds ``param.grad`` into ``main_grad``
+    and clears ``.grad`` — unless the layer's backward already added it itself
+    (``grad_added_to_main_grad``: gradient-accumulation fusion, see :class:`FusedLinear`).
+    Call :func:`zero_main_grad` at the start of each step.
+    """
+    for p in module.parameters():
+        if not p.requires_grad or hasattr(p, "main_grad"):
+            continue
+        p.main_grad = torch.zeros_like(p, dtype=dtype)
+        p.grad_added_to_main_grad = False
+
+        def hook(param):
+            if param.grad is not None and not param.grad_added_to_main_grad:
+                param.main_grad.add_(param.grad)
+            param.grad = None
+
+        p.register_post_accumulate_grad_hook(hook)
+
+
+def zero_main_grad(module: torch.nn.Module) -> None:
+    """Zero every ``main_grad`` and clear ``grad_added_to_main_grad`` (a new step)."""
+    for p in module.parameters():
+        if hasattr(p, "main_grad"):
+            p.main_grad.zero_()
+            p.grad_added_to_main_grad = False
+
+
+class _LinearGradAccumulation(torch.autograd.Function):
+    """``y = x W^T + b`` whose backward adds ``dW`` into ``W.main_grad`` itself.
+
+    Megatron's ``LinearWithGradAccumulationAndAsyncCommunication`` with
+    ``gradient_accumulation_fusion``: the wgrad GEMM accumulates into ``main_grad`` and
+    the layer sets ``grad_added_to_main_grad`` so that the DDP hook skips it. Megatron
+    then returns an uninitialised dummy wgrad; this toy returns the real one, so that a
+    forgotten flag shows up as a *doubled* gradient on every backend.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        return torch.nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, weight = ctx.saved_tensors
+        gx = gy @ weight
+        gw = gy.reshape(-1, gy.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+        gb = gy.reshape(-1, gy.shape[-1]).sum(0)
+        if hasattr(weight, "main_grad"):
+            weight.main_grad.add_(gw)
+            weight.grad_added_to_main_grad = True
+        return gx, gw, gb
+
+
+class FusedLinear(torch.nn.Linear):
+    """``nn.Linear`` with gradient-accumulation fusion into ``weight.main_grad``."""
+
+    def forward(self, x):
+        return _LinearGradAccumulation.apply(x, self.weight, self.bias)

@@ -1,0 +1,155 @@
+"""Which graph runner serves a call: the per-layer manager of Megatron's ``local`` path.
+
+A :class:`CudaGraphManager` sits where a layer is called (Megatron hooks it into
+``GraphableMegatronModule.__call__``, ``module.py`` L341-352) and owns that layer's
+:class:`~labkit.bridge.GraphRunner` objects (``CudaGraphManager``,
+``megatron/core/transformer/cuda_graphs.py`` L1437). It has two phases, switched by the
+shared :class:`~labkit.pipeline.record.GlobalRecord`:
+
+* **record** (step 1, ``record.created`` is False): run the layer eagerly, put a
+  :class:`~labkit.pipeline.record.RecordNode` on its outputs, and append the runner's
+  first forward to the record (``record_graph_capture``, L1697);
+* **replay** (after ``record.create_cudagraphs``): pick a runner and replay its graphs
+  through the bridge (``replay_graph_capture``, L1643).
+
+How many runners a layer needs depends on how many microbatches are in flight through
+it (``reuse_cudagraphs = pp.size() == 1``, L1519; ``get_cudagraph_runner``,
+L1541-1606):
+
+* **PP == 1** (``reuse=True``): each microbatch's backward finishes before the next
+  forward, so one runner per layer serves every microbatch; a new runner is made only
+  if no existing one is ready for a forward with matching arguments;
+* **PP > 1** (``reuse=False``): under 1F1B a layer runs forwards for microbatches
+  ``m+1, m+2...`` before the backward of ``m``, and each needs its own static buffers. Step
+  1 makes one runner per call (one per microbatch); later steps take them first-in
+  first-out, which hands microbatch ``m`` the runner created for microbatch ``m``.
+
+A graph replay does not run module hooks, so before a replay Megatron calls the layer's
+DDP pre-forward hook (the async parameter all-gather) by hand and refuses any other
+pre-forward hook (``call_ddp_preforward_hook``, L1526-1539). Here a hook is allowed when
+it is marked ``hook.graph_safe = True`` (see :func:`graph_safe`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+from labkit.bridge import ArgMeta, GraphRunner, GraphStatus, mismatch_errors
+from labkit.pipeline.record import GlobalRecord, RecordNode
+
+__all__ = ["CudaGraphManager", "graph_layers", "graph_safe"]
+
+
+def graph_safe(hook: Callable) -> Callable:
+    """Mark a forward pre-hook as one the manager may call by hand before a replay (like
+    Mcore DDP's parameter all-gather hook): it must only launch work, not change what the
+    layer computes."""
+    hook.graph_safe = True
+    return hook
+
+
+class CudaGraphManager(torch.nn.Module):
+    """Wraps one layer: records in step 1, replays its runners afterwards.
+
+    ``record`` is shared by every manager of the model (one per process, as in
+    Megatron). ``reuse`` chooses PP == 1 behaviour (one runner per layer) or PP > 1
+    (one runner per in-flight microbatch, FIFO). ``runner_kw`` goes to each
+    :class:`~labkit.bridge.GraphRunner`.
+    """
+
+    def __init__(self, layer: torch.nn.Module, B, record: GlobalRecord, *, reuse: bool = True,
+                 name: str | None = None, **runner_kw):
+        super().__init__()
+        self.layer = layer
+        self.B = B
+        self.record = record
+        self.reuse = reuse
+        self.name = name or type(layer).__name__
+        self.runner_kw = runner_kw
+        self.runners: list[GraphRunner] = []
+        self.replay_log: list[int] = []        # index of the runner each replay used
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, reuse={self.reuse}, runners={len(self.runners)}"
+
+    def _new_runner(self) -> GraphRunner:
+        r = GraphRunner(self.layer, self.B, name=f"{self.name}#{len(self.runners)}",
+                        **self.runner_kw)
+        r.fwd_recorded = r.bwd_recorded = False
+        r.cudagraph_created = False
+        self.runners.append(r)
+        return r
+
+    def get_runner(self, args) -> GraphRunner:
+        """The runner for this call (Megatron's ``get_cudagraph_runner``)."""
+        created = self.record.created
+        if self.reuse:
+            metas = None
+            for r in self.runners:
+                if r.status != GraphStatus.FWD_READY:
+                    continue
+                metas = r.arg_metas if created else r._recorded_metas
+                if not mismatch_errors(metas, args):
+                    return r
+            if created:
+                raise RuntimeError(
+                    f"{self.name}: graphs exist but none of its {len(self.runners)} runners "
+                    "is ready for a forward with these arguments (a new shape, or a forward "
+                    "before the previous backward?)")
+            return self._new_runner()
+        if created:
+            r = self.runners[0]
+            if r.status != GraphStatus.FWD_READY:
+                raise RuntimeError(f"{self.name}: more microbatches in flight than step 1 had "
+                                   "runners for")
+            self.runners = self.runners[1:] + self.runners[:1]     # first in, first out
+            return r
+        return self._new_runner()
+
+    def call_pre_forward_hooks(self, args) -> None:
+        """Run the layer's graph-safe pre-forward hooks by hand (a replay would skip them);
+        refuse any other hook (Megatron's ``call_ddp_preforward_hook``)."""
+        for hook in self.layer._forward_pre_hooks.values():
+            if not getattr(hook, "graph_safe", False):
+                raise RuntimeError(
+                    f"{self.name} has a forward pre-hook ({getattr(hook, '__name__', hook)}) "
+                    "that a graph replay would not run. Only hooks marked graph_safe (such "
+                    "as a data-parallel parameter all-gather) are called by hand.")
+            hook(self.layer, args)
+
+    def forward(self, *args):
+        runner = self.get_runner(args)
+        if self.record.created:
+            self.call_pre_forward_hooks(args)
+            self.replay_log.append(int(runner.name.rsplit("#", 1)[1]))
+            return runner(*args)
+        return self._record_call(runner, args)      # eager: the layer runs its own hooks
+
+    def _record_call(self, runner: GraphRunner, args):
+        """Step 1: run eagerly, mark the outputs, record the first forward."""
+        out = self.layer(*args)
+        single = isinstance(out, torch.Tensor)
+        outs = (out,) if single else tuple(out)
+        diff = [i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
+        if torch.is_grad_enabled() and diff:
+            marked = RecordNode.apply(runner, self.record, *[outs[i] for i in diff])
+            marked = (marked,) if len(diff) == 1 else marked
+            outs = list(outs)
+            for i, m in zip(diff, marked):
+                outs[i] = m
+            outs = tuple(outs)
+            runner.status = GraphStatus.BWD_READY
+        if not runner.fwd_recorded:
+            runner._recorded_metas = [ArgMeta.of(a) for a in args]
+            self.record.record_fwd(runner, runner._recorded_metas)
+            runner.fwd_recorded = True
+        return outs[0] if single else outs
+
+
+def graph_layers(layers: Iterable[torch.nn.Module], B, record: GlobalRecord, *, reuse: bool,
+                 prefix: str = "layer", **kw) -> list[CudaGraphManager]:
+    """One manager per layer, sharing ``record``; names ``layer0``, ``layer1``..."""
+    return [CudaGraphManager(layer, B, record, reuse=reuse, name=f"{prefix}{i}", **kw)
+            for i, layer in enumerate(layers)]
