@@ -17,7 +17,8 @@ The contract (tests outside this repo rely on it; do not rename):
 
     B.name                      "cuda" | "emulated"
     B.device                    torch.device to put tensors on
-    B.CUDAGraph                 capture_begin/capture_end, replay, reset, pool, register_generator_state
+    B.CUDAGraph                 capture_begin/capture_end, replay, reset, pool,
+                                register_generator_state
     B.graph                     graph(g, pool=None, stream=None, capture_error_mode="global")
     B.graph_pool_handle()
     B.make_graphed_callables(callables, sample_args, ...)
@@ -28,7 +29,8 @@ between a learner and PyTorch on a GPU. For ``"emulated"`` each attribute comes 
 :mod:`labkit.emulator`, which reproduces what CUDA graphs do wherever a CPU can show it.
 
 Extras beyond the contract (both backends): ``B.Event`` (timing events),
-``B.default_stream()``, ``B.set_stream(s)``, ``B.pool_stats(pool)`` and ``B.is_emulated``.
+``B.default_stream()``, ``B.set_stream(s)``, ``B.pool_stats(pool)``,
+``B.is_emulated``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import types
 
 import torch
 
-__all__ = ["get", "NAMES"]
+__all__ = ["get", "resolve", "recover", "NAMES"]
 
 NAMES = ("auto", "cuda", "emulated")
 
@@ -52,7 +54,7 @@ _cache: dict[str, types.SimpleNamespace] = {}
 
 def _cuda_pool_stats(pool=None) -> dict:
     """Bytes reserved and allocated in one graph pool (or all memory if pool is None)."""
-    reserved = allocated = active_peak = 0
+    reserved = allocated = 0
     for seg in torch.cuda.memory_snapshot():
         if pool is not None and tuple(seg.get("segment_pool_id", (0, 0))) != tuple(pool):
             continue
@@ -147,3 +149,33 @@ def get(name: str = "auto") -> types.SimpleNamespace:
     if name not in _cache:
         _cache[name] = _make_cuda() if name == "cuda" else _make_emulated()
     return _cache[name]
+
+
+def recover(B) -> None:
+    """Put things back after a capture that raised, so the next cell starts clean.
+
+    Two things outlive a failed capture, on a GPU and on the emulator alike:
+
+    * the capture stream stays current (``graph.__exit__`` raises from ``capture_end``
+      before it can switch back), so a later ``capture_begin`` would not notice it is
+      "on the default stream";
+    * the default generator stays in capture mode (its capture epilogue never ran), so
+      the next random op *outside* a capture raises "Offset increment outside graph
+      capture encountered unexpectedly". It leaves that mode at the next capture that
+      ends well.
+
+    ``recover`` makes the default stream current and runs one tiny capture that ends well.
+    """
+    import torch
+
+    B.set_stream(B.default_stream())
+    s = B.Stream()
+    s.wait_stream(B.current_stream())
+    x = torch.zeros(1, device=B.device)
+    with B.stream(s):
+        x.add_(1)                       # warm up the op outside capture
+    B.current_stream().wait_stream(s)
+    g = B.CUDAGraph()
+    with B.graph(g, stream=s):
+        x.add_(1)
+    del g

@@ -131,6 +131,11 @@ def capture(fn: Callable, *args, B=None, pool=None, stream=None, warmup: int = 3
         with B.graph(g, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
             out = fn(*args, **kwargs)
     except BaseException:
+        # A failed capture leaves its stream current and the default generator in capture
+        # mode; recover() undoes both (see labkit.backend.recover).
+        del g
+        from labkit.backend import recover
+        recover(B)
         B.set_stream(previous)
         raise
     return Captured(g, out)

@@ -50,6 +50,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from labkit.backend import recover as _recover
 from labkit.capture import StaticGraph, _same_memory, _static_copy
 
 __all__ = [
@@ -451,7 +452,7 @@ class expect_error:
             self._catch.__exit__(None, None, None)
             self._catch = None
         try:
-            self.B.set_stream(self.B.default_stream())
+            _recover(self.B)
         except Exception:
             pass
         if exc is None:

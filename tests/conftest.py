@@ -24,8 +24,9 @@ def B(request):
     b = backend.get(request.param)
     b.set_stream(b.default_stream())
     yield b
-    # a capture that failed leaves its stream current (as torch.cuda.graph does): undo it
-    b.set_stream(b.default_stream())
+    # a capture that failed leaves its stream current and the default generator in
+    # capture mode (as torch.cuda does): put both back for the next test
+    backend.recover(b)
 
 
 @pytest.fixture
@@ -34,4 +35,4 @@ def E():
     b = backend.get("emulated")
     b.set_stream(b.default_stream())
     yield b
-    b.set_stream(b.default_stream())
+    backend.recover(b)

@@ -332,3 +332,17 @@ def test_is_current_stream_capturing(B):
         flags.append(B.is_current_stream_capturing())
     assert flags == [True]
     assert not B.is_current_stream_capturing()
+
+
+def test_failed_capture_leaves_default_generator_in_capture_mode(B):
+    """Observed on an H200: the generator's capture epilogue never runs after a failed
+    capture, so random ops outside capture raise until a capture ends well."""
+    x = torch.randn(4, device=B.device)
+    with pytest.raises(RuntimeError):
+        capture(B, lambda: x.sum().item())
+    B.set_stream(B.default_stream())
+    with pytest.raises(RuntimeError, match="Offset increment outside graph capture"):
+        torch.randn(2, device=B.device)
+    backend.recover(B)
+    assert B.current_stream() == B.default_stream()
+    assert torch.randn(2, device=B.device).shape == (2,)

@@ -41,7 +41,7 @@ def test_shared_pool_reserves_less_than_separate_pools(E):
     x = torch.randn(64, 64)
 
     def chain(pool_of):
-        graphs, pool = [], None
+        graphs = []
         for _ in range(4):
             g = E.CUDAGraph()
             with E.graph(g, pool=pool_of(graphs)):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from labkit.backend import recover as _recover
 from labkit.checks import CheckResult, check, compare_outputs
 
 __all__ = ["check_graphed_run", "check_capture_chain"]
@@ -76,7 +77,7 @@ def check_graphed_run(graphed_run, *, B=None, trials: int = 3) -> CheckResult:
         try:
             out = graphed_run(fn, static_input, batches)
         finally:
-            B.set_stream(B.default_stream())
+            _recover(B)
         return {"outputs": out, "fn": fn, "n": len(batches)}
 
     def compare(expected, actual) -> str | None:
@@ -140,7 +141,7 @@ def check_capture_chain(capture_chain, *, B=None, trials: int = 3) -> CheckResul
         try:
             result = capture_chain(_f1, _f2, static_input)
         finally:
-            B.set_stream(B.default_stream())
+            _recover(B)
         if not isinstance(result, (tuple, list)) or len(result) != 4:
             got = type(result).__name__ + (f" of {len(result)}" if isinstance(
                 result, (tuple, list)) else "")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import torch
 
+from labkit.backend import recover as _recover
 from labkit.checks import CheckResult, check, compare_outputs
 
 __all__ = ["check_capturable_clip", "check_arg_mismatches"]
@@ -83,7 +84,7 @@ def check_capturable_clip(capturable_clip, *, B=None, trials: int = 3) -> CheckR
         try:
             g, static_out = capture(capturable_clip, static_x, B=B)
         finally:
-            B.set_stream(B.default_stream())
+            _recover(B)
         outs = []
         for x in xs:
             static_x.copy_(x)

@@ -34,11 +34,19 @@ GPU, or show a clearly labelled simulation.
 from labkit.emulator.graph import CUDAGraph, graph, graph_pool_handle, is_current_stream_capturing
 from labkit.emulator.graphed import make_graphed_callables
 from labkit.emulator.pool import pool_stats
-from labkit.emulator.streams import (Event, Stream, current_stream, default_stream,
-                                     set_stream, stream, synchronize)
+from labkit.emulator.streams import (
+                                     Event,
+                                     Stream,
+                                     current_stream,
+                                     default_stream,
+                                     set_stream,
+                                     stream,
+                                     synchronize,
+)
 
 __all__ = [
     "CUDAGraph", "graph", "graph_pool_handle", "make_graphed_callables", "Stream", "Event",
-    "stream", "set_stream", "current_stream", "default_stream", "synchronize", "is_current_stream_capturing",
+    "stream", "set_stream", "current_stream", "default_stream", "synchronize",
+    "is_current_stream_capturing",
     "pool_stats",
 ]

@@ -10,12 +10,35 @@ from __future__ import annotations
 import torch
 
 from labkit.emulator import pool as _pool
-from labkit.emulator.recorder import Capture, active_capture, run_steps
 from labkit.emulator import streams as _streams
-from labkit.emulator.streams import (CAPTURE_INVALIDATED, Stream, capture_error,
-                                     current_stream, default_stream, synchronize)
+from labkit.emulator.recorder import Capture, StuckGeneratorMode, active_capture, run_steps
+from labkit.emulator.streams import (
+    CAPTURE_INVALIDATED,
+    Stream,
+    capture_error,
+    current_stream,
+    default_stream,
+    synchronize,
+)
 
 __all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing"]
+
+
+_stuck_mode: StuckGeneratorMode | None = None
+
+
+def _stuck_generator(stuck: bool) -> None:
+    """Enter or leave the GPU's "generator left in capture mode" state (see recover())."""
+    global _stuck_mode
+    if stuck and _stuck_mode is None:
+        _stuck_mode = StuckGeneratorMode()
+        _stuck_mode.__enter__()
+    elif not stuck and _stuck_mode is not None:
+        mode, _stuck_mode = _stuck_mode, None
+        try:
+            mode.__exit__(None, None, None)
+        except Exception:        # not on top of the mode stack: leave it be, harmlessly
+            pass
 
 
 def graph_pool_handle() -> tuple[int, int]:
@@ -94,11 +117,13 @@ class CUDAGraph:
         if cap.invalid is not None:
             _pool.release_pool(self._pool)
             self._pool = None
+            _stuck_generator(True)
             raise capture_error(CAPTURE_INVALIDATED, "cudaErrorStreamCaptureInvalidated",
                                 f"an earlier op in this capture ({cap.invalid}) was refused;"
                                 " the graph was not created.")
         self._steps, self._ops = cap.steps, cap.ops
         self._has_graph = True
+        _stuck_generator(False)
 
     def register_generator_state(self, state) -> None:
         """Let ops in this graph draw from ``state`` (a ``torch.Generator``).

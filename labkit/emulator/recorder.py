@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from labkit.emulator import pool as _pool
-from labkit.emulator.streams import (CAPTURE_UNSUPPORTED, capture_error)
+from labkit.emulator.streams import CAPTURE_UNSUPPORTED, capture_error
 
 aten = torch.ops.aten
 
@@ -382,6 +382,34 @@ class _CaptureFunctionMode(TorchFunctionMode):
                 raise RuntimeError(RNG_MESSAGE + "\n[labkit emulator] this op draws from a "
                                    "custom torch.Generator: call "
                                    "g.register_generator_state(generator) before capture.")
+        return func(*args, **kwargs)
+
+
+#: Random ATen ops: they advance a generator's offset.
+RANDOM_OPS = {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like",
+              "normal", "normal_", "bernoulli", "bernoulli_", "uniform_", "random_",
+              "exponential_", "geometric_", "cauchy_", "log_normal_", "multinomial",
+              "native_dropout", "rrelu_with_noise", "poisson", "_standard_gamma"}
+
+STUCK_RNG_MESSAGE = "Offset increment outside graph capture encountered unexpectedly."
+
+
+class StuckGeneratorMode(TorchDispatchMode):
+    """The default generator after a failed capture: still in capture mode.
+
+    On a GPU, a capture that fails never runs the generator's capture epilogue, so until
+    the next capture that ends well every random op outside capture raises. This mode is
+    pushed when a capture is invalidated and popped by the next successful capture_end.
+    """
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (active_capture() is None and func.overloadpacket.__name__ in RANDOM_OPS
+                and kwargs.get("generator") is None):
+            raise RuntimeError(
+                STUCK_RNG_MESSAGE + "\n[labkit emulator] an earlier capture failed, which "
+                "left the default generator in capture mode (as on a GPU). Any capture "
+                "that ends well clears it: labkit.backend.recover(B) does one.")
         return func(*args, **kwargs)
 
 

@@ -109,5 +109,14 @@ def train_step(stages: Sequence[Stage], inputs: Sequence[torch.Tensor],
                 grads[(s - 1, m)] = x.grad.detach().clone()
     result = [losses[m].item() for m in range(M)]
     if record is not None and not record.created:
+        # Let step 1's autograd graph die first. Its AccumulateGrad nodes were made on the
+        # stream the eager step ran on (on a GPU, usually the legacy default stream); if
+        # they were still alive, the captured backward would route parameter grads through
+        # them and make the legacy stream wait on the capturing stream, which CUDA refuses
+        # ("operation would make the legacy stream depend on a capturing blocking stream").
+        losses.clear()
+        outs.clear()
+        ins.clear()
+        x = y = loss = None  # noqa: F841
         record.create_cudagraphs(B, **(create_graphs or {}))
     return result
