@@ -192,10 +192,15 @@ def stage_worker(rank: int, cfg: PipelineConfig) -> dict:
             gx = backward(g)
             if not first_stage:
                 _p2p(sends=[(gx, prev)])
+        losses_all.append([loss.item() for loss in losses])
         if cfg.graphs and not record.created:
+            # drop step 1's autograd graph first (see labkit.pipeline.step.train_step):
+            # its AccumulateGrad nodes live on the eager stream and would break capture
+            losses.clear()
+            pending.clear()
+            x = y = gx = g = None  # noqa: F841
             record.create_cudagraphs(B)                      # end of step 1
         opt.step()
-        losses_all.append([loss.item() for loss in losses])
     return {"rank": rank, "losses": losses_all if last_stage else None,
             "params": [p.detach().cpu() for p in params],
             "graphs": sum(len(m.runners) for m in stage.layers) if cfg.graphs else 0}
