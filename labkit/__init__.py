@@ -4,6 +4,15 @@ Each module is one idea and the engine of one lesson (see README.md's course map
 
     backend    get("auto" | "cuda" | "emulated"): one namespace that mirrors torch.cuda
     emulator   a CPU stand-in for CUDA graphs with the same observable behaviour
+    timeline   01: launch cost, CPU/GPU lane timelines (measured or simulated), traces
+    capture    02: the capture/replay template and StaticGraph
+    guards     03: argument guards (Megatron's ArgMetadata) and a capture-hazard linter
+    bridge     04: forward and backward graphs joined by an autograd.Function
+    pipeline   05: 1F1B schedules and capture in the recorded order
+    decode     06: SGLang-style decode bucketing, static buffers, the graph runner
+    full_step  07: the whole training step as graphs
+    bench      GPU benchmarks (python -m labkit.bench)
+    checks     the exercise checkers
 
 Import what you need: ``from labkit import backend``.
 """
