@@ -87,19 +87,28 @@ def make_decode_batch(model, slots: Sequence[int], tokens: Sequence[Sequence[int
     if any(len(r) != k for r in rows):
         raise ValueError("every request in a decode/verify batch feeds the same number of tokens")
     dev = model.device
+    bs, n = len(rows), len(rows) * k
     pos = [p + j for p in start_positions for j in range(k)]
-    slot_rep = [s for s in slots for _ in range(k)]
-    slots_t = torch.tensor(list(slots), dtype=torch.int64, device=dev)
-    pos_t = torch.tensor(pos, dtype=torch.int64, device=dev)
     seq_lens = [p + k for p in start_positions]
+    num_rows, width = model.req_to_token.shape
+    if pos and (min(pos) < 0 or max(pos) >= width):
+        raise IndexError(f"a position in {min(pos)}..{max(pos)} is outside req_to_token's "
+                         f"{width} columns (max_seq_len)")
+    if slots and (min(slots) < 0 or max(slots) >= num_rows):
+        raise IndexError(f"a slot in {list(slots)} is outside req_to_token's {num_rows} rows")
+    flat = [slots[i // k] * width + pos[i] for i in range(n)]  # row-major index into the table
+    # Everything the device needs in ONE host→device copy (a pageable copy each would
+    # cost a launch and a wait apiece); the batch's tensors are views of it.
+    packed = torch.tensor([t for r in rows for t in r] + pos + flat + list(slots) + seq_lens,
+                          dtype=torch.int64, device=dev)
+    ids_t, pos_t, flat_t = packed[:n], packed[n:2 * n], packed[2 * n:3 * n]
     return ForwardBatch(
         forward_mode=mode,
-        input_ids=torch.tensor([t for r in rows for t in r], dtype=torch.int64, device=dev),
+        input_ids=ids_t,
         positions=pos_t,
-        out_cache_loc=model.req_to_token[torch.tensor(slot_rep, dtype=torch.int64, device=dev),
-                                         pos_t],
-        req_pool_indices=slots_t,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+        out_cache_loc=model.req_to_token.reshape(-1).index_select(0, flat_t),
+        req_pool_indices=packed[3 * n:3 * n + bs],
+        seq_lens=packed[3 * n + bs:].to(torch.int32),
         seq_lens_cpu=seq_lens,
     )
 

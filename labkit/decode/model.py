@@ -4,7 +4,8 @@ Read it top to bottom in one sitting: a dataclass config, RMSNorm, rotary embedd
 attention, an MLP, the block, the model. Two things differ from gpt-fast, both because
 lesson 06 serves *many requests at once* the way SGLang does:
 
-* The KV cache is one **token pool** per layer, ``(num_slots * max_seq_len, n_kv, head_dim)``,
+* The KV cache is one **token pool** per layer, ``(num_slots * max_seq_len, 2, n_kv, head_dim)``
+  (a token's key and value side by side; ``k_cache`` / ``v_cache`` are its two halves),
   registered as buffers at ``setup_caches`` time. A request owns a *slot* (a row of
   ``req_to_token``) and each of its tokens a *location* in the pool. The buffers are
   allocated once, so every CUDA graph captured later reads and writes the same addresses.
@@ -13,6 +14,12 @@ lesson 06 serves *many requests at once* the way SGLang does:
 * Attention itself lives in :mod:`labkit.decode.attention` (SGLang's "attention backend"),
   because the part that CUDA graphs care about — how a batch of requests finds its keys —
   is exactly the part that changes between prefill and decode.
+
+Kernel count matters here: a decode step is launch-bound, and even inside a CUDA graph
+every kernel node costs the GPU a gap of its own. So the hot path is written to launch few:
+a fused ``F.rms_norm``, one ``wqkv`` GEMM whose output stays in place (query and key heads
+rotated together, in place, by one complex multiply; keys and values stored with one
+scatter), ``w1``/``w3`` as one ``w13`` GEMM. The numbers are those of the textbook formulas.
 
 The model's forward is ``model(input_ids, positions, batch) -> logits``: tokens are flat
 (``num_tokens``), ``batch`` (a :class:`~labkit.decode.batch.ForwardBatch`) says which
@@ -29,6 +36,7 @@ import torch.nn.functional as F
 
 __all__ = ["ModelArgs", "CONFIGS", "RMSNorm", "KVCache", "Attention", "FeedForward",
            "TransformerBlock", "Transformer", "precompute_freqs_cis", "apply_rotary_emb",
+           "rotary_emb_",
            "build_model", "greedy", "DUMMY_SLOT"]
 
 DUMMY_SLOT = 0  # req_to_token row 0 / pool location 0: where padded rows write
@@ -82,9 +90,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()  # normalise in fp32 even when the model runs in fp16
-        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return out.type_as(x) * self.weight
+        # x * rsqrt(mean(x^2) + eps) * weight. ``F.rms_norm`` is one fused kernel on a GPU
+        # (it normalises in fp32 even when the model runs in fp16) instead of the seven
+        # (cast, pow, mean, add, rsqrt, mul, cast, mul) of the spelled-out formula; in a
+        # launch-bound decode step every kernel counts, graphed or not.
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def precompute_freqs_cis(seq_len: int, n_elem: int, base: float = 10000.0) -> torch.Tensor:
@@ -96,7 +106,8 @@ def precompute_freqs_cis(seq_len: int, n_elem: int, base: float = 10000.0) -> to
 
 
 def apply_rotary_emb(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
-    """x: (num_tokens, heads, head_dim); freqs_cis: (num_tokens, head_dim // 2, 2)."""
+    """x: (num_tokens, heads, head_dim); freqs_cis: (num_tokens, head_dim // 2, 2).
+    The reference formula (the model itself uses :func:`rotary_emb_`, same numbers)."""
     xs = x.float().reshape(*x.shape[:-1], -1, 2)
     fc = freqs_cis.view(xs.size(0), 1, xs.size(2), 2)
     out = torch.stack([xs[..., 0] * fc[..., 0] - xs[..., 1] * fc[..., 1],
@@ -104,26 +115,59 @@ def apply_rotary_emb(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     return out.flatten(-2).type_as(x)
 
 
+def rotary_emb_(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (num_tokens, heads, head_dim) **in place** by ``freqs_cis``
+    (num_tokens, head_dim // 2, 2), in fp32; returns ``x``.
+
+    The pairs (x0, x1) are complex numbers x0 + i·x1 and the rotation is one complex
+    multiply by cos + i·sin: the same (x0·c − x1·s, x1·c + x0·s) as
+    :func:`apply_rotary_emb`, in one kernel instead of nine (plus a cast in and a cast
+    back in fp16). The result is written back into ``x``, so the query and key heads of
+    the fused ``wqkv`` output are rotated together and stay where the attention and the
+    KV cache read them. Under ``torch.compile`` the real formula is used (inductor fuses
+    it into one kernel and does not lower complex arithmetic).
+    """
+    if torch.compiler.is_compiling():
+        return x.copy_(apply_rotary_emb(x, freqs_cis))
+    xs = x.float()
+    xc = torch.view_as_complex(xs.view(*xs.shape[:-1], -1, 2))
+    fc = torch.view_as_complex(freqs_cis).unsqueeze(1)
+    return x.copy_(torch.view_as_real(xc * fc).flatten(-2))
+
+
 class KVCache(nn.Module):
     """One layer's K and V token pools, allocated once (their addresses never move).
 
     ``k_cache[loc]`` is the key of the token stored at pool location ``loc``;
-    ``loc = req_to_token[slot, position]``.
+    ``loc = req_to_token[slot, position]``. Both pools live in one buffer,
+    ``kv`` (num_locs, 2, n_kv, head_dim), with ``k_cache`` / ``v_cache`` its two
+    halves (views): a token's key and value sit side by side, as they come out of
+    ``wqkv``, so storing them is one scatter and gathering them one ``index_select``.
     """
 
     def __init__(self, num_locs: int, n_kv: int, head_dim: int, dtype: torch.dtype,
                  device=None):
         super().__init__()
-        shape = (num_locs, n_kv, head_dim)
-        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device),
-                             persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device),
-                             persistent=False)
+        self.register_buffer("kv",
+                             torch.zeros((num_locs, 2, n_kv, head_dim), dtype=dtype,
+                                         device=device), persistent=False)
 
-    def store(self, locs: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write new K/V in place: a scatter at ``locs``, a static-shape op."""
-        self.k_cache.index_copy_(0, locs, k)
-        self.v_cache.index_copy_(0, locs, v)
+    @property
+    def k_cache(self) -> torch.Tensor:
+        return self.kv[:, 0]
+
+    @property
+    def v_cache(self) -> torch.Tensor:
+        return self.kv[:, 1]
+
+    def store(self, locs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              kv: torch.Tensor | None = None) -> None:
+        """Write new K/V in place: one scatter at ``locs``, a static-shape op. ``kv``: the
+        same keys and values as one (T, 2, n_kv, head_dim) tensor, if the caller has it
+        (the model's ``wqkv`` output is laid out so); otherwise they are stacked first."""
+        if kv is None:
+            kv = torch.stack([k, v], dim=1)
+        self.kv.index_copy_(0, locs, kv)
 
 
 class Attention(nn.Module):
@@ -138,26 +182,29 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, batch) -> torch.Tensor:
         T = x.size(0)
-        q, k, v = self.wqkv(x).split(
-            [self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim],
-            dim=-1)
-        q = apply_rotary_emb(q.view(T, self.n_head, self.head_dim), freqs_cis)
-        k = apply_rotary_emb(k.view(T, self.n_kv, self.head_dim), freqs_cis)
-        v = v.view(T, self.n_kv, self.head_dim)
+        Hq, Hkv, D = self.n_head, self.n_kv, self.head_dim
+        qkv = self.wqkv(x).view(T, Hq + 2 * Hkv, D)
+        # Rotate the query and key heads together, in place: q, k and v stay views of the
+        # one wqkv output (k and v side by side, so the cache stores them in one scatter).
+        rotary_emb_(qkv[:, : Hq + Hkv], freqs_cis)
+        q, kv = qkv[:, :Hq], qkv[:, Hq:].view(T, 2, Hkv, D)
         # The attention backend stores k/v in the cache and attends over the request's keys.
-        y = batch.attn_backend.forward(q, k, v, self.kv_cache, batch)
+        y = batch.attn_backend.forward(q, kv[:, 0], kv[:, 1], self.kv_cache, batch, kv=kv)
         return self.wo(y.reshape(T, -1))
 
 
 class FeedForward(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.w1 = nn.Linear(args.dim, args.intermediate_size, bias=False)
-        self.w3 = nn.Linear(args.dim, args.intermediate_size, bias=False)
+        # w1 (gate) and w3 (up) as one matrix, [w1; w3]: one GEMM instead of two (SGLang's
+        # gate_up_proj). Initialised like two separate Linears (same fan-in, same draws).
+        self.intermediate_size = args.intermediate_size
+        self.w13 = nn.Linear(args.dim, 2 * args.intermediate_size, bias=False)
         self.w2 = nn.Linear(args.intermediate_size, args.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w13(x).split(self.intermediate_size, dim=-1)
+        return self.w2(F.silu(gate) * up)
 
 
 class TransformerBlock(nn.Module):

@@ -262,6 +262,10 @@ class DecodeGraphRunner(BaseGraphRunner):
         self._warned_fallback = False
         self._loaded: tuple | None = None  # (batch, raw_bs, padded_bs) now in the buffers
         self._compiled = None
+        self._bucket_of = {raw: pad_to_bucket(raw, self.buckets)  # raw bs -> bucket, once
+                           for raw in range(1, self.max_bucket + 1)}
+        self._bucket_batches: dict[int, ForwardBatch] = {}
+        self._fast_dsts: dict[int, list[torch.Tensor]] = {}   # fast path: head views
         self.last_replay: tuple[int, int] | None = None  # (raw_bs, bucket) of the last replay
 
     # ---- capture -----------------------------------------------------------------------
@@ -322,17 +326,22 @@ class DecodeGraphRunner(BaseGraphRunner):
         the bucket size.
         """
         raw_bs = batch.batch_size
-        bs = pad_to_bucket(raw_bs, self.buckets)
-        override = {**self.padding_override, **(padding_override or {})}
+        bs = self._bucket_of.get(raw_bs) or pad_to_bucket(raw_bs, self.buckets)
+        override = ({**self.padding_override, **(padding_override or {})}
+                    if self.padding_override or padding_override else None)
         self.buffers.fill_from(batch, raw_bs, bs, override=override)
         fill = self.buffers.slots["seq_lens"].fill_value  # host view of the padded rows
-        self.attn.init_forward_metadata_out_graph(
-            self._buffer_batch(bs, list(batch.seq_lens_cpu) + [fill] * (bs - raw_bs)))
+        fb = self._bucket_batches.get(bs)
+        if fb is None:  # the padded view over the static buffers, built once per bucket
+            fb = self._bucket_batches[bs] = self._buffer_batch(bs, [])
+        seq_lens_cpu = batch.seq_lens_cpu
+        fb.seq_lens_cpu = (seq_lens_cpu if bs == raw_bs
+                           else list(seq_lens_cpu) + [fill] * (bs - raw_bs))
+        self.attn.init_forward_metadata_out_graph(fb)
         self._loaded = (batch, raw_bs, bs)
         batch.metadata_ready = True
         return bs
 
-    @torch.no_grad()
     def replay(self, batch: ForwardBatch, padding_override: dict | None = None) -> torch.Tensor:
         """Replay the bucket's graph for ``batch``; return logits for the real tokens only.
 
@@ -351,21 +360,36 @@ class DecodeGraphRunner(BaseGraphRunner):
             raise ValueError(f"runner captured {self.capture_forward_mode.name} with {k} "
                              f"token(s)/request; batch is {batch.forward_mode.name} with "
                              f"{batch.num_tokens_per_bs}")
-        loaded = self._loaded
-        if (not batch.needs_forward_metadata_init() and loaded is not None
-                and loaded[0] is batch and loaded[1] == batch.batch_size
-                and not padding_override):
-            n = batch.batch_size * k
-            self.buffers.input_ids[:n].copy_(batch.input_ids)
-            self.buffers.positions[:n].copy_(batch.positions)
-            bs = loaded[2]
-            self.stats["fast_path"] += 1
-        else:
-            bs = self.plan(batch, padding_override)
-        self.last_replay = (batch.batch_size, bs)
-        out = self.backend.replay(bs)
-        self.stats["graph"] += 1
-        return out[: batch.batch_size * k]  # drop the padded rows
+        return self._replay(batch, padding_override)
+
+    def _replay(self, batch: ForwardBatch, padding_override: dict | None) -> torch.Tensor:
+        """replay() after its checks. Autograd off (the plain switch: cheaper per step
+        than entering a ``no_grad`` context manager; nothing here needs grad anyway)."""
+        grad = torch.is_grad_enabled()
+        if grad:
+            torch._C._set_grad_enabled(False)
+        try:
+            raw_bs = batch.batch_size
+            loaded = self._loaded
+            if (loaded is not None and loaded[0] is batch and loaded[1] == raw_bs
+                    and not padding_override and not batch.needs_forward_metadata_init()):
+                n = raw_bs * self.num_tokens_per_bs
+                dsts = self._fast_dsts.get(n)
+                if dsts is None:
+                    b = self.buffers
+                    dsts = self._fast_dsts[n] = [b.input_ids[:n], b.positions[:n]]
+                torch._foreach_copy_(dsts, [batch.input_ids, batch.positions])
+                bs = loaded[2]
+                self.stats["fast_path"] += 1
+            else:
+                bs = self.plan(batch, padding_override)
+            self.last_replay = (raw_bs, bs)
+            out = self.backend.replay(bs)
+            self.stats["graph"] += 1
+            return out[: raw_bs * self.num_tokens_per_bs]  # drop the padded rows
+        finally:
+            if grad:
+                torch._C._set_grad_enabled(True)
 
     def eager_forward(self, batch: ForwardBatch) -> torch.Tensor:
         self.stats["eager"] += 1
@@ -379,7 +403,7 @@ class DecodeGraphRunner(BaseGraphRunner):
         warns the first time (and logs every time at INFO) — never silently.
         """
         if self.can_run(batch):
-            return self.replay(batch)
+            return self._replay(batch, None)  # can_run already checked what replay() checks
         if (self.captured and batch.forward_mode is self.capture_forward_mode
                 and batch.batch_size > self.max_bucket):
             if self.fallback == "error":
