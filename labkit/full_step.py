@@ -219,6 +219,13 @@ class StaticBatchLoader:
     order nothing and the copies simply happen.
 
     ``buffers`` is what the step function reads, eager or captured.
+
+    The per-step path is lean: the two stream dependencies reuse two events made once
+    (``wait_stream`` would create a new event each time), and when every microbatch is
+    a tensor or a flat tuple/list of tensors with the captured shapes and dtypes, all
+    copies go out as one ``torch._foreach_copy_`` (one multi-tensor kernel for device
+    sources) instead of a pytree walk and one ``copy_`` per tensor. Anything else takes
+    :func:`fill_static_buffers`, with its checks and messages.
     """
 
     def __init__(self, B, num_microbatches: int, stream=None):
@@ -227,6 +234,11 @@ class StaticBatchLoader:
         self.stream = stream if stream is not None else B.Stream()
         self.buffers: list = []
         self.loads = 0
+        self._plan_src = None          # the buffers the fast-path plan below was made for
+        self._kinds: list = []         # per microbatch: None (a tensor) or (type, length)
+        self._dsts: list = []          # every buffer, flattened in microbatch order
+        self._metas: list = []         # (shape, dtype) of each of _dsts
+        self._events = None            # (data may be overwritten, data is loaded)
 
     def _allocate(self, mb):
         def alloc(t):
@@ -235,20 +247,70 @@ class StaticBatchLoader:
             return torch.empty(t.shape, dtype=t.dtype, device=self.B.device)
         return tree_map(alloc, mb)
 
+    @staticmethod
+    def _kind(structure):
+        """None for a tensor, (type, length) for a flat tuple/list of tensors, else False
+        (a structure the fast path leaves to pytree)."""
+        if isinstance(structure, torch.Tensor):
+            return None
+        if type(structure) in (tuple, list) and all(isinstance(t, torch.Tensor)
+                                                     for t in structure):
+            return (type(structure), len(structure))
+        return False
+
+    def _make_plan(self) -> None:
+        self._kinds = [self._kind(b) for b in self.buffers]
+        self._dsts = [t for b in self.buffers for t in tree_flatten(b)[0]]
+        self._metas = [(d.shape, d.dtype) for d in self._dsts]
+        self._plan_src = self.buffers
+
+    def _sources(self, microbatches: Sequence) -> list | None:
+        """The tensors of ``microbatches`` in ``_dsts`` order, when each has the buffers'
+        flat structure, shape and dtype; None sends the call down the checked path."""
+        if self._plan_src is not self.buffers:
+            self._make_plan()
+        srcs: list = []
+        for mb, kind in zip(microbatches, self._kinds):
+            if kind is False:
+                return None
+            if kind is None:
+                if not isinstance(mb, torch.Tensor):
+                    return None
+                srcs.append(mb)
+            elif type(mb) is kind[0] and len(mb) == kind[1]:
+                srcs.extend(mb)
+            else:
+                return None
+        for s, (shape, dtype) in zip(srcs, self._metas):
+            if not isinstance(s, torch.Tensor) or s.dtype is not dtype or s.shape != shape:
+                return None
+        return srcs
+
     def load(self, microbatches: Sequence) -> list:
         """Copy ``microbatches`` (a sequence of ``num_microbatches`` structures of
         tensors) into the static buffers and return the buffers."""
-        microbatches = list(microbatches)
+        if not isinstance(microbatches, (list, tuple)):
+            microbatches = list(microbatches)
         if len(microbatches) != self.num_microbatches:
             raise ValueError(f"expected {self.num_microbatches} microbatches, got "
                              f"{len(microbatches)}: the captured schedule has a fixed count")
         B = self.B
-        self.stream.wait_stream(B.current_stream())
+        if self._events is None:
+            self._events = (B.Event(), B.Event())
+        free, loaded = self._events
+        current = B.current_stream()
+        free.record(current)                    # the previous replay may still read them
+        self.stream.wait_event(free)
         with B.stream(self.stream):
             if not self.buffers:
                 self.buffers = [self._allocate(mb) for mb in microbatches]
-            fill_static_buffers(self.buffers, microbatches, non_blocking=True)
-        B.current_stream().wait_stream(self.stream)
+            srcs = self._sources(microbatches)
+            if srcs is None:
+                fill_static_buffers(self.buffers, microbatches, non_blocking=True)
+            elif srcs:
+                torch._foreach_copy_(self._dsts, srcs, non_blocking=True)
+            loaded.record(self.stream)
+        current.wait_event(loaded)              # the next replay must see the new data
         self.loads += 1
         return self.buffers
 
