@@ -77,8 +77,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from labkit.guards import ArgMetadata, GraphArgumentError, get_mismatch_errors
-from labkit.guards import _values_equal
+from labkit.guards import ArgMetadata, GraphArgumentError, _values_equal, get_mismatch_errors
 
 __all__ = [
     "GraphStatus", "GraphOrderError", "GraphArgMismatch", "ArgMeta", "mismatch_errors",

@@ -45,7 +45,6 @@ Times are in microseconds (µs) everywhere, as in Chrome traces.
 from __future__ import annotations
 
 import base64
-import io
 import json
 import math
 import os
@@ -57,6 +56,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
+
+from labkit.widgets import figure_png, mimebundle, widgets_wanted
 
 __all__ = [
     "Span", "Timeline", "GPUPreset", "GPU_PRESETS", "REFERENCE_H200", "CPU", "GPU", "OPS",
@@ -815,14 +816,6 @@ def plot_sweep(rows: Sequence[dict], ax=None, tolerance: float = 0.10, title: st
 
 # --------------------------------------------------------------------------- live panel
 
-def _figure_png(fig) -> bytes:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    return buf.getvalue()
-
 
 class TimelinePanel:
     """Sliders for launch cost, kernel time and number of kernels over a live picture.
@@ -838,9 +831,7 @@ class TimelinePanel:
                  preset: str | GPUPreset | None = None, widgets: bool | None = None):
         self.launch_us, self.kernel_us, self.n_kernels = launch_us, kernel_us, n_kernels
         self.preset = get_preset(preset) if preset is not None else None
-        if widgets is None:
-            widgets = os.environ.get("LABKIT_WIDGETS", "1") not in ("0", "false", "no")
-        self.widget = self._build() if widgets else None
+        self.widget = self._build() if widgets_wanted(widgets) else None
 
     def timelines(self) -> tuple[Timeline, Timeline]:
         return simulate_pair(self.n_kernels, self.launch_us, self.kernel_us, preset=self.preset)
@@ -869,7 +860,7 @@ class TimelinePanel:
                                         description="kernel time µs", style=style, layout=layout)
         self._n = w.IntSlider(value=self.n_kernels, min=1, max=100, description="kernels",
                               style=style, layout=layout)
-        self._image = w.Image(value=_figure_png(self.figure()), format="png")
+        self._image = w.Image(value=figure_png(self.figure()), format="png")
         self._label = w.HTML(self.text())
         for s in (self._launch, self._kernel, self._n):
             s.observe(self._redraw, names="value")
@@ -879,16 +870,13 @@ class TimelinePanel:
     def _redraw(self, _change=None):
         self.launch_us, self.kernel_us = self._launch.value, self._kernel.value
         self.n_kernels = self._n.value
-        self._image.value = _figure_png(self.figure())
+        self._image.value = figure_png(self.figure())
         self._label.value = self.text()
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        png = base64.b64encode(_figure_png(self.figure())).decode("ascii")
+        png = base64.b64encode(figure_png(self.figure())).decode("ascii")
         bundle = {"text/plain": f"TimelinePanel: {self.text()}", "image/png": png}
-        if self.widget is not None and hasattr(self.widget, "_repr_mimebundle_"):
-            wb = self.widget._repr_mimebundle_() or {}
-            bundle.update({k: v for k, v in wb.items() if k != "text/plain"})
-        return bundle
+        return mimebundle(bundle, self.widget)
 
 
 def timeline_panel(launch_us: float = 10.0, kernel_us: float = 2.0, n_kernels: int = 12,

@@ -36,3 +36,12 @@ def E():
     b.set_stream(b.default_stream())
     yield b
     backend.recover(b)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: one intra-op thread is several times faster than two on a CPU."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -14,13 +14,7 @@ from labkit.bridge import GraphArgMismatch, GraphOrderError, GraphRunner, GraphS
 from labkit.pipeline.models import CallCounter, TransformerBlock, make_blocks
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is several times faster than two on a CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _diff(a, b):

@@ -15,12 +15,7 @@ from labkit.pipeline import schedule as S
 from labkit.pipeline.models import make_blocks
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _diff(a, b):

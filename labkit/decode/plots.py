@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import base64
 import html
-import io
-import os
 from collections import Counter
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
+
+from labkit.widgets import figure_png, mimebundle, widgets_wanted
 
 from .buckets import BatchTooLargeError, BucketReport, explore_buckets, make_buckets, pad_to_bucket
 
@@ -169,14 +169,6 @@ def plot_buckets(max_bs: int, workload: Iterable[int] = (), schemes=SCHEMES, ax=
     return ax
 
 
-def _figure_png(fig) -> bytes:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    return buf.getvalue()
-
 
 class BucketPanel:
     """A ``max_bs`` slider and a bucket-scheme dropdown over a workload's batch sizes.
@@ -198,9 +190,7 @@ class BucketPanel:
         self.scheme = scheme
         self.explore_kwargs = explore_kwargs
         self.slider_max = slider_max or max(64, self.max_bs, max(self.workload, default=1))
-        if widgets is None:
-            widgets = os.environ.get("LABKIT_WIDGETS", "1") not in ("0", "false", "no")
-        self.widget = self._build() if widgets else None
+        self.widget = self._build() if widgets_wanted(widgets) else None
 
     def report(self, scheme: str | None = None) -> BucketReport:
         return explore_buckets(self.max_bs, self.workload, scheme or self.scheme,
@@ -248,7 +238,7 @@ class BucketPanel:
                                    layout=w.Layout(width="420px"))
         self._dropdown = w.Dropdown(options=list(SCHEMES), value=self.scheme,
                                     description="buckets", style=style)
-        self._image = w.Image(value=_figure_png(self.figure()), format="png")
+        self._image = w.Image(value=figure_png(self.figure()), format="png")
         self._label = w.HTML(self.table_html())
         self._slider.observe(self._redraw, names="value")
         self._dropdown.observe(self._redraw, names="value")
@@ -256,20 +246,17 @@ class BucketPanel:
 
     def _redraw(self, _change=None):
         self.max_bs, self.scheme = self._slider.value, self._dropdown.value
-        self._image.value = _figure_png(self.figure())
+        self._image.value = figure_png(self.figure())
         self._label.value = self.table_html()
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        png = base64.b64encode(_figure_png(self.figure())).decode("ascii")
+        png = base64.b64encode(figure_png(self.figure())).decode("ascii")
         # The static views: a frontend without widgets picks text/html (table + picture)
         # or image/png; the widget view, when present, wins where widgets render.
         page = f'{self.table_html()}<img src="data:image/png;base64,{png}"/>'
         bundle = {"text/plain": f"BucketPanel: {self.text()}", "image/png": png,
                   "text/html": page}
-        if self.widget is not None and hasattr(self.widget, "_repr_mimebundle_"):
-            wb = self.widget._repr_mimebundle_() or {}
-            bundle.update({k: v for k, v in wb.items() if k != "text/plain"})
-        return bundle
+        return mimebundle(bundle, self.widget)
 
 
 def bucket_panel(workload: Iterable[int], max_bs: int = 16, scheme: str = "sglang",
