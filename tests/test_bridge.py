@@ -13,7 +13,6 @@ from labkit import bridge
 from labkit.bridge import GraphArgMismatch, GraphOrderError, GraphRunner, GraphStatus
 from labkit.pipeline.models import CallCounter, TransformerBlock, make_blocks
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -14,7 +14,6 @@ from labkit.pipeline import (
 from labkit.pipeline import schedule as S
 from labkit.pipeline.models import make_blocks
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

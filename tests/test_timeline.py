@@ -309,9 +309,12 @@ def test_profile_timeline_on_gpu(tmp_path):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_graph_beats_eager_on_gpu():
+def test_launch_cost_measured_with_cuda_events_on_gpu():
+    # a measurement, not a speed target (those live in labkit.bench): it runs, times with
+    # CUDA events, and its figures are consistent with each other
     m = T.measure_launch_cost(backend.get("cuda"), n_ops=100, numel=256, repeats=20)
-    assert m["speedup"] > 2, m
+    assert m["timer"] == "cuda events" and m["eager_step_us"] > 0 and m["graph_step_us"] > 0
+    assert m["speedup"] == pytest.approx(m["eager_step_us"] / m["graph_step_us"])
 
 
 # --------------------------------------------------------------------------- checkers
