@@ -77,13 +77,14 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from labkit.capture import on_side_stream
 from labkit.guards import ArgMetadata, GraphArgumentError, _values_equal, get_mismatch_errors
 
 __all__ = [
     "GraphStatus", "GraphOrderError", "GraphArgMismatch", "ArgMeta", "mismatch_errors",
     "get_connected_params", "GraphRunner", "ReplayNode", "replay_forward", "replay_backward",
     "GraphedModule", "make_graphed_callables", "attach_main_grad", "zero_main_grad",
-    "FusedLinear", "warmup_side_stream", "capture_stream",
+    "FusedLinear", "capture_stream",
 ]
 
 
@@ -247,27 +248,6 @@ def capture_stream(B):
     return s
 
 
-def warmup_side_stream(B, stream=None):
-    """A context manager running its body on a side stream (``stream``, else a fresh one)
-    that first waits for the current one (and making the current stream wait for it at
-    the end): where warmup belongs, so that lazy initialisation and autotuning never
-    touch the capture."""
-
-    class _Ctx:
-        def __enter__(self):
-            self.s = stream if stream is not None else B.Stream()
-            self.s.wait_stream(B.current_stream())
-            self.cm = B.stream(self.s)
-            self.cm.__enter__()
-            return self.s
-
-        def __exit__(self, *exc):
-            self.cm.__exit__(*exc)
-            B.current_stream().wait_stream(self.s)
-
-    return _Ctx()
-
-
 # ---- the runner ----------------------------------------------------------------------------
 
 class GraphRunner:
@@ -341,7 +321,7 @@ class GraphRunner:
     def _warmup(self):
         """Run real forwards (and backwards) so that capture sees no first-time work."""
         ctx = torch.enable_grad() if self.grad_enabled else torch.no_grad()
-        with warmup_side_stream(self.B, capture_stream(self.B)), ctx:
+        with on_side_stream(self.B, capture_stream(self.B)), ctx:
             for _ in range(self.num_warmup):
                 w_args = [a.detach().clone().requires_grad_(a.requires_grad)
                           if isinstance(a, torch.Tensor) else a for a in self.static_args]

@@ -47,6 +47,7 @@ What this module gives you, on either backend (``B = labkit.backend.get("auto")`
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any, Callable, NamedTuple
 
@@ -54,7 +55,8 @@ import torch
 from torch.utils._pytree import tree_map
 
 __all__ = [
-    "side_stream_warmup", "capture", "Captured", "StaticGraph", "recorded_kernels",
+    "on_side_stream", "side_stream_warmup", "capture", "Captured", "StaticGraph",
+    "recorded_kernels",
     "short_kernel_name", "format_pool_stats",
 ]
 
@@ -69,6 +71,21 @@ def _default_backend(B):
 
 # ---- steps 1 and 2 ---------------------------------------------------------------------
 
+@contextlib.contextmanager
+def on_side_stream(B, stream=None):
+    """Run the body on a side stream (``stream``, else a fresh one), ordered both ways.
+
+    The side stream first waits for the current one (it sees earlier work), and the
+    current stream waits for it at the end (later work sees its results). This is where
+    warm-up belongs: lazy initialisation and autotuning then never touch the capture.
+    """
+    s = stream if stream is not None else B.Stream()
+    s.wait_stream(B.current_stream())
+    with B.stream(s):
+        yield s
+    B.current_stream().wait_stream(s)
+
+
 def side_stream_warmup(fn: Callable, *args, B=None, iters: int = 3, **kwargs) -> Any:
     """Run ``fn(*args, **kwargs)`` ``iters`` times on a fresh side stream; return the last result.
 
@@ -81,6 +98,8 @@ def side_stream_warmup(fn: Callable, *args, B=None, iters: int = 3, **kwargs) ->
                 out = fn(*args)
         B.current_stream().wait_stream(s)      # later work sees the warm-up's results
 
+    (:func:`on_side_stream` is those stream lines as a context manager.)
+
     Why: the first calls allocate (the caching allocator grows), autotune (cuBLAS,
     cuDNN) and initialise lazily; none of that may happen during capture. Running on a
     side stream puts the warm-up where capture will run, off the default stream.
@@ -90,13 +109,10 @@ def side_stream_warmup(fn: Callable, *args, B=None, iters: int = 3, **kwargs) ->
         step, a counter) happen ``iters`` times. Back up such state first if it matters.
     """
     B = _default_backend(B)
-    s = B.Stream()
-    s.wait_stream(B.current_stream())
     out = None
-    with B.stream(s):
+    with on_side_stream(B):
         for _ in range(iters):
             out = fn(*args, **kwargs)
-    B.current_stream().wait_stream(s)
     return out
 
 

@@ -66,6 +66,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
+from labkit.capture import on_side_stream
+
 __all__ = [
     "LMConfig", "CONFIGS", "Block", "TinyLM", "build_lm", "lm_loss", "random_microbatches",
     "StaticBatchLoader", "fill_static_buffers",
@@ -546,12 +548,8 @@ class FullCudaGraphWrapper:
         self.calls = {"eager": 0, "capture": 0, "replay": 0}
 
     def _on_stream(self, fn):
-        B = self.B
-        self.stream.wait_stream(B.current_stream())
-        with B.stream(self.stream):
-            out = fn()
-        B.current_stream().wait_stream(self.stream)
-        return out
+        with on_side_stream(self.B, self.stream):
+            return fn()
 
     def capture(self) -> None:
         """Capture ``step_fn`` into a new graph (records; computes nothing)."""

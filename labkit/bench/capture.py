@@ -24,6 +24,7 @@ import torch
 
 from labkit import full_step as FS
 from labkit.bench import make_row
+from labkit.capture import on_side_stream
 
 N_LAYERS, D_MODEL, N_HEADS, SEQ = 6, 256, 4, 64
 
@@ -31,13 +32,10 @@ N_LAYERS, D_MODEL, N_HEADS, SEQ = 6, 256, 4, 64
 def _capture_chain(B, layers, x, shared: bool) -> tuple[list[float], dict, list]:
     """Capture each layer's forward into its own graph; return (capture µs per graph,
     pool stats, graphs and outputs to keep alive)."""
-    s = B.Stream()
-    s.wait_stream(B.current_stream())
-    with torch.no_grad(), B.stream(s):                 # warm up: lazy init off the capture
+    with torch.no_grad(), on_side_stream(B):          # warm up: lazy init off the capture
         h = x
         for layer in layers:
             h = layer(h)
-    B.current_stream().wait_stream(s)
     B.synchronize()
     pool = B.graph_pool_handle() if shared else None
     times, keep, pools, h = [], [], [], x
