@@ -57,6 +57,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from labkit.capture import side_stream_warmup
 from labkit.widgets import figure_png, mimebundle, widgets_wanted
 
 __all__ = [
@@ -414,12 +415,7 @@ def chain_steps(B, n_ops: int = 100, numel: int = 256, dtype: torch.dtype = torc
     not run them: ``out`` holds the result only after the first replay.
     """
     x = torch.zeros(numel, device=B.device, dtype=dtype)
-    s = B.Stream()
-    s.wait_stream(B.current_stream())
-    with B.stream(s):
-        for _ in range(warmup):
-            chain(x, n_ops)
-    B.current_stream().wait_stream(s)
+    side_stream_warmup(chain, x, n_ops, B=B, iters=warmup)
     g = B.CUDAGraph()
     with B.graph(g):
         out = chain(x, n_ops)
