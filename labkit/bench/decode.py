@@ -8,9 +8,15 @@ values, random tokens, random sequence lengths) at batch sizes 1, 8 and 64. Vari
 ``labkit_graph``
     ``DecodeGraphRunner`` with buckets [1, 8, 64] captured largest first in one pool;
     each timed call takes the full path (pad to the bucket, fill the static buffers,
-    rebuild metadata out of graph, replay, slice), not the planned fast path.
+    rebuild metadata out of graph, replay, slice), not the planned fast path. Attention
+    ``"auto"``: on a GPU the Triton decode kernel that reads keys through the page table
+    (:mod:`labkit.decode.triton_attention`); ``eager`` uses the same kernels.
+    ``extra.replay_only_us``: ``graph.replay()`` alone, without the host work around it.
+``labkit_graph_torch_attn``
+    the same runner with ``attention="torch_native"``: stock kernels only (gather the
+    keys with ``index_select``, then SDPA): the plain recipe.
 ``labkit_graph_compiled``
-    the same runner with ``compile_bs=64``: the model is compiled (no cudagraphs of its
+    the torch_native runner with ``compile_bs=64``: the model is compiled (no cudagraphs of its
     own) and the compiled model is captured into the runner's graphs (SGLang's
     ``torch_compile_max_bs``). The runner compiles with
     ``mode="max-autotune-no-cudagraphs"``, whose GEMM autotuning takes minutes; the
@@ -34,7 +40,8 @@ import torch
 from labkit.bench import SuiteSkip, make_row, skipped_row
 from labkit.bench.timing import gpu_busy_us, measure_us
 
-VARIANTS = ("eager", "labkit_graph", "labkit_graph_compiled", "compile_reduce_overhead")
+VARIANTS = ("eager", "labkit_graph", "labkit_graph_torch_attn", "labkit_graph_compiled",
+            "compile_reduce_overhead")
 MODEL = dict(vocab_size=1024, n_layer=8, n_head=8, n_local_heads=8, dim=512, max_seq_len=256)
 
 
@@ -57,8 +64,11 @@ def _batches(D, model, batch_sizes, gen):
     return out
 
 
-def _runner(D, model, B, batch_sizes, compile_bs: int = 0, compile_mode: str | None = None):
+def _runner(D, model, B, batch_sizes, compile_bs: int = 0, compile_mode: str | None = None,
+            attention: str = "torch_native"):
     kw = dict(max_bs=max(batch_sizes), buckets=sorted(batch_sizes), progress=False)
+    if attention != "torch_native":
+        kw["attention"] = attention
     if compile_bs:
         kw["compile_bs"] = compile_bs
     try:
@@ -73,7 +83,8 @@ def _runner(D, model, B, batch_sizes, compile_bs: int = 0, compile_mode: str | N
 
 
 def run(B, quick: bool = False, log=print, model_args: dict | None = None,
-        batch_sizes=None, variants=VARIANTS, compile_mode: str = "default") -> list[dict]:
+        batch_sizes=None, variants=VARIANTS, compile_mode: str = "default",
+        attention: str = "auto") -> list[dict]:
     try:
         from labkit import decode as D
     except ImportError as e:
@@ -99,34 +110,46 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
     repeats, warmup = (10, 3) if quick else (50, 10)
     rows = []
 
-    def record(variant, fns, note=None, cfg_extra=None):
+    def record(variant, fns, note=None, cfg_extra=None, replays=None):
         for bs in batch_sizes:
             med = measure_us(fns[bs], B, warmup=warmup, repeats=repeats)
             busy = gpu_busy_us(fns[bs], B)
+            extra = None
+            if replays is not None:
+                extra = {"replay_only_us": round(measure_us(replays[bs], B, warmup=warmup,
+                                                            repeats=repeats), 3)}
             rows.append(make_row(B, "decode", name, {**config, **(cfg_extra or {})}, bs,
-                                 variant, med, busy, note=note))
-            log(f"  decode bs={bs:3d} {variant:26s} {med:9.1f} µs")
+                                 variant, med, busy, note=note, extra=extra))
+            log(f"  decode bs={bs:3d} {variant:26s} {med:9.1f} µs"
+                + (f" (replay alone {extra['replay_only_us']:.1f})" if extra else ""))
 
     for variant in variants:
         try:
             skips = _cudagraph_skips()
             if variant == "eager":
-                eager = D.EagerRunner(model)
-                record(variant, {bs: (lambda b=b: eager.forward(b)) for bs, b in batches.items()})
-            elif variant in ("labkit_graph", "labkit_graph_compiled"):
+                eager = D.EagerRunner(model, attention)
+                record(variant, {bs: (lambda b=b: eager.forward(b)) for bs, b in batches.items()},
+                       cfg_extra={"attention": eager.attn.name})
+            elif variant in ("labkit_graph", "labkit_graph_torch_attn", "labkit_graph_compiled"):
                 compiled = variant == "labkit_graph_compiled"
                 if compiled and not on_gpu:
                     raise SuiteSkip("compiling before capture is measured on a GPU only")
+                attn = attention if variant == "labkit_graph" else "torch_native"
                 runner = _runner(D, model, B, batch_sizes,
                                  compile_bs=max(batch_sizes) if compiled else 0,
-                                 compile_mode=compile_mode if compiled else None)
+                                 compile_mode=compile_mode if compiled else None,
+                                 attention=attn)
 
                 def full_path(b, runner=runner):
                     b.metadata_ready = False       # time the full path, not the fast path
                     return runner.forward(b)
 
+                cfg_extra = {"attention": runner.attn.name}
+                if compiled:
+                    cfg_extra["compile_mode"] = compile_mode
                 record(variant, {bs: (lambda b=b: full_path(b)) for bs, b in batches.items()},
-                       cfg_extra={"compile_mode": compile_mode} if compiled else None)
+                       cfg_extra=cfg_extra,
+                       replays={bs: runner.backend.graphs[bs].replay for bs in batch_sizes})
                 runner.backend.cleanup()
             elif variant == "compile_reduce_overhead":
                 if not on_gpu:
@@ -143,7 +166,7 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
                     f()
                 if _cudagraph_skips() > skips:
                     note = "torch skipped cudagraphs (see its log): compiled without graphs"
-                record(variant, fns, note=note)
+                record(variant, fns, note=note, cfg_extra={"attention": "torch_native"})
             else:
                 raise ValueError(f"unknown decode variant {variant!r}")
         except SuiteSkip as why:

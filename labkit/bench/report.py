@@ -36,7 +36,8 @@ REQUIRED_KEYS = ("suite", "config_name", "config", "batch_size", "variant", "med
 SUITE_ORDER = ("launch", "decode", "train", "capture")
 VARIANT_ORDER = {
     "launch": ("eager", "graph"),
-    "decode": ("eager", "labkit_graph", "labkit_graph_compiled", "compile_reduce_overhead"),
+    "decode": ("eager", "labkit_graph", "labkit_graph_torch_attn", "labkit_graph_compiled",
+               "compile_reduce_overhead"),
     "train": ("eager", "labkit_bridge", "torch_make_graphed_callables", "labkit_full_step",
               "compile_reduce_overhead"),
     "capture": ("separate_pools", "shared_pool"),
@@ -49,7 +50,10 @@ SUITE_TEXT = {
     "decode": (
         "Decode step of an 8-layer, d=512, 8-head fp16 GPT (`labkit.decode`) at batch sizes "
         "1, 8, 64: eager; `labkit_graph` = `DecodeGraphRunner` (pad to bucket, fill static "
-        "buffers, replay, slice); `labkit_graph_compiled` = the same runner with the model "
+        "buffers, replay, slice), attention by the Triton decode kernel that reads keys "
+        "through the page table (eager uses it too); `labkit_graph_torch_attn` = the same "
+        "runner with stock torch attention (gather + SDPA); `labkit_graph_compiled` = that "
+        "runner with the model "
         "compiled (no cudagraphs) before capture (SGLang's `compile_bs`); "
         "`compile_reduce_overhead` = `torch.compile(mode=\"reduce-overhead\")` on the eager "
         "path. Lesson 06."),

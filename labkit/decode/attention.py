@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DecodeMetadata", "TorchNativeAttnBackend"]
+__all__ = ["DecodeMetadata", "TorchNativeAttnBackend", "ATTENTION_BACKENDS", "make_attn_backend"]
 
 
 @dataclass
@@ -63,6 +63,8 @@ def _expand_kv(x: torch.Tensor, n_head: int, dim: int) -> torch.Tensor:
 
 
 class TorchNativeAttnBackend:
+    name = "torch_native"
+
     def __init__(self, model):
         self.req_to_token = model.req_to_token
         self.max_seq_len = model.args.max_seq_len
@@ -165,9 +167,9 @@ class TorchNativeAttnBackend:
         kv_cache.store(batch.out_cache_loc, k, v, kv=kv)
         if batch.forward_mode.is_extend():
             return self._forward_extend(q, kv_cache, batch)
-        return self._forward_decode(q, kv_cache)
+        return self._forward_decode(q, kv_cache, batch)
 
-    def _forward_decode(self, q, kv_cache) -> torch.Tensor:
+    def _forward_decode(self, q, kv_cache, batch) -> torch.Tensor:
         md = self.forward_metadata
         bs, width = md.page_table.shape
         T, Hq, D = q.shape
@@ -197,3 +199,23 @@ class TorchNativeAttnBackend:
                 qi, keys, vals, attn_mask=mask).transpose(0, 1)
             start += n_new
         return out
+
+
+ATTENTION_BACKENDS = ("torch_native", "triton", "auto")
+
+
+def make_attn_backend(name: str, model) -> TorchNativeAttnBackend:
+    """A fresh attention backend by name (SGLang's ``--attention-backend``).
+
+    ``"torch_native"`` (default everywhere: stock torch ops, runs on the emulator too),
+    ``"triton"`` (:mod:`labkit.decode.triton_attention`: decode attention reads keys
+    through the page table, no gather; CUDA only) or ``"auto"`` (triton where it can run,
+    else torch_native)."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}: choose one of "
+                         f"{', '.join(ATTENTION_BACKENDS)}")
+    if name != "torch_native":
+        from .triton_attention import TritonAttnBackend, triton_available
+        if name == "triton" or triton_available(model.device):
+            return TritonAttnBackend(model)   # raises a clear error where it cannot run
+    return TorchNativeAttnBackend(model)

@@ -36,7 +36,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from .attention import TorchNativeAttnBackend
+from .attention import TorchNativeAttnBackend, make_attn_backend
 from .batch import ForwardBatch, ForwardMode
 from .buckets import make_buckets, pad_to_bucket
 from .buffers import Pad, StaticBuffers
@@ -201,9 +201,11 @@ class BaseGraphRunner:
 class EagerRunner:
     """Run any batch without a graph: the reference, and the fallback."""
 
-    def __init__(self, model, attn_backend: TorchNativeAttnBackend | None = None):
+    def __init__(self, model, attn_backend: TorchNativeAttnBackend | str | None = None):
         self.model = model
-        self.attn = attn_backend or TorchNativeAttnBackend(model)
+        if attn_backend is None or isinstance(attn_backend, str):
+            attn_backend = make_attn_backend(attn_backend or "torch_native", model)
+        self.attn = attn_backend
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -228,13 +230,17 @@ class DecodeGraphRunner(BaseGraphRunner):
                        the first time and a count in ``stats``
     padding_override   e.g. {"positions": "head_only"}: change a buffer's policy (demos)
     compile_bs         buckets <= this run through torch.compile before capture (GPU)
+    attention          "torch_native" (default), "triton" (CUDA: decode attention
+                       through the page table, no gather) or "auto"; see
+                       :func:`~labkit.decode.attention.make_attn_backend`
     """
 
     def __init__(self, model, B, max_bs: int | None = None,
                  buckets: str | Iterable[int] | None = "sglang", disable_padding: bool = False,
                  num_tokens_per_bs: int = 1, forward_mode: ForwardMode | None = None,
                  fallback: str = "error", padding_override: dict | None = None,
-                 num_warmups: int = 2, compile_bs: int = 0, progress: bool = True):
+                 num_warmups: int = 2, compile_bs: int = 0, progress: bool = True,
+                 attention: str = "torch_native"):
         if fallback not in ("error", "eager"):
             raise ValueError(f"fallback must be 'error' or 'eager', got {fallback!r}")
         if model.device.type != torch.device(B.device).type:
@@ -254,10 +260,13 @@ class DecodeGraphRunner(BaseGraphRunner):
         self.fallback = fallback
         self.padding_override = dict(padding_override or {})
         self.compile_bs = compile_bs
-        self.attn = TorchNativeAttnBackend(model)
+        self.attn = make_attn_backend(attention, model)
+        if compile_bs and self.attn.name != "torch_native":
+            raise ValueError(f"compile_bs needs attention='torch_native' (the {self.attn.name} "
+                             "kernel is not traced by torch.compile here)")
         self.attn.init_cuda_graph_state(max_bs, max_bs * num_tokens_per_bs)
         self.buffers = StaticBuffers(max_bs, num_tokens_per_bs, device=model.device)
-        self.eager = EagerRunner(model, TorchNativeAttnBackend(model))
+        self.eager = EagerRunner(model, make_attn_backend(self.attn.name, model))
         self.stats = {"graph": 0, "fast_path": 0, "eager": 0, "eager_fallback": 0}
         self._warned_fallback = False
         self._loaded: tuple | None = None  # (batch, raw_bs, padded_bs) now in the buffers

@@ -1,0 +1,220 @@
+"""Decode attention as one Triton kernel that reads keys *through* the page table.
+
+Why this exists: :class:`~labkit.decode.attention.TorchNativeAttnBackend` gathers every
+request's keys and values into a dense ``(bs, W, 2, H, D)`` tensor (one ``index_select``)
+so that SDPA can read them. That copy is the price of using stock kernels: at ``bs=64``,
+``W=256`` (8 KV heads of 64, fp16) it writes and reads 33 MB per layer, more memory
+traffic than the attention itself, and it is one more kernel per layer. SGLang's triton
+backend (``python/sglang/srt/layers/attention/triton_ops/decode_attention.py``) reads the
+pool through the page table instead; this module is that idea at its smallest.
+
+One program per (request, query head, slice of the keys): load the query, walk the
+slice's keys in blocks of ``BLOCK_N`` (locations from ``page_table``), and keep an online
+softmax (running max, running sum, rescaled accumulator) in fp32. With one slice the
+program writes the output; with several (small batches, see :func:`num_kv_splits`) each
+writes a partial result and its log-sum-exp, and a second kernel merges them
+(flash-decoding, SGLang's stage 1 / stage 2). The result is SDPA's up to rounding.
+
+What a CUDA graph needs from it, and gets:
+
+* **static shapes.** The grid is ``(bs, heads)``: the bucket size alone. The loop bound
+  ``seq_len`` is *read on the device* from the static ``seq_lens`` buffer, so a replay
+  with other lengths walks other lengths, no host value involved. That is also why no
+  key mask has to be built in the graph: the kernel stops at ``seq_len``.
+* **no first-time work in capture.** Triton compiles a kernel on its first call (a
+  second or so); the runner's warm-ups make that call before capture.
+
+Limits, on purpose: decode only (one query token per request) and CUDA only. Verify
+blocks (several tokens per request), prefill, CPUs and ``torch.compile`` use the torch
+path. ``triton_available()`` says whether this machine can run it.
+
+Warning: the kernel trusts ``seq_lens`` and ``page_table``. A stale padded row with a
+huge ``seq_len`` reads past its page-table row: on a GPU an illegal memory access. The
+runner's padding policy (``seq_lens`` filled with a sentinel) is what prevents it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .attention import DecodeMetadata, TorchNativeAttnBackend
+
+__all__ = ["triton_available", "decode_attention", "num_kv_splits", "TritonAttnBackend"]
+
+try:  # triton comes with CUDA builds of torch; CPU wheels have none
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+
+def triton_available(device=None) -> bool:
+    """True when Triton is importable and ``device`` (default: CUDA if any) is a GPU."""
+    if triton is None or not torch.cuda.is_available():
+        return False
+    return device is None or torch.device(device).type == "cuda"
+
+
+if triton is not None:
+
+    @triton.jit
+    def _decode_kernel(Q, KV, PageTable, SeqLens, Out, Lse, sm_scale,
+                       stride_qt, stride_qh, stride_kvl, stride_kvs, stride_kvh,
+                       stride_pt, stride_ot, stride_oh, stride_os,
+                       GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                       NUM_SPLITS: tl.constexpr):
+        b = tl.program_id(0)                    # request (row of the bucket)
+        h = tl.program_id(1)                    # query head
+        split = tl.program_id(2)                # which slice of the keys (flash-decoding)
+        kv_h = h // GROUP                       # its KV head (grouped-query attention)
+        seq_len = tl.load(SeqLens + b)          # read on the device: no host value
+        chunk = tl.cdiv(seq_len, NUM_SPLITS)
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, seq_len)
+        offs_d = tl.arange(0, HEAD_DIM)
+        q = tl.load(Q + b * stride_qt + h * stride_qh + offs_d).to(tl.float32)
+        m_i = tl.zeros([], dtype=tl.float32) - float("inf")   # running max
+        l_i = tl.zeros([], dtype=tl.float32)                   # running sum of exp
+        acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            valid = offs_n < hi
+            loc = tl.load(PageTable + b * stride_pt + offs_n, mask=valid, other=0)
+            k_ptr = KV + loc[:, None] * stride_kvl + kv_h * stride_kvh + offs_d[None, :]
+            k = tl.load(k_ptr, mask=valid[:, None], other=0.0).to(tl.float32)
+            v = tl.load(k_ptr + stride_kvs, mask=valid[:, None], other=0.0).to(tl.float32)
+            s = tl.sum(q[None, :] * k, 1) * sm_scale
+            s = tl.where(valid, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            alpha = tl.exp(m_i - m_new)         # rescale what was summed so far
+            p = tl.exp(s - m_new)
+            acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+            l_i = l_i * alpha + tl.sum(p, 0)
+            m_i = m_new
+        out_ptr = Out + b * stride_ot + h * stride_oh + split * stride_os + offs_d
+        if NUM_SPLITS == 1:
+            tl.store(out_ptr, (acc / l_i).to(Out.dtype.element_ty))
+        else:                                   # a partial result and its log-sum-exp
+            empty = l_i == 0.0                  # a slice past the end of a short request
+            tl.store(out_ptr, tl.where(empty, 0.0, acc / l_i))
+            tl.store(Lse + (b * tl.num_programs(1) + h) * NUM_SPLITS + split,
+                     tl.where(empty, float("-inf"), m_i + tl.log(l_i)))
+
+    @triton.jit
+    def _combine_kernel(Part, Lse, Out, stride_pt, stride_ph, stride_ps, stride_ot, stride_oh,
+                        HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        offs_s = tl.arange(0, NUM_SPLITS)
+        offs_d = tl.arange(0, HEAD_DIM)
+        lse = tl.load(Lse + (b * tl.num_programs(1) + h) * NUM_SPLITS + offs_s)
+        w = tl.exp(lse - tl.max(lse, 0))        # each slice's share of the softmax mass
+        part = tl.load(Part + b * stride_pt + h * stride_ph + offs_s[:, None] * stride_ps
+                       + offs_d[None, :])
+        out = tl.sum(w[:, None] * part, 0) / tl.sum(w, 0)
+        tl.store(Out + b * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+
+
+def num_kv_splits(bs: int, n_head: int, max_seq_len: int, block_n: int = 64,
+                  target_programs: int = 256) -> int:
+    """How many slices to cut each request's keys into (a power of two, static per bucket).
+
+    One program per (request, head) is plenty at bs=64 (512 programs), but at bs=1 only
+    ``n_head`` programs walk up to ``max_seq_len`` keys one block after another while the
+    rest of the GPU idles. Flash-decoding cuts the keys into slices, one program each, and
+    a second small kernel merges the partial softmaxes. Depends on the bucket size and the
+    model only, never on the step's lengths, so eager and graphed runs split alike."""
+    splits = 1
+    while bs * n_head * splits < target_programs and splits * 2 * block_n <= max_seq_len:
+        splits *= 2
+    return splits
+
+
+def decode_attention(q: torch.Tensor, kv_pool: torch.Tensor, page_table: torch.Tensor,
+                     seq_lens: torch.Tensor, num_splits: int = 1,
+                     block_n: int = 64) -> torch.Tensor:
+    """Attention of one new token per request over that request's cached keys.
+
+    q           (bs, Hq, D), any strides with a unit last one (a view of ``wqkv``'s output)
+    kv_pool     (num_locs, 2, Hkv, D): the layer's pool, keys and values side by side
+    page_table  (bs, W) int: pool locations of each request's keys 0..W-1
+    seq_lens    (bs,) int: how many keys each request attends to (``<= W``)
+    num_splits  slices of the keys per request (see :func:`num_kv_splits`); more than one
+                adds a second kernel that merges them
+
+    Returns (bs, Hq, D) in ``q``'s dtype. Every shape depends on ``bs`` only.
+    """
+    if triton is None:
+        raise RuntimeError("decode_attention needs Triton (a CUDA build of torch); "
+                           "use TorchNativeAttnBackend on this machine")
+    bs, hq, d = q.shape
+    hkv = kv_pool.size(2)
+    if q.stride(-1) != 1 or kv_pool.stride(-1) != 1 or page_table.stride(-1) != 1:
+        raise ValueError("decode_attention needs unit stride in the last dimension")
+    if d & (d - 1) or num_splits & (num_splits - 1):
+        raise ValueError(f"head_dim ({d}) and num_splits ({num_splits}) must be powers of two")
+    out = torch.empty((bs, hq, d), dtype=q.dtype, device=q.device)
+    common = dict(GROUP=hq // hkv, HEAD_DIM=d, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+                  num_warps=4)
+    strides = (q.stride(0), q.stride(1), kv_pool.stride(0), kv_pool.stride(1),
+               kv_pool.stride(2), page_table.stride(0))
+    scale = 1.0 / math.sqrt(d)
+    if num_splits == 1:
+        _decode_kernel[(bs, hq, 1)](q, kv_pool, page_table, seq_lens, out, out, scale,
+                                    *strides, out.stride(0), out.stride(1), 0, **common)
+        return out
+    part = torch.empty((bs, hq, num_splits, d), dtype=torch.float32, device=q.device)
+    lse = torch.empty((bs, hq, num_splits), dtype=torch.float32, device=q.device)
+    _decode_kernel[(bs, hq, num_splits)](q, kv_pool, page_table, seq_lens, part, lse, scale,
+                                         *strides, part.stride(0), part.stride(1),
+                                         part.stride(2), **common)
+    _combine_kernel[(bs, hq)](part, lse, out, part.stride(0), part.stride(1), part.stride(2),
+                              out.stride(0), out.stride(1), HEAD_DIM=d,
+                              NUM_SPLITS=num_splits, num_warps=1)
+    return out
+
+
+class TritonAttnBackend(TorchNativeAttnBackend):
+    """:class:`TorchNativeAttnBackend` with decode attention done by :func:`decode_attention`.
+
+    The metadata split stays the same: the page table is still prepared **out of graph**
+    (its width changes every step). **In graph** there is nothing left to prepare for a
+    decode batch: the kernel reads ``seq_lens`` itself, so no key mask is built. Verify
+    blocks (several tokens per request) and prefill take the inherited torch path.
+    """
+
+    name = "triton"
+
+    def __init__(self, model):
+        if not triton_available(model.device):
+            raise RuntimeError(
+                f"the triton attention backend needs Triton and a CUDA device (model is on "
+                f"{model.device}, triton {'found' if triton else 'not installed'}): use "
+                "attention='torch_native'")
+        super().__init__(model)
+
+    def init_forward_metadata(self, batch) -> None:
+        if batch.forward_mode.is_extend() or batch.num_tokens_per_bs != 1:
+            return super().init_forward_metadata(batch)
+        width = max(batch.seq_lens_cpu)
+        page_table = self.req_to_token[:, :width].index_select(0, batch.req_pool_indices)
+        self.forward_metadata = DecodeMetadata(page_table, kv_mask=None)
+
+    def init_forward_metadata_in_graph(self, batch) -> None:
+        md = self.forward_metadata
+        if md.kv_mask.size(1) != 1:          # a verify block: masks as before
+            return super().init_forward_metadata_in_graph(batch)
+        md.attn_bias = None                  # decode: the kernel stops at seq_len itself
+
+    def _forward_decode(self, q, kv_cache, batch) -> torch.Tensor:
+        md = self.forward_metadata
+        if q.size(0) != md.page_table.size(0):           # several tokens per request
+            return super()._forward_decode(q, kv_cache, batch)
+        if torch.compiler.is_compiling():
+            raise RuntimeError("TritonAttnBackend does not run under torch.compile: "
+                               "compile with attention='torch_native'")
+        bs, hq = q.shape[:2]
+        splits = num_kv_splits(bs, hq, self.max_seq_len)
+        return decode_attention(q, kv_cache.kv, md.page_table, batch.seq_lens, splits)
