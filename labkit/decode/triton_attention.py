@@ -124,8 +124,10 @@ def num_kv_splits(bs: int, n_head: int, max_seq_len: int, block_n: int = 64,
     One program per (request, head) is plenty at bs=64 (512 programs), but at bs=1 only
     ``n_head`` programs walk up to ``max_seq_len`` keys one block after another while the
     rest of the GPU idles. Flash-decoding cuts the keys into slices, one program each, and
-    a second small kernel merges the partial softmaxes. Depends on the bucket size and the
-    model only, never on the step's lengths, so eager and graphed runs split alike."""
+    a second small kernel merges the partial softmaxes. Depends on the batch size and the
+    model only, never on the step's lengths: a captured grid cannot follow the data.
+    (A padded bucket may split differently from its raw batch run eagerly: the same
+    result up to rounding.)"""
     splits = 1
     while bs * n_head * splits < target_programs and splits * 2 * block_n <= max_seq_len:
         splits *= 2
@@ -134,7 +136,7 @@ def num_kv_splits(bs: int, n_head: int, max_seq_len: int, block_n: int = 64,
 
 def decode_attention(q: torch.Tensor, kv_pool: torch.Tensor, page_table: torch.Tensor,
                      seq_lens: torch.Tensor, num_splits: int = 1,
-                     block_n: int = 64) -> torch.Tensor:
+                     block_n: int | None = None) -> torch.Tensor:
     """Attention of one new token per request over that request's cached keys.
 
     q           (bs, Hq, D), any strides with a unit last one (a view of ``wqkv``'s output)
@@ -143,6 +145,8 @@ def decode_attention(q: torch.Tensor, kv_pool: torch.Tensor, page_table: torch.T
     seq_lens    (bs,) int: how many keys each request attends to (``<= W``)
     num_splits  slices of the keys per request (see :func:`num_kv_splits`); more than one
                 adds a second kernel that merges them
+    block_n     keys per loop step (default: 128 unsplit, 64 split; measured on an H200,
+                8 heads of 64, 256 keys: 8.5 µs at bs=64 with 128 vs 13.8 µs with 64)
 
     Returns (bs, Hq, D) in ``q``'s dtype. Every shape depends on ``bs`` only.
     """
@@ -155,6 +159,8 @@ def decode_attention(q: torch.Tensor, kv_pool: torch.Tensor, page_table: torch.T
         raise ValueError("decode_attention needs unit stride in the last dimension")
     if d & (d - 1) or num_splits & (num_splits - 1):
         raise ValueError(f"head_dim ({d}) and num_splits ({num_splits}) must be powers of two")
+    if block_n is None:
+        block_n = 128 if num_splits == 1 else 64
     out = torch.empty((bs, hq, d), dtype=q.dtype, device=q.device)
     common = dict(GROUP=hq // hkv, HEAD_DIM=d, BLOCK_N=block_n, NUM_SPLITS=num_splits,
                   num_warps=4)
