@@ -156,15 +156,3 @@ def test_suites_run_on_the_emulator():
     assert "GPU" in got[("decode", "compile_reduce_overhead")]["note"]
     shared, separate = got[("capture", "shared_pool")], got[("capture", "separate_pools")]
     assert shared["extra"]["reserved_MiB"] < separate["extra"]["reserved_MiB"]
-
-
-def test_measure_interleaved_takes_one_sample_of_each_in_turn():
-    from labkit.bench.timing import measure_interleaved_us
-    E = backend.get("emulated")
-    calls = []
-    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
-    med = measure_interleaved_us(fns, E, warmup=2, repeats=3)
-    assert set(med) == {"a", "b"} and all(v >= 0 for v in med.values())
-    assert calls == ["a", "a", "b", "b"] + ["a", "b"] * 3, "warm-up each, then round-robin"
-    with pytest.raises(ValueError):
-        measure_interleaved_us(fns, E, repeats=0)

@@ -15,11 +15,6 @@ Why each choice:
   switch, a clock change) without rewarding a lucky one.
 * **``inner`` calls per sample** for very short functions, so the events' own cost
   (a few µs) does not dominate; the sample is divided by ``inner``.
-* **interleaved samples** when variants are compared (``measure_interleaved_us``): one
-  sample of each variant in turn, round after round. A host-bound step (eager, per-layer
-  graphs) speeds up and slows down with the host (clock, other load); measured one
-  variant after the other, that drift lands on whichever ran in the slow minute and can
-  flip a 10% comparison. Interleaved, every variant sees the same drift.
 
 ``gpu_busy_us`` answers a different question: how long the GPU actually computed during
 one call, the sum of the durations of every kernel (and memcpy/memset) that
@@ -41,8 +36,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["measure_us", "measure_interleaved_us", "gpu_busy_us", "device_name",
-           "GPU_EVENT_CATEGORIES"]
+__all__ = ["measure_us", "gpu_busy_us", "device_name", "GPU_EVENT_CATEGORIES"]
 
 GPU_EVENT_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -70,32 +64,6 @@ def measure_us(fn: Callable[[], Any], B, warmup: int = 5, repeats: int = 30,
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / inner)   # ms -> µs
     return statistics.median(samples)
-
-
-def measure_interleaved_us(fns: dict[str, Callable[[], Any]], B, warmup: int = 5,
-                           repeats: int = 30) -> dict[str, float]:
-    """Median time of one call of each function in ``fns``, in µs, sampled round-robin.
-
-    Each round takes one sample of every function (synchronize, event, call, event, wait),
-    in the order given; ``repeats`` rounds. Same per-sample procedure as
-    :func:`measure_us`, so the numbers are comparable to it."""
-    if repeats < 1:
-        raise ValueError("repeats must be >= 1")
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    B.synchronize()
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            B.synchronize()
-            start, end = B.Event(enable_timing=True), B.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end) * 1e3)
-    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def gpu_busy_us(fn: Callable[[], Any], B, warmup: int = 2) -> float | None:

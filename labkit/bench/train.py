@@ -20,9 +20,7 @@ The model is ``labkit.full_step``'s ``"bench"`` LM: 6 pre-norm transformer layer
 
 Every variant starts from the same seeded weights and cycles through the same random
 batches; each timed call is one full step (for the graph variants: copying the batch
-into the static buffers included). All variants are built and warmed up first, then
-timed interleaved, one step of each in turn (the per-layer variants are host-bound, and
-host speed drifts: measured one after the other, a 10% comparison could flip).
+into the static buffers included).
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ import torch
 
 from labkit import full_step as FS
 from labkit.bench import SuiteSkip, make_row, skipped_row
-from labkit.bench.timing import gpu_busy_us, measure_interleaved_us, measure_us
+from labkit.bench.timing import gpu_busy_us, measure_us
 
 VARIANTS = ("eager", "labkit_bridge", "torch_make_graphed_callables", "labkit_full_step",
             "compile_reduce_overhead")
@@ -97,9 +95,6 @@ def _cudagraph_skips() -> int:
 
 def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
         variants=VARIANTS) -> list[dict]:
-    """Build every variant, then time them interleaved (one step of each in turn, see
-    :func:`~labkit.bench.timing.measure_interleaved_us`), then profile each for
-    ``gpu_busy_us``. A variant that cannot be built becomes a row with a note."""
     if cfg is None:
         cfg = "bench" if B.name == "cuda" else "tiny"
     name = cfg if isinstance(cfg, str) else "custom"
@@ -108,61 +103,37 @@ def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
     repeats, warmup = (8, 4) if quick else (30, 6)
     gen = torch.Generator().manual_seed(0)
     batches = [FS.random_microbatches(cfg, gen, device=B.device) for _ in range(4)]
-    rows: dict[str, dict] = {}
-    steps = {}
-
-    def failed(variant, e):
-        first = (str(e).splitlines() or [""])[0][:200]
-        rows[variant] = skipped_row(B, "train", name, config, cfg.micro_batch, variant,
-                                    f"{type(e).__name__}: {first}")
-        steps.pop(variant, None)
-        log(f"  train {variant:30s} FAILED: {type(e).__name__}: {first}")
-
-    skips = _cudagraph_skips()
+    rows = []
     for variant in variants:
         try:
+            skips = _cudagraph_skips()
             trainer = build(variant, cfg, B)
             cycle = itertools.cycle(batches)
 
             def step(trainer=trainer, cycle=cycle):
                 return trainer.step(next(cycle))
 
-            for _ in range(warmup):      # warm-up, capture, compile: before any timing
-                step()
-            steps[variant] = step
+            med = measure_us(step, B, warmup=warmup, repeats=repeats)
+            busy = gpu_busy_us(step, B)
+            note = None
+            if variant == "compile_reduce_overhead" and _cudagraph_skips() > skips:
+                note = "torch skipped cudagraphs for part of the model (see its log)"
+            rows.append(make_row(B, "train", name, config, cfg.micro_batch, variant, med,
+                                 busy, note=note))
+            log(f"  train {variant:30s} {med / 1e3:9.3f} ms")
         except SuiteSkip as why:
-            rows[variant] = skipped_row(B, "train", name, config, cfg.micro_batch, variant,
-                                        str(why))
+            rows.append(skipped_row(B, "train", name, config, cfg.micro_batch, variant,
+                                    str(why)))
             log(f"  train {variant:30s} skipped: {why}")
         except Exception as e:  # one broken variant must not lose the others' numbers
-            failed(variant, e)
-    compile_note = None
-    if "compile_reduce_overhead" in steps and _cudagraph_skips() > skips:
-        compile_note = "torch skipped cudagraphs for part of the model (see its log)"
-    try:
-        medians = measure_interleaved_us(steps, B, warmup=1, repeats=repeats)
-    except Exception as e:      # fall back to one variant at a time, to find the culprit
-        log(f"  train: interleaved timing failed ({type(e).__name__}: {e}); one at a time")
-        medians = {}
-        for variant, step in list(steps.items()):
-            try:
-                medians[variant] = measure_us(step, B, warmup=1, repeats=repeats)
-            except Exception as e2:
-                failed(variant, e2)
-    for variant, step in list(steps.items()):
-        try:
-            busy = gpu_busy_us(step, B)
-        except Exception as e:
-            failed(variant, e)
-            continue
-        med = medians[variant]
-        rows[variant] = make_row(B, "train", name, config, cfg.micro_batch, variant, med, busy,
-                                 note=compile_note if variant == "compile_reduce_overhead"
-                                 else None, extra={"timing": "interleaved"})
-        log(f"  train {variant:30s} {med / 1e3:9.3f} ms")
-    steps.clear()
-    gc.collect()
-    if B.name == "cuda":
-        torch._dynamo.reset()
-        torch.cuda.empty_cache()
-    return [rows[v] for v in variants if v in rows]
+            first = (str(e).splitlines() or [""])[0][:200]
+            rows.append(skipped_row(B, "train", name, config, cfg.micro_batch, variant,
+                                    f"{type(e).__name__}: {first}"))
+            log(f"  train {variant:30s} FAILED: {type(e).__name__}: {first}")
+        finally:
+            trainer = step = None
+            gc.collect()
+            if B.name == "cuda":
+                torch._dynamo.reset()
+                torch.cuda.empty_cache()
+    return rows
