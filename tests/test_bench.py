@@ -150,9 +150,12 @@ def test_suites_run_on_the_emulator():
     for key in [("launch", "eager"), ("launch", "graph"), ("capture", "shared_pool"),
                 ("capture", "separate_pools"), ("train", "eager"),
                 ("train", "torch_make_graphed_callables"), ("train", "labkit_full_step"),
-                ("decode", "eager"), ("decode", "labkit_graph")]:
+                ("decode", "eager"), ("decode", "labkit_graph"),
+                ("capture", "decode_runner_torch_native")]:
         assert got[key]["median_us"] > 0, (key, got[key].get("note"))
     assert got[("train", "compile_reduce_overhead")]["median_us"] is None
     assert "GPU" in got[("decode", "compile_reduce_overhead")]["note"]
     shared, separate = got[("capture", "shared_pool")], got[("capture", "separate_pools")]
     assert shared["extra"]["reserved_MiB"] < separate["extra"]["reserved_MiB"]
+    runner = got[("capture", "decode_runner_torch_native")]
+    assert runner["batch_size"] == 4 and runner["extra"]["graphs"] == 3   # buckets 1, 2, 4

@@ -12,6 +12,11 @@ one graph each, as a chain: graph *i* reads graph *i-1*'s static output. Two way
 ``median_us`` is the median host time of one capture (``with B.graph(...)`` including
 its synchronizations); ``extra`` has the pool memory after all six captures
 (``reserved_MiB``: what the pool holds on the device, ``allocated_MiB``: live blocks).
+
+Then lesson 06's decode runner at serving scale: every SGLang bucket of ``max_bs=256``
+(36 graphs) for the decode suite's model, captured largest first into one pool, once per
+attention backend (``decode_runner_<attention>``). ``median_us`` is then the median time
+per bucket (two warm-ups + capture), ``extra`` the totals: graphs, seconds, pool memory.
 """
 
 from __future__ import annotations
@@ -61,8 +66,40 @@ def _capture_chain(B, layers, x, shared: bool) -> tuple[list[float], dict, list]
     return times, mem, keep
 
 
+def _decode_buckets(B, max_bs: int, model_args: dict, log) -> list[dict]:
+    """Capture every default bucket up to ``max_bs`` with ``DecodeGraphRunner``."""
+    from labkit import decode as D
+    from labkit.decode.triton_attention import triton_available
+    args = D.ModelArgs(**model_args)
+    attentions = ["torch_native"] + (["triton"] if triton_available(B.device) else [])
+    name = f"gpt_{args.n_layer}L_d{args.dim}"
+    rows = []
+    for attention in attentions:
+        model = D.build_model(args, max_requests=max_bs, device=B.device)
+        runner = D.DecodeGraphRunner(model, B, max_bs=max_bs, attention=attention,
+                                     progress=False)
+        runner.capture()
+        rep = runner.capture_report()
+        med = statistics.median(r["seconds"] for r in runner.capture_log) * 1e6
+        config = {**model_args, "dtype": str(model.output.weight.dtype).replace("torch.", ""),
+                  "buckets": "sglang", "graph": "decode step, one per bucket"}
+        extra = {"graphs": rep["graphs"], "capture_seconds": round(rep["capture_seconds"], 3),
+                 "reserved_MiB": round(rep["pool_reserved_bytes"] / 2**20, 2),
+                 "allocated_MiB": round(rep["pool_allocated_bytes"] / 2**20, 2)}
+        rows.append(make_row(B, "capture", name, config, max_bs, f"decode_runner_{attention}",
+                             med, extra=extra))
+        log(f"  capture max_bs={max_bs} decode_runner_{attention}: {rep['graphs']} graphs in "
+            f"{rep['capture_seconds']:.2f} s, pool reserved {extra['reserved_MiB']:.1f} MiB")
+        runner.backend.cleanup()
+        del runner, model
+        gc.collect()
+        if B.name == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
 def run(B, quick: bool = False, log=print, batch_sizes=None, d_model: int = D_MODEL,
-        n_layers: int = N_LAYERS, seq: int = SEQ) -> list[dict]:
+        n_layers: int = N_LAYERS, seq: int = SEQ, decode_max_bs: int | None = None) -> list[dict]:
     on_gpu = B.name == "cuda"
     dtype = torch.float16 if on_gpu else torch.float32
     if batch_sizes is None:
@@ -85,4 +122,9 @@ def run(B, quick: bool = False, log=print, batch_sizes=None, d_model: int = D_MO
             gc.collect()
             if on_gpu:
                 torch.cuda.empty_cache()
+    from labkit.bench import decode as decode_suite
+    if decode_max_bs is None:
+        decode_max_bs = 256 if on_gpu and not quick else 4
+    model_args = decode_suite.MODEL if on_gpu else decode_suite.CPU_MODEL
+    rows += _decode_buckets(B, decode_max_bs, model_args, log)
     return rows

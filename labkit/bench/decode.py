@@ -43,6 +43,7 @@ from labkit.bench.timing import gpu_busy_us, measure_us
 VARIANTS = ("eager", "labkit_graph", "labkit_graph_torch_attn", "labkit_graph_compiled",
             "compile_reduce_overhead")
 MODEL = dict(vocab_size=1024, n_layer=8, n_head=8, n_local_heads=8, dim=512, max_seq_len=256)
+CPU_MODEL = dict(vocab_size=128, n_layer=2, n_head=4, n_local_heads=4, dim=64, max_seq_len=64)
 
 
 def _cudagraph_skips() -> int:
@@ -92,8 +93,7 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
                 for v in variants]
     on_gpu = B.name == "cuda"
     if model_args is None:
-        model_args = MODEL if on_gpu else dict(vocab_size=128, n_layer=2, n_head=4,
-                                               n_local_heads=4, dim=64, max_seq_len=64)
+        model_args = MODEL if on_gpu else CPU_MODEL
     if batch_sizes is None:
         batch_sizes = (1, 8, 64) if on_gpu else (1, 4)
     args = D.ModelArgs(**model_args)

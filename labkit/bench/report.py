@@ -40,7 +40,8 @@ VARIANT_ORDER = {
                "compile_reduce_overhead"),
     "train": ("eager", "labkit_bridge", "torch_make_graphed_callables", "labkit_full_step",
               "compile_reduce_overhead"),
-    "capture": ("separate_pools", "shared_pool"),
+    "capture": ("separate_pools", "shared_pool", "decode_runner_torch_native",
+                "decode_runner_triton"),
 }
 
 SUITE_TEXT = {
@@ -68,7 +69,11 @@ SUITE_TEXT = {
     "capture": (
         "Capturing N graphs one after another (the forward of each of 6 transformer layers, "
         "fp16, batch × 64 tokens): `median_us` = capture time per graph; `extra` = pool "
-        "memory after all captures, one shared pool vs a private pool per graph. Lesson 05."),
+        "memory after all captures, one shared pool vs a private pool per graph. Lesson 05. "
+        "`decode_runner_*`: every SGLang bucket of max_bs=256 (batch column) for the decode "
+        "model, captured largest first into one pool by `DecodeGraphRunner` with each "
+        "attention backend; `median_us` = time per bucket (2 warm-ups + capture), `extra` = "
+        "graphs, total seconds, pool memory. Lesson 06."),
 }
 
 TARGETS = {
