@@ -67,6 +67,9 @@ def _torch_facts(info: dict, advice: list[str]) -> None:
     else:
         info["torch_build"] = "CPU only"
 
+    # Triton ships with CUDA builds of torch (as "triton" or "pytorch-triton"); lesson 06's
+    # attention="triton" backend needs it, everything else runs without it.
+    info["triton"] = _version("triton") or _version("pytorch-triton")
     try:
         available = bool(torch.cuda.is_available())
     except Exception:  # a driver problem can raise here
@@ -137,6 +140,8 @@ def doctor() -> tuple[str, dict]:
     if info.get("torch"):
         lines.append(_row("torch", f"{info['torch']}  ({info['torch_path']})"))
         lines.append(_row("torch build", info["torch_build"]))
+        lines.append(_row("triton", info["triton"] or "not installed (lesson 06's triton "
+                          "attention backend needs it; the torch_native one runs anywhere)"))
     else:
         lines.append(_row("torch", f"missing  ({info.get('torch_error', '')})"))
     lines.append(_row("CUDA available", "yes" if info["cuda_available"] else "no"))

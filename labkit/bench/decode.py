@@ -16,8 +16,8 @@ values, random tokens, random sequence lengths) at batch sizes 1, 8 and 64. Vari
     the same runner with ``attention="torch_native"``: stock kernels only (gather the
     keys with ``index_select``, then SDPA): the plain recipe.
 ``labkit_graph_compiled``
-    the torch_native runner with ``compile_bs=64``: the model is compiled (no cudagraphs of its
-    own) and the compiled model is captured into the runner's graphs (SGLang's
+    the torch_native runner with ``compile_bs=64``: the model is compiled (no cudagraphs
+    of its own) and the compiled model is captured into the runner's graphs (SGLang's
     ``torch_compile_max_bs``). The runner compiles with
     ``mode="max-autotune-no-cudagraphs"``, whose GEMM autotuning takes minutes; the
     suite asks for ``compile_mode`` (default ``"default"``: fusion, no autotuning)

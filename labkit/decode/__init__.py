@@ -5,7 +5,9 @@ graph runner and a continuous-batching serving loop. One module per idea:
 
     model      ModelArgs, Transformer, build_model   (gpt-fast's shape; KV pool as buffers)
     batch      ForwardMode, ForwardBatch, make_decode_batch, make_extend_batch
-    attention  TorchNativeAttnBackend                 (metadata: out of graph / in graph)
+    attention  TorchNativeAttnBackend, make_attn_backend  (metadata: out of graph / in graph)
+    triton_attention  TritonAttnBackend, decode_attention (GPU: keys read through the page
+                      table; imported on demand, it needs Triton)
     buckets    default_buckets, pad_to_bucket, explore_buckets
     buffers    StaticBuffers, Pad                     (per-buffer padding policy)
     runner     DecodeGraphRunner, EagerRunner, demo_stale_tail
@@ -22,7 +24,7 @@ graph runner and a continuous-batching serving loop. One module per idea:
     assert eager.tokens == graphed.tokens
 """
 
-from .attention import DecodeMetadata, TorchNativeAttnBackend
+from .attention import ATTENTION_BACKENDS, DecodeMetadata, TorchNativeAttnBackend, make_attn_backend
 from .batch import ForwardBatch, ForwardMode, make_decode_batch, make_extend_batch
 from .buckets import (
                       BatchTooLargeError,
@@ -45,7 +47,7 @@ from .runner import (
 from .serving import Request, ServeResult, serve, synthetic_workload
 
 __all__ = [
-    "DecodeMetadata", "TorchNativeAttnBackend",
+    "ATTENTION_BACKENDS", "DecodeMetadata", "TorchNativeAttnBackend", "make_attn_backend",
     "ForwardBatch", "ForwardMode", "make_decode_batch", "make_extend_batch",
     "BatchTooLargeError", "BucketReport", "default_buckets", "explore_buckets", "make_buckets",
     "pad_to_bucket", "pow2_buckets",
