@@ -626,6 +626,14 @@ class FullStepTrainer:
     (``trainer.found_inf.item()``: one sync, outside the graph). With a
     :class:`CapturableAdamW` built with ``skip_if=trainer.found_inf`` (see
     ``skip_nonfinite``) such a step leaves the weights untouched, decided on the device.
+
+    .. warning::
+       Seen on an H200 (torch 2.11), not yet explained: after this trainer has captured,
+       building and running a ``torch.compile(mode="reduce-overhead")`` model *in the same
+       process* made the next replay of the forward-backward graph fail with "an illegal
+       memory access was encountered" (which poisons the CUDA context). The other order
+       (compile first, then this trainer) and every other mix of labkit's and torch's
+       graphs ran fine. Compile first, or keep the two in separate processes.
     """
 
     def __init__(self, model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
