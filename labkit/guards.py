@@ -55,7 +55,7 @@ from labkit.capture import StaticGraph, _same_memory, _static_copy
 
 __all__ = [
     "ArgMetadata", "metadata_tree", "get_mismatch_errors", "GraphArgumentError",
-    "GuardedGraph", "expect_error", "error_lines",
+    "GuardedGraph", "expect_error", "error_lines", "error_text",
     "lint_capture", "LintReport", "Finding", "HAZARDS",
 ]
 
@@ -375,10 +375,10 @@ class GuardedGraph(StaticGraph):
 _EMULATOR_TAG = "[labkit emulator]"
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+def _chain(exc: BaseException, limit: int = 4) -> list[BaseException]:
     """``exc`` and the exceptions it was raised while handling, root cause first."""
     out, seen = [], set()
-    while exc is not None and id(exc) not in seen and len(out) < 4:
+    while exc is not None and id(exc) not in seen and len(out) < limit:
         seen.add(id(exc))
         out.append(exc)
         exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
@@ -400,6 +400,15 @@ def error_lines(exc: BaseException, lines: int = 1, emulator_notes: bool = False
             text = [ln for ln in text if not ln.startswith(_EMULATOR_TAG)]
         out.append("\n".join(text[:lines]) if text else type(e).__name__)
     return out
+
+
+def error_text(exc: BaseException) -> str:
+    """The whole text of every error in ``exc``'s chain, root cause first, one string.
+
+    A failed capture raises twice: the refused operation, then ``capture_end`` reporting
+    the invalidated capture. ``SYNC_MSG in error_text(e)`` asks whether the refusal is
+    anywhere in that chain, whichever error the ``except`` clause caught."""
+    return "\n".join(str(e) for e in _chain(exc, limit=16))
 
 
 class expect_error:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from labkit import backend
+from labkit.guards import error_text
 
 
 def capture(B, fn, pool=None):
@@ -16,14 +17,6 @@ def capture(B, fn, pool=None):
     with B.graph(g, pool=pool):
         out = fn()
     return g, out
-
-
-def error_chain_text(e: BaseException) -> str:
-    parts = []
-    while e is not None:
-        parts.append(str(e))
-        e = e.__context__
-    return "\n".join(parts)
 
 
 # ---- the contract ----------------------------------------------------------------------
@@ -156,14 +149,14 @@ def test_forbidden_during_capture(B, what):
     x = torch.randn(4, device=B.device)
     with pytest.raises(RuntimeError) as info:
         capture(B, lambda: body(x))
-    assert message in error_chain_text(info.value)
+    assert message in error_text(info.value)
     assert_usable(B)                            # the process stays usable
 
 
 def test_synchronize_during_capture(B):
     with pytest.raises(RuntimeError) as info:
         capture(B, B.synchronize)
-    assert SYNC_MSG in error_chain_text(info.value)
+    assert SYNC_MSG in error_text(info.value)
     assert_usable(B)
 
 

@@ -7,16 +7,9 @@ import pytest
 import torch
 
 from labkit import full_step as FS
+from labkit.guards import error_text
 
 SYNC_MSG = "operation not permitted when stream is capturing"
-
-
-def error_chain_text(e: BaseException) -> str:
-    parts = []
-    while e is not None:
-        parts.append(str(e))
-        e = e.__context__
-    return "\n".join(parts)
 
 
 def data_stream(cfg, n, seed=0):
@@ -127,7 +120,7 @@ def test_torch_adamw_without_capturable_is_refused(B):
     with pytest.raises(RuntimeError) as info:         # on the host (.item()) in step()
         with B.graph(B.CUDAGraph()):
             opt.step()
-    text = error_chain_text(info.value)
+    text = error_text(info.value)
     assert "capturable" in text or "capturing" in text
 
 
@@ -143,7 +136,7 @@ def test_nan_check_syncs_and_the_flag_does_not(B):
     with pytest.raises(RuntimeError) as info:
         with B.graph(B.CUDAGraph()):
             with_if()
-    assert SYNC_MSG in error_chain_text(info.value)
+    assert SYNC_MSG in error_text(info.value)
     B.set_stream(B.default_stream())
 
     flag = torch.zeros((), dtype=torch.bool, device=B.device)
@@ -194,7 +187,7 @@ def test_data_dependent_shape_cannot_be_captured(B):
     with pytest.raises(RuntimeError) as info:
         with B.graph(B.CUDAGraph()):
             moe_dispatch()
-    assert SYNC_MSG in error_chain_text(info.value)
+    assert SYNC_MSG in error_text(info.value)
 
 
 def test_phase_logic():

@@ -391,3 +391,14 @@ def test_check_arg_mismatches(B):
     res = check_arg_mismatches(lambda c, r: [m for m in arg_mismatches(c, r)
                                              if m[1] != "count"], B=B)
     assert not res and "number of arguments" in res.message
+
+
+def test_error_text_joins_the_chain_root_cause_first():
+    from labkit.guards import error_text
+    try:
+        try:
+            raise RuntimeError("refused\nsecond line")
+        except RuntimeError:
+            raise RuntimeError("capture invalidated")
+    except RuntimeError as e:
+        assert error_text(e) == "refused\nsecond line\ncapture invalidated"
