@@ -78,11 +78,15 @@ class TorchNativeAttnBackend:
         if batch.forward_mode.is_extend():
             self.forward_metadata = None  # extend attention loops over requests (host ints)
             return
-        width = max(batch.seq_lens_cpu)
-        page_table = self.req_to_token[:, :width].index_select(0, batch.req_pool_indices)
-        arange = torch.arange(width, device=page_table.device)
+        page_table = self._page_table(batch)
+        arange = torch.arange(page_table.size(1), device=page_table.device)
         kv_mask = self._kv_mask(batch, arange)
         self.forward_metadata = DecodeMetadata(page_table, kv_mask, self._bias(kv_mask))
+
+    def _page_table(self, batch) -> torch.Tensor:
+        """Eager: the pool locations of each request's first ``max(seq_lens)`` keys."""
+        width = max(batch.seq_lens_cpu)
+        return self.req_to_token[:, :width].index_select(0, batch.req_pool_indices)
 
     @staticmethod
     def _kv_mask(batch, arange: torch.Tensor) -> torch.Tensor:

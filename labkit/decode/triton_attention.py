@@ -204,9 +204,7 @@ class TritonAttnBackend(TorchNativeAttnBackend):
     def init_forward_metadata(self, batch) -> None:
         if batch.forward_mode.is_extend() or batch.num_tokens_per_bs != 1:
             return super().init_forward_metadata(batch)
-        width = max(batch.seq_lens_cpu)
-        page_table = self.req_to_token[:, :width].index_select(0, batch.req_pool_indices)
-        self.forward_metadata = DecodeMetadata(page_table, kv_mask=None)
+        self.forward_metadata = DecodeMetadata(self._page_table(batch), kv_mask=None)
 
     def init_forward_metadata_in_graph(self, batch) -> None:
         md = self.forward_metadata
