@@ -125,3 +125,79 @@ def test_lesson00_scale_and_shift(capsys):
     assert not wrong and "values differ" in wrong.message and "hint:" in wrong.message
     listy = check_scale_and_shift(lambda x, a, b: (a * x + b).tolist(), device="cpu")
     assert "expected a torch.Tensor, got a list" in listy.message
+
+
+# --- hints in steps and the time budget -------------------------------------------------
+
+from labkit import checks as _checks  # noqa: E402
+
+
+def test_hints_come_one_step_at_a_time(capsys):
+    res = check(lambda x: x * 3, _double, _inputs, name="double", hint="look at the factor",
+                more_hints=["it is a multiplication", "multiply by two"], quiet=True)
+    assert not res and res.more_hints == ["it is a multiplication", "multiply by two"]
+    assert "labkit.checks.hint()" in res.message
+    assert "multiply by two" not in res.message  # the answer is never the first hint
+    assert _checks.hint() == "hint 1 of 2 for double: it is a multiplication"
+    assert _checks.hint() == "hint 2 of 2 for double: multiply by two"
+    assert _checks.hint().startswith("No more hints for double")
+    out = capsys.readouterr().out
+    assert out.count("hint ") >= 2
+
+
+def test_a_pass_does_not_reset_the_hints_of_the_last_failure():
+    check(lambda x: x * 3, _double, _inputs, name="double", more_hints=["a", "b"], quiet=True)
+    check(lambda x: x * 2, _double, _inputs, name="double", quiet=True)
+    assert _checks.hint() == "hint 1 of 2 for double: a"
+
+
+def test_fail_and_passed_build_printed_results(capsys):
+    bad = _checks.fail("thing", "the tail is not cleared", more_hints=["look at rows past raw_bs"])
+    good = _checks.passed("thing", "passed 3 random trials")
+    out = capsys.readouterr().out
+    assert not bad and bad.kind == "mismatch" and good
+    assert out.startswith("❌ thing: the tail is not cleared")
+    assert "✅ thing: passed 3 random trials" in out
+
+
+def test_an_endless_loop_gets_a_verdict_not_a_hang():
+    def endless(x):
+        while True:
+            x = x + 1
+
+    import time as _time
+    t0 = _time.monotonic()
+    res = check(endless, _double, _inputs, name="double", quiet=True, time_limit=0.3)
+    assert _time.monotonic() - t0 < 5
+    assert not res and res.kind == "timeout"
+    assert "did not finish within 0.3 s" in res.message and "loop" in res.message
+
+
+def test_time_budget_also_holds_off_the_main_thread():
+    import threading
+
+    def endless():
+        n = 0
+        while True:
+            n += 1
+
+    box = {}
+
+    def worker():
+        try:
+            _checks.call_learner(endless, time_limit=0.3)
+        except _checks.LearnerTimeout as exc:
+            box["exc"] = exc
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join(10)
+    assert not t.is_alive() and "did not finish within 0.3 s" in str(box["exc"])
+
+
+def test_call_learner_restores_the_alarm_handler():
+    import signal
+    before = signal.getsignal(signal.SIGALRM)
+    assert _checks.call_learner(lambda: 3, time_limit=1.0) == 3
+    assert signal.getsignal(signal.SIGALRM) is before
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

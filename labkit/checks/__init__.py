@@ -15,6 +15,13 @@ absolute difference) and a hint. An exception raised by the learner's code is ne
 as a bare traceback: the report names the exception, its message and the learner's line.
 
 It returns a :class:`CheckResult`, truthy when the check passed, for tests and scripts.
+
+Hints come in steps. A failure report names what is wrong and where to look; it never
+starts with the answer. A checker may attach ``more_hints`` (each more specific than the
+last); :func:`hint` prints the next one for the most recent failed check.
+
+Learner code runs under a time budget (:func:`call_learner`): an endless loop gets a
+verdict ("did not finish within 10 s") instead of a cell that never returns.
 """
 
 from __future__ import annotations
@@ -22,6 +29,10 @@ from __future__ import annotations
 import linecache
 import math
 import os
+import signal
+import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,11 +40,23 @@ from typing import Any
 
 import torch
 
-__all__ = ["CheckResult", "check", "compare_outputs", "describe_exception"]
+__all__ = [
+    "DEFAULT_TIME_LIMIT",
+    "CheckResult",
+    "LearnerTimeout",
+    "call_learner",
+    "check",
+    "compare_outputs",
+    "describe_exception",
+    "fail",
+    "hint",
+    "passed",
+]
 
 PASS = "✅"
 FAIL = "❌"
 NOT_DONE = "not done yet: fill in the cell marked YOUR CODE HERE"
+DEFAULT_TIME_LIMIT = 10.0  # seconds a learner's function may run in one trial
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -48,8 +71,9 @@ class CheckResult:
     message: str
     trials: int = 0  # trials that passed
     failed_trial: int | None = None  # 1-based
-    kind: str = "ok"  # ok | mismatch | exception | not_implemented | checker_error
+    kind: str = "ok"  # ok | mismatch | exception | not_implemented | checker_error | timeout
     details: dict = field(default_factory=dict)
+    more_hints: list[str] = field(default_factory=list)  # next hints, most general first
 
     def __bool__(self) -> bool:
         return self.passed
@@ -60,6 +84,110 @@ class CheckResult:
     def _ipython_display_(self) -> None:
         # check() already printed the message; as a cell's last value, show nothing more.
         pass
+
+
+# --- hints in steps ----------------------------------------------------------------------
+
+_last_failure: dict[str, Any] = {"result": None, "shown": 0}
+
+
+def _remember(result: CheckResult) -> None:
+    if not result.passed and result.kind != "not_implemented":
+        _last_failure["result"], _last_failure["shown"] = result, 0
+
+
+def hint() -> str:
+    """Print (and return) the next hint for the most recent failed check.
+
+    Each call goes one step further; when the checker has nothing more to say, it says so.
+    """
+    result = _last_failure["result"]
+    if result is None:
+        text = "No failed check yet: run a checker first."
+    elif _last_failure["shown"] >= len(result.more_hints):
+        text = (f"No more hints for {result.name}: "
+                "compare your code with the lesson section it names.")
+    else:
+        i = _last_failure["shown"]
+        _last_failure["shown"] = i + 1
+        text = f"hint {i + 1} of {len(result.more_hints)} for {result.name}: {result.more_hints[i]}"
+    print(text)
+    return text
+
+
+def _with_hint_tail(message: str, more_hints: list[str] | None) -> str:
+    if more_hints:
+        message += "\n   (stuck? `labkit.checks.hint()` gives a further hint)"
+    return message
+
+
+def fail(name: str, message: str, *, more_hints: list[str] | None = None,
+         kind: str = "mismatch", quiet: bool = False, **fields: Any) -> CheckResult:
+    """Build, remember and print a failed :class:`CheckResult`: ``❌ name: message``."""
+    hints = list(more_hints or [])
+    text = _with_hint_tail(f"{FAIL} {name}: {message}", hints)
+    return _report(CheckResult(name, False, text, kind=kind, more_hints=hints, **fields), quiet)
+
+
+def passed(name: str, message: str, *, quiet: bool = False, **fields: Any) -> CheckResult:
+    """Build and print a passed :class:`CheckResult`: ``✅ name: message``."""
+    return _report(CheckResult(name, True, f"{PASS} {name}: {message}", **fields), quiet)
+
+
+# --- the time budget -----------------------------------------------------------------------
+
+
+class LearnerTimeout(Exception):
+    """The learner's code did not finish within its time budget."""
+
+    def __init__(self, seconds: float, fn_name: str = "your function"):
+        self.seconds = seconds
+        super().__init__(
+            f"{fn_name} did not finish within {seconds:g} s: look for a loop that never ends "
+            f"(a `while` whose condition never changes, or a loop over a list you keep "
+            f"appending to)"
+        )
+
+
+def call_learner(fn: Callable, *args: Any, time_limit: float | None = DEFAULT_TIME_LIMIT,
+                 **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, stopped with :class:`LearnerTimeout` after ``time_limit`` s.
+
+    On the main thread (where a notebook cell runs) the budget is a ``SIGALRM`` timer; on
+    other threads a trace function checks the clock. ``None`` or ``0`` means no limit.
+
+    .. warning::
+        A loop inside one long torch call is interrupted only when it returns to Python.
+        If the budget runs out inside a capture, the capture is abandoned like any other
+        failed capture: call :func:`labkit.backend.recover` afterwards (the checkers do).
+    """
+    name = getattr(fn, "__name__", "your function")
+    if not time_limit:
+        return fn(*args, **kwargs)
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+        def _alarm(signum, frame):
+            raise LearnerTimeout(time_limit, name)
+
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, time_limit)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    deadline = time.monotonic() + time_limit
+
+    def _trace(frame, event, arg):
+        if time.monotonic() > deadline:
+            raise LearnerTimeout(time_limit, name)
+        return _trace
+
+    old_trace = sys.gettrace()
+    sys.settrace(_trace)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        sys.settrace(old_trace)
 
 
 # --- comparing outputs -----------------------------------------------------------------
@@ -217,6 +345,7 @@ def _generator(seed: int) -> torch.Generator:
 
 
 def _report(result: CheckResult, quiet: bool) -> CheckResult:
+    _remember(result)
     if not quiet:
         print(result.message)
     return result
@@ -230,11 +359,13 @@ def check(
     trials: int = 3,
     name: str | None = None,
     hint: str | None = None,
+    more_hints: Sequence[str] | None = None,
     compare: Callable[[Any, Any], str | None] | None = None,
     seed: int = 0,
     rtol: float = 1e-5,
     atol: float = 1e-6,
     quiet: bool = False,
+    time_limit: float | None = DEFAULT_TIME_LIMIT,
 ) -> CheckResult:
     """Run ``learner_fn`` against ``reference_fn`` on ``trials`` fresh random inputs.
 
@@ -247,12 +378,17 @@ def check(
     ``compare(expected, actual)`` returns ``None`` when they match, else a one-line reason
     (default: :func:`compare_outputs` with ``rtol``/``atol``).
 
+    ``hint`` is shown with a failure; ``more_hints`` are kept for :func:`hint`, one step
+    at a time. Each call of ``learner_fn`` runs under ``time_limit`` seconds
+    (:func:`call_learner`).
+
     Prints one line (pass) or a short report (fail) unless ``quiet``; returns a
     :class:`CheckResult`.
     """
     name = name or getattr(reference_fn, "__name__", "check")
     compare = compare or (lambda e, a: compare_outputs(e, a, rtol=rtol, atol=atol))
     hint_line = f"\n   hint: {hint}" if hint else ""
+    hints = list(more_hints or [])
 
     if not callable(learner_fn):
         msg = f"{FAIL} {name}: expected a function, got {_type_name(learner_fn)}"
@@ -273,25 +409,30 @@ def check(
 
         torch.manual_seed(trial_seed)
         try:
-            actual = learner_fn(*l_args, **l_kwargs)
+            actual = call_learner(learner_fn, *l_args, time_limit=time_limit, **l_kwargs)
         except NotImplementedError:
             msg = f"{FAIL} {name}: {NOT_DONE}"
             return _report(CheckResult(name, False, msg, trials=trial - 1, failed_trial=trial,
                                        kind="not_implemented"), quiet)
+        except LearnerTimeout as exc:
+            msg = _with_hint_tail(f"{FAIL} {name}: trial {trial} of {trials}: {exc}", hints)
+            return _report(CheckResult(name, False, msg, trials=trial - 1, failed_trial=trial,
+                                       kind="timeout", more_hints=hints), quiet)
         except Exception as exc:
             desc = describe_exception(exc)
             msg = f"{FAIL} {name}: trial {trial} of {trials}: your code raised {desc}{hint_line}"
-            return _report(CheckResult(name, False, msg, trials=trial - 1, failed_trial=trial,
-                                       kind="exception",
-                                       details={"exception": exc}), quiet)
+            return _report(CheckResult(name, False, _with_hint_tail(msg, hints),
+                                       trials=trial - 1, failed_trial=trial, kind="exception",
+                                       details={"exception": exc}, more_hints=hints), quiet)
 
         reason = compare(expected, actual)
         if reason:
             msg = f"{FAIL} {name}: trial {trial} of {trials}: {reason}{hint_line}"
-            return _report(CheckResult(name, False, msg, trials=trial - 1, failed_trial=trial,
-                                       kind="mismatch",
+            return _report(CheckResult(name, False, _with_hint_tail(msg, hints),
+                                       trials=trial - 1, failed_trial=trial, kind="mismatch",
                                        details={"expected": expected, "actual": actual,
-                                                "inputs": (l_args, l_kwargs)}), quiet)
+                                                "inputs": (l_args, l_kwargs)},
+                                       more_hints=hints), quiet)
 
     plural = "trial" if trials == 1 else "trials"
     msg = f"{PASS} {name}: passed {trials} random {plural}"
