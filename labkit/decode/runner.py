@@ -37,7 +37,8 @@ from typing import Callable, Iterable
 import torch
 
 from .attention import TorchNativeAttnBackend, make_attn_backend
-from .batch import ForwardBatch, ForwardMode
+from .batch import (ForwardBatch, ForwardMode, _check_model, _is_int, check_batch_layout,
+                    check_batch_values)
 from .buckets import make_buckets, pad_to_bucket
 from .buffers import Pad, StaticBuffers
 
@@ -64,6 +65,42 @@ def _freeze_gc():
         yield
     finally:
         gc.unfreeze()
+
+
+@contextlib.contextmanager
+def _clean_up_after_failure(runner: "BaseGraphRunner"):
+    """A capture that raises leaves no half-captured runner and a usable process: the
+    graphs captured so far are dropped (``captured`` is False again, so nothing replays a
+    bucket that has no graph) and :func:`labkit.backend.recover` puts the default stream
+    back and takes the generator out of capture mode. The error itself propagates."""
+    try:
+        yield
+    except BaseException:
+        runner.backend.cleanup()
+        runner.capture_log = []
+        try:
+            from labkit import backend as _backend
+            _backend.recover(runner.B)
+        except Exception:  # pragma: no cover - recover is best effort; the error matters
+            logger.exception("labkit.backend.recover failed after a failed capture")
+        raise
+
+
+@contextlib.contextmanager
+def _quiet_autotune():
+    """Keep torch.compile's max-autotune reports out of the output (lesson 06 prints
+    capture results next to them). Inductor writes ``AUTOTUNE mm(...)`` tables and
+    ``Autotune Choices Stats`` straight to stderr while it compiles; these two config
+    switches turn exactly those prints off (the tuning itself is unchanged), and its
+    TypedStorage deprecation warning is silenced while compiling. Keys this torch does
+    not have are skipped."""
+    import torch._inductor.config as inductor_config
+    quiet = {k: v for k, v in (("autotune_num_choices_displayed", 0),
+                               ("max_autotune_report_choices_stats", False))
+             if hasattr(inductor_config, k)}
+    with inductor_config.patch(quiet), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
+        yield
 
 
 class FullGraphBackend:
@@ -109,7 +146,10 @@ class FullGraphBackend:
 
     def cleanup(self) -> None:
         for g in self.graphs.values():
-            g.reset()
+            try:
+                g.reset()
+            except Exception:  # a graph whose capture failed may not reset: drop it anyway
+                pass
         self.graphs.clear()
         self.outputs.clear()
 
@@ -151,7 +191,8 @@ class BaseGraphRunner:
             self.backend.cleanup()
         self.capture_log = []
         t_all = time.perf_counter()
-        with _freeze_gc(), torch.no_grad(), self.backend.capture_session():
+        with _clean_up_after_failure(self), _freeze_gc(), torch.no_grad(), \
+                self.backend.capture_session():
             before = self._pool_bytes()
             bar = _progress(list(reversed(self.buckets)), self.progress,
                             desc=f"Capturing {len(self.buckets)} graphs", unit="graph")
@@ -198,17 +239,88 @@ class BaseGraphRunner:
         return int(st.get("reserved_bytes", 0)), int(st.get("allocated_bytes", 0))
 
 
+_FALLBACKS = ("error", "eager")
+_SCHEMES = ("sglang", "every", "pow2")
+
+
+def _check_backend(model, B) -> None:
+    if not all(hasattr(B, a) for a in ("CUDAGraph", "graph", "device", "name")):
+        raise TypeError("B must be a labkit backend (B = labkit.backend.get('auto')), got "
+                        f"{type(B).__name__}")
+    if model.device.type != torch.device(B.device).type:
+        raise ValueError(f"model is on {model.device} but backend {B.name!r} runs on "
+                         f"{B.device}: build the model with device=B.device")
+
+
+def _check_count(name: str, value, lo: int, hi: int | None = None, why: str = "") -> None:
+    """An int option in ``lo..hi``, or an error naming it, its value and the range."""
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < lo or (hi is not None and value > hi):
+        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise ValueError(f"{name} must be {rng}, got {value}" + (f": {why}" if why else ""))
+
+
+def _check_options(model, *, max_bs, buckets, disable_padding, num_tokens_per_bs, forward_mode,
+                   fallback, num_warmups, compile_bs, progress) -> None:
+    """DecodeGraphRunner's options, each against its type and range (or fixed set)."""
+    slots = model.num_slots - 1
+    _check_count("max_bs", max_bs, 1, slots,
+                 f"the model has {slots} request slots (build_model(max_requests=...)), so no "
+                 "batch is larger; leave max_bs=None for all of them")
+    if isinstance(buckets, str):
+        if buckets not in _SCHEMES:
+            raise ValueError(f"unknown bucket scheme {buckets!r}: choose one of "
+                             f"{', '.join(_SCHEMES)} or pass a list of batch sizes")
+    elif buckets is not None:
+        if not hasattr(buckets, "__iter__"):
+            raise TypeError(f"buckets must be a scheme name ({', '.join(_SCHEMES)}) or a list "
+                            f"of batch sizes, got {type(buckets).__name__}")
+        sizes = list(buckets)
+        if not sizes:
+            raise ValueError("buckets is an empty list: give at least one batch size")
+        for b in sizes:
+            _check_count("every bucket size", b, 1, max_bs, f"max_bs is {max_bs}")
+    for name, flag in (("disable_padding", disable_padding), ("progress", progress)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    _check_count("num_tokens_per_bs", num_tokens_per_bs, 1, model.args.max_seq_len)
+    graphable = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY)
+    if forward_mode is not None:
+        if forward_mode not in graphable:
+            raise ValueError(f"forward_mode must be ForwardMode.DECODE or "
+                             f"ForwardMode.TARGET_VERIFY (or None), got {forward_mode!r}")
+        if forward_mode is ForwardMode.DECODE and num_tokens_per_bs != 1:
+            raise ValueError(f"forward_mode=DECODE feeds one token per request, but "
+                             f"num_tokens_per_bs={num_tokens_per_bs}: use TARGET_VERIFY")
+    if fallback not in _FALLBACKS:
+        raise ValueError(f"fallback must be one of {', '.join(map(repr, _FALLBACKS))}, got "
+                         f"{fallback!r}")
+    _check_count("num_warmups", num_warmups, 1, None,
+                 "first-call work (lazy init, autotuning) must happen before capture")
+    _check_count("compile_bs", compile_bs, 0, None)
+
+
 class EagerRunner:
     """Run any batch without a graph: the reference, and the fallback."""
 
     def __init__(self, model, attn_backend: TorchNativeAttnBackend | str | None = None):
+        _check_model(model, "EagerRunner")
         self.model = model
         if attn_backend is None or isinstance(attn_backend, str):
             attn_backend = make_attn_backend(attn_backend or "torch_native", model)
+        elif not hasattr(attn_backend, "init_forward_metadata"):
+            raise TypeError("EagerRunner: attn_backend must be a name ('torch_native', "
+                            "'triton', 'auto') or an attention backend object, got "
+                            f"{type(attn_backend).__name__}")
         self.attn = attn_backend
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Run ``batch`` eagerly (any mode) and return its logits, (num_tokens, vocab).
+        The batch is checked first (:func:`~labkit.decode.batch.check_batch_values`)."""
+        check_batch_layout(batch, self.model, "EagerRunner.forward")
+        check_batch_values(batch, self.model, "EagerRunner.forward")
         if batch.num_tokens == 0:  # IDLE: nothing to run
             return torch.empty(0, self.model.args.vocab_size, device=self.model.device)
         batch.attn_backend = self.attn
@@ -241,12 +353,13 @@ class DecodeGraphRunner(BaseGraphRunner):
                  fallback: str = "error", padding_override: dict | None = None,
                  num_warmups: int = 2, compile_bs: int = 0, progress: bool = True,
                  attention: str = "torch_native"):
-        if fallback not in ("error", "eager"):
-            raise ValueError(f"fallback must be 'error' or 'eager', got {fallback!r}")
-        if model.device.type != torch.device(B.device).type:
-            raise ValueError(f"model is on {model.device} but backend {B.name!r} runs on "
-                             f"{B.device}: build the model with device=B.device")
-        max_bs = max_bs or (model.num_slots - 1)
+        _check_model(model, "DecodeGraphRunner")
+        _check_backend(model, B)
+        max_bs = model.num_slots - 1 if max_bs is None else max_bs
+        _check_options(model, max_bs=max_bs, buckets=buckets, disable_padding=disable_padding,
+                       num_tokens_per_bs=num_tokens_per_bs, forward_mode=forward_mode,
+                       fallback=fallback, num_warmups=num_warmups, compile_bs=compile_bs,
+                       progress=progress)
         scheme = "every" if disable_padding else (buckets if buckets is not None else "sglang")
         bucket_list = make_buckets(max_bs, scheme)
         if bucket_list[-1] > max_bs:
@@ -266,6 +379,7 @@ class DecodeGraphRunner(BaseGraphRunner):
                              "kernel is not traced by torch.compile here)")
         self.attn.init_cuda_graph_state(max_bs, max_bs * num_tokens_per_bs)
         self.buffers = StaticBuffers(max_bs, num_tokens_per_bs, device=model.device)
+        self._check_padding_override(self.padding_override, "DecodeGraphRunner")
         self.eager = EagerRunner(model, make_attn_backend(self.attn.name, model))
         self.stats = {"graph": 0, "fast_path": 0, "eager": 0, "eager_fallback": 0}
         self._warned_fallback = False
@@ -309,7 +423,11 @@ class DecodeGraphRunner(BaseGraphRunner):
                 setattr(cfg, name, max(getattr(cfg, name), n + 8))
                 self._compiled = torch.compile(self.model, mode="max-autotune-no-cudagraphs",
                                                dynamic=False)
-            model_fn = self._compiled
+            compiled = self._compiled
+
+            def model_fn(*args):
+                with _quiet_autotune():  # no autotune tables printed while it compiles
+                    return compiled(*args)
 
         def run_once() -> torch.Tensor:
             self.attn.init_forward_metadata_in_graph(fb)  # recorded into the graph
@@ -321,6 +439,8 @@ class DecodeGraphRunner(BaseGraphRunner):
     def can_run(self, batch: ForwardBatch) -> bool:
         """Graph or eager? The forward mode must be graphable and the one captured, the
         tokens per request must match, and the batch must fit the largest bucket."""
+        if not isinstance(batch, ForwardBatch):
+            raise TypeError(f"can_run: expected a ForwardBatch, got {type(batch).__name__}")
         return (self.captured
                 and batch.forward_mode is self.capture_forward_mode
                 and batch.forward_mode.is_cuda_graph()
@@ -332,8 +452,17 @@ class DecodeGraphRunner(BaseGraphRunner):
 
         SGLang runs this ahead of time on a plan stream; a batch planned here later
         replays through the fast path (only input_ids / positions copied again). Returns
-        the bucket size.
+        the bucket size. A batch changed after planning (its slots, lengths or cache
+        locations) is detected and planned again at replay, never replayed stale.
         """
+        self._check_batch(batch, "plan", padding_override)
+        bs = self._load(batch, padding_override)
+        batch.mark_forward_metadata_ready()  # SGLang's mark, right next to the planning
+        return bs
+
+    def _load(self, batch: ForwardBatch, padding_override: dict | None) -> int:
+        """Fill the static buffers from a checked batch and plan its metadata out of
+        graph; returns the bucket. The batch is not marked: only :meth:`plan` marks."""
         raw_bs = batch.batch_size
         bs = self._bucket_of.get(raw_bs) or pad_to_bucket(raw_bs, self.buckets)
         override = ({**self.padding_override, **(padding_override or {})}
@@ -348,28 +477,60 @@ class DecodeGraphRunner(BaseGraphRunner):
                            else list(seq_lens_cpu) + [fill] * (bs - raw_bs))
         self.attn.init_forward_metadata_out_graph(fb)
         self._loaded = (batch, raw_bs, bs)
-        batch.metadata_ready = True
         return bs
 
     def replay(self, batch: ForwardBatch, padding_override: dict | None = None) -> torch.Tensor:
         """Replay the bucket's graph for ``batch``; return logits for the real tokens only.
 
-        Fast path: the batch was planned (``metadata_ready``) and is the one the buffers
-        hold, so only ``input_ids`` and ``positions`` heads are copied (in spec decoding,
-        the two fields that arrive after planning). Otherwise: pad to the bucket, fill the
-        buffers by policy, rebuild metadata out of graph.
+        Fast path: the batch was planned (:meth:`plan`), is the one the buffers hold and
+        has not changed since (``needs_forward_metadata_init()`` is False), so only
+        ``input_ids`` and ``positions`` heads are copied (in spec decoding, the two fields
+        that arrive after planning). Otherwise: pad to the bucket, fill the buffers by
+        policy, rebuild metadata out of graph.
 
         The returned tensor is a *view* of the graph's static output: the next replay of
         the same bucket overwrites it. Use it (or ``.clone()`` it) before replaying again.
         """
+        self._check_captured("replay")
+        self._check_batch(batch, "replay", padding_override)
+        return self._replay(batch, padding_override)
+
+    # ---- checks (small helpers, so replay reads like SGLang's) ---------------------------
+    def _check_captured(self, fn: str) -> None:
         if not self.captured:
-            raise RuntimeError("call runner.capture() before replay()")
+            raise RuntimeError(f"{fn}: no graphs captured yet: call runner.capture() first")
+
+    def _check_batch(self, batch, fn: str, padding_override: dict | None = None) -> None:
+        """Layout (types, dtypes, devices, shapes) and values (ids, positions, slots,
+        lengths, cache locations) before anything reaches a static buffer."""
+        check_batch_layout(batch, self.model, fn)
+        self._check_graphable(batch)
+        if batch.batch_size > self.max_bucket:
+            pad_to_bucket(batch.batch_size, self.buckets)  # raises BatchTooLargeError
+        check_batch_values(batch, self.model, fn)
+        if padding_override:
+            self._check_padding_override(padding_override, fn)
+
+    def _check_graphable(self, batch: ForwardBatch) -> None:
         k = self.num_tokens_per_bs
         if batch.num_tokens_per_bs != k or batch.forward_mode is not self.capture_forward_mode:
             raise ValueError(f"runner captured {self.capture_forward_mode.name} with {k} "
                              f"token(s)/request; batch is {batch.forward_mode.name} with "
-                             f"{batch.num_tokens_per_bs}")
-        return self._replay(batch, padding_override)
+                             f"{batch.num_tokens_per_bs}: use runner.forward(batch), which "
+                             "runs other batches eagerly")
+
+    def _check_padding_override(self, override, fn: str) -> None:
+        if not isinstance(override, dict):
+            raise TypeError(f"{fn}: padding_override must be a dict {{buffer: policy}}, got "
+                            f"{type(override).__name__}")
+        names, pads = list(self.buffers.slots), [p.value for p in Pad]
+        for name, pad in override.items():
+            if name not in self.buffers.slots:
+                raise ValueError(f"{fn}: padding_override names buffer {name!r}; the buffers "
+                                 f"are {', '.join(names)}")
+            if pad not in pads and not isinstance(pad, Pad):
+                raise ValueError(f"{fn}: padding_override[{name!r}] = {pad!r}; choose one of "
+                                 f"{', '.join(pads)}")
 
     def _replay(self, batch: ForwardBatch, padding_override: dict | None) -> torch.Tensor:
         """replay() after its checks. Autograd off (the plain switch: cheaper per step
@@ -391,7 +552,7 @@ class DecodeGraphRunner(BaseGraphRunner):
                 bs = loaded[2]
                 self.stats["fast_path"] += 1
             else:
-                bs = self.plan(batch, padding_override)
+                bs = self._load(batch, padding_override)
             self.last_replay = (raw_bs, bs)
             out = self.backend.replay(bs)
             self.stats["graph"] += 1
@@ -411,8 +572,13 @@ class DecodeGraphRunner(BaseGraphRunner):
         :class:`BatchTooLargeError` unless ``fallback="eager"``, which runs it eagerly and
         warns the first time (and logs every time at INFO) — never silently.
         """
+        if not isinstance(batch, ForwardBatch):
+            raise TypeError(f"forward: expected a ForwardBatch, got {type(batch).__name__}")
+        if batch.forward_mode is self.capture_forward_mode:
+            self._check_captured("forward")  # a forgotten capture() would silently run eagerly
         if self.can_run(batch):
-            return self._replay(batch, None)  # can_run already checked what replay() checks
+            self._check_batch(batch, "forward")
+            return self._replay(batch, None)
         if (self.captured and batch.forward_mode is self.capture_forward_mode
                 and batch.batch_size > self.max_bucket):
             if self.fallback == "error":
@@ -439,6 +605,11 @@ def demo_stale_tail(runner: DecodeGraphRunner, batch: ForwardBatch, buffer: str 
     access that poisons the CUDA context, so run it in a subprocess there.
     ``batch`` must not fill its bucket exactly (it needs a tail).
     """
+    if not isinstance(runner, DecodeGraphRunner):
+        raise TypeError(f"demo_stale_tail: runner must be a DecodeGraphRunner, got "
+                        f"{type(runner).__name__}")
+    runner._check_captured("demo_stale_tail")
+    runner._check_batch(batch, "demo_stale_tail")
     raw = batch.batch_size
     bs = pad_to_bucket(raw, runner.buckets)
     if bs == raw:
@@ -451,6 +622,8 @@ def demo_stale_tail(runner: DecodeGraphRunner, batch: ForwardBatch, buffer: str 
         raise ValueError(f"{buffer!r} is not an index buffer; choose one of {list(table_size)}")
     if stale_value is None:
         stale_value = table_size[buffer] + 1000
+    elif not _is_int(stale_value):
+        raise TypeError(f"stale_value must be an int, got {stale_value!r}")
     slot = runner.buffers.slots[buffer]
     k = runner.num_tokens_per_bs
     slot.tensor[slot.rows(raw, k):slot.rows(bs, k)] = stale_value
