@@ -1,36 +1,47 @@
-"""Command line: ``python -m labkit <command>``."""
+"""Command line: ``python -m labkit <command>``.
+
+    python -m labkit doctor [--json]              what this machine has
+    python -m labkit exercises [--check|--force]  regenerate exercises/ from solutions/
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-USAGE = """\
-usage: python -m labkit <command> [options]
 
-commands:
-  doctor               what this machine has (Python, torch, GPU, backend, tools)
-  exercises            regenerate exercises/*.ipynb from solutions/*.ipynb
-  exercises --check    exit 1, listing them, if exercises/ is stale
-"""
+def build_parser() -> argparse.ArgumentParser:
+    from labkit import doctor, exercises
+
+    parser = argparse.ArgumentParser(
+        prog="python -m labkit",
+        description="CUDA Graphs Lab command line.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="command", required=True)
+    p_doc = sub.add_parser("doctor", help="what this machine has (Python, torch, GPU, "
+                                          "backend, notebook tools)",
+                           description="What this machine has for the CUDA Graphs Lab.")
+    doctor.add_arguments(p_doc)
+    p_doc.set_defaults(run=doctor.run)
+    p_ex = sub.add_parser("exercises", help="regenerate exercises/*.ipynb from "
+                                            "solutions/*.ipynb (never overwrites your edits)",
+                          description="Generate exercises/NN_*.ipynb from "
+                                      "solutions/NN_*.ipynb. Files you edited are never "
+                                      "overwritten without --force, and --force backs them "
+                                      "up to exercises/.backup/ first.")
+    exercises.add_arguments(p_ex)
+    p_ex.set_defaults(run=exercises.run)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE, end="")
+    if not argv:
+        parser.print_help()
         return 0
-    command, rest = argv[0], argv[1:]
-    if command == "doctor":
-        from labkit.doctor import main as doctor_main
-
-        return doctor_main(rest)
-    if command == "exercises":
-        from labkit.exercises import main as exercises_main
-
-        return exercises_main(rest)
-    print(f"unknown command {command!r}\n", file=sys.stderr)
-    print(USAGE, end="", file=sys.stderr)
-    return 2
+    args = parser.parse_args(argv)
+    return args.run(args)
 
 
 if __name__ == "__main__":
@@ -38,3 +49,5 @@ if __name__ == "__main__":
         sys.exit(main())
     except BrokenPipeError:  # `python -m labkit doctor | head`
         sys.exit(0)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -18,21 +18,25 @@ import platform
 import shutil
 import sys
 
-__all__ = ["doctor", "main", "PACKAGES"]
+__all__ = ["doctor", "main", "PACKAGES", "TOOLS"]
 
-# package -> (why the lab needs it, how it gets installed)
+# What the lesson code imports: a lesson cannot run without these.
 _RUNTIME = "`make lab` or `make test` installs it (or: pip install -e .)"
-_DEV = "`make test` installs it (or: pip install -e '.[dev]')"
 PACKAGES: dict[str, str] = {
-    "jupyterlab": _RUNTIME,
     "ipywidgets": _RUNTIME,
     "matplotlib": _RUNTIME,
     "tqdm": _RUNTIME,
     "numpy": _RUNTIME,
-    "ipykernel": _DEV,
-    "nbval": _DEV,
-    "nbconvert": _DEV,
-    "nbgrader": _DEV,
+}
+# Tools around the lessons: the lessons run without them (e.g. in a kernel that VS Code or
+# nbconvert started), so a missing one is a fact, not a problem. Authoring tools (nbgrader)
+# are not listed: no learner needs them.
+TOOLS: dict[str, str] = {
+    "jupyterlab": "opens the lessons in a browser; `make lab` installs it",
+    "ipykernel": "runs notebook code; `make lab` installs it (with jupyterlab)",
+    "nbconvert": "`make execute-notebooks`; installed with jupyterlab",
+    "pytest": "`make test`; `make test` installs it (or: pip install -e '.[test]')",
+    "nbval": "`make test` (notebooks); `make test` installs it (or: pip install -e '.[test]')",
 }
 
 _WIDTH = 20
@@ -129,9 +133,10 @@ def doctor() -> tuple[str, dict]:
     _torch_facts(info, advice)
     _backend_facts(info, advice)
     info["packages"] = {name: _version(name) for name in PACKAGES}
+    info["tools"] = {name: _version(name) for name in TOOLS}
     for name, version in info["packages"].items():
         if version is None:
-            advice.append(f"{name} is missing: {PACKAGES[name]}")
+            advice.append(f"{name} is missing and the lessons import it: {PACKAGES[name]}")
     info["advice"] = advice
 
     lines = ["labkit doctor: what this machine has for the CUDA Graphs Lab", ""]
@@ -168,18 +173,44 @@ def doctor() -> tuple[str, dict]:
     if info.get("backend_error") and info.get("backend"):
         lines.append(_row("backend error", info["backend_error"]))
     lines.append("")
+    lines.append("what the lessons import:")
     for name, version in info["packages"].items():
-        lines.append(_row(name, version or "missing"))
+        lines.append(_row(name, version or "MISSING"))
+    lines.append("tools around them (the lessons run without these):")
+    for name, version in info["tools"].items():
+        why = TOOLS[name].split(";")[0]
+        lines.append(_row(name, version or f"not installed (used for: {why})"))
     lines.append("")
     if advice:
         lines.append("What to do:")
         lines.extend(f"  - {a}" for a in advice)
     else:
-        lines.append("Everything the lab needs is here.")
+        lines.append("Everything the lessons need is here.")
     return "\n".join(lines), info
 
 
-def main(argv: list[str] | None = None) -> int:
+def add_arguments(parser) -> None:
+    """The options of ``python -m labkit doctor``."""
+    parser.add_argument("--json", action="store_true",
+                        help="print the facts as one JSON object instead of the report")
+
+
+def run(args) -> int:
     report, info = doctor()
-    print(report)
+    if args.json:
+        import json
+
+        print(json.dumps(info, indent=1, sort_keys=True, default=str))
+    else:
+        print(report)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m labkit doctor",
+                                     description="What this machine has for the CUDA Graphs "
+                                                 "Lab.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

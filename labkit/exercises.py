@@ -1,4 +1,4 @@
-"""Generate ``exercises/NN_*.ipynb`` from ``solutions/NN_*.ipynb``.
+"""Generate ``exercises/NN_*.ipynb`` from ``solutions/NN_*.ipynb``, never losing a learner's work.
 
 ``solutions/`` is the single source. In a solution notebook, mark what the learner must
 write::
@@ -8,32 +8,63 @@ write::
         return a * x + b
         ### END SOLUTION
 
-The exercise keeps everything else and gets nbgrader's stub instead of the marked lines::
+The exercise keeps everything else and gets a stub instead of the marked lines::
 
     def scale_and_shift(x, a, b):
         # YOUR CODE HERE
         raise NotImplementedError()
 
-The replacement is nbgrader's own ``ClearSolutions`` preprocessor, run through nbconvert
-together with nbconvert's ``ClearOutputPreprocessor``; a last step strips what changes from
-run to run (execution metadata, language_info versions) so the same solution always gives
-the same bytes. Cells need no nbgrader metadata: markers alone are enough
-(``enforce_metadata`` is off).
+This is the rule of nbgrader's ``ClearSolutions`` preprocessor (same markers, same stub,
+the stub indented like the ``BEGIN`` line; a marked region in a Markdown cell becomes
+``YOUR ANSWER HERE``), done here in a few lines so that generating exercises needs no
+authoring tool. Outputs, execution counts and run metadata are cleared, so the same
+solution always gives the same bytes.
 
-    python -m labkit exercises           write exercises/ (make exercises)
-    python -m labkit exercises --check   exit 1 and list stale files, write nothing
+Every generated notebook records, in ``metadata.labkit.cells_sha256``, a hash of its cells
+(types and sources) as generated. That is how regeneration tells the two kinds of
+difference apart:
+
+* the solution changed (authored staleness): the file still hashes to its record, so
+  nobody has edited it; it is rewritten;
+* the learner edited it (their work): its cells no longer hash to the record. It is never
+  overwritten silently: without ``--force`` it is left alone and reported; with
+  ``--force`` it is first copied to ``exercises/.backup/NN_name-<UTC time>.ipynb``.
+
+A notebook that was run but not edited (it has outputs) counts as the learner's too.
+
+    python -m labkit exercises            write exercises/ (make exercises)
+    python -m labkit exercises --check    write nothing; exit 1 if an exercise needs regenerating
+    python -m labkit exercises --force    also replace learner-edited files, after a backup
+
+.. warning::
+    ``exercises/`` is where learners work. A file whose content is not exactly what this
+    module generated is treated as somebody's work: only ``--force`` replaces it, and
+    only after saving a copy, because a blank notebook that replaced a finished one
+    cannot be told from a bug by the learner who lost it.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
+import hashlib
+import json
+import re
+import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "BACKUP_DIR",
     "CODE_STUB",
     "PATTERN",
+    "TEXT_STUB",
+    "ExerciseError",
+    "Status",
     "build_exercise",
+    "cells_hash",
+    "classify",
     "exercise_path",
     "find_solutions",
     "main",
@@ -42,11 +73,19 @@ __all__ = [
 ]
 
 CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+TEXT_STUB = "YOUR ANSWER HERE"
+BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"
 PATTERN = "[0-9][0-9]_*.ipynb"
+BACKUP_DIR = ".backup"
+HASH_KEY = "cells_sha256"
 
 _KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 # cell metadata that records a run, not the content
 _VOLATILE_CELL_KEYS = ("execution", "ExecuteTime", "collapsed", "scrolled")
+
+
+class ExerciseError(ValueError):
+    """A solution notebook that cannot be turned into an exercise (names the file)."""
 
 
 def repo_root() -> Path:
@@ -60,110 +99,363 @@ def find_solutions(root: Path | None = None) -> list[Path]:
 
 
 def exercise_path(solution: Path) -> Path:
+    """``solutions/NN_name.ipynb`` → ``exercises/NN_name.ipynb`` (same checkout)."""
+    solution = Path(solution)
     return solution.parent.parent / "exercises" / solution.name
 
 
-def _normalize(nb, source_name: str):
-    """Make the notebook depend only on its content: fixed metadata, fixed cell ids."""
-    nb.metadata = {
-        "kernelspec": dict(_KERNELSPEC),
-        "language_info": {"name": "python"},
-        "labkit": {
-            "generated_from": f"solutions/{source_name}",
-            "regenerate_with": "make exercises",
-        },
-    }
-    nb.nbformat, nb.nbformat_minor = 4, 5
+def _source(cell) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def cells_hash(cells) -> str:
+    """sha256 of the cells' types and sources (not outputs, ids or metadata)."""
+    payload = json.dumps([[c.get("cell_type", ""), _source(c)] for c in cells],
+                         ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def _clear_solution(source: str, stub: str, where: str) -> str:
+    """nbgrader's ``ClearSolutions`` rule for one cell; raises ExerciseError on bad markers."""
+    out: list[str] = []
+    inside = False
+    for n, line in enumerate(source.split("\n"), 1):
+        if BEGIN in line:
+            if inside:
+                raise ExerciseError(f"{where}, line {n}: a second '### {BEGIN}' before the "
+                                    f"'### {END}' of the first; close each region first")
+            inside = True
+            indent = re.match(r"\s*", line).group(0)
+            out.extend(indent + s for s in stub.split("\n"))
+        elif END in line:
+            if not inside:
+                raise ExerciseError(f"{where}, line {n}: '### {END}' without a "
+                                    f"'### {BEGIN}' above it")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ExerciseError(f"{where}: '### {BEGIN}' is never closed by '### {END}'")
+    return "\n".join(out)
+
+
+def _read_solution(solution: Path):
+    import nbformat
+
+    try:
+        text = solution.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ExerciseError(f"{solution}: no such solution notebook") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ExerciseError(f"{solution}: cannot be read ({exc})") from None
+    try:
+        nb = nbformat.reads(text, as_version=4)
+    except Exception as exc:  # JSON errors, schema errors, a non-notebook file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExerciseError(f"{solution} is not a valid notebook ({first}); fix or restore it "
+                            f"(git checkout -- {solution.name} in solutions/)") from None
+    if not isinstance(nb.get("cells"), list):
+        raise ExerciseError(f"{solution} is not a valid notebook (no list of cells)")
+    return nb
+
+
+def build_exercise(solution: Path | str) -> str:
+    """The exercise notebook (as JSON text) that ``solution`` generates.
+
+    Args:
+        solution: a ``solutions/NN_name.ipynb`` notebook with ``### BEGIN SOLUTION`` /
+            ``### END SOLUTION`` regions.
+
+    Returns the notebook text, always the same bytes for the same solution, with the
+    hash of its cells in ``metadata.labkit.cells_sha256``.
+
+    Raises :class:`ExerciseError` (a ``ValueError``) naming the file and cell when the
+    notebook cannot be read or its markers do not pair up.
+    """
+    import nbformat
+
+    solution = Path(solution)
+    nb = _read_solution(solution)
     seen: set[str] = set()
     for i, cell in enumerate(nb.cells):
+        ctype = cell.get("cell_type")
+        src = _source(cell)
+        where = f"{solution}, cell {i + 1} ({ctype})"
+        is_solution = bool(cell.get("metadata", {}).get("nbgrader", {}).get("solution"))
+        stub = CODE_STUB if ctype == "code" else TEXT_STUB
+        if BEGIN in src or END in src:
+            src = _clear_solution(src, stub, where)
+        elif is_solution:  # nbgrader's whole-cell solution (metadata only)
+            src = stub
+        cell["source"] = src
+        if ctype == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
         for key in _VOLATILE_CELL_KEYS:
-            cell.metadata.pop(key, None)
+            cell.get("metadata", {}).pop(key, None)
         cid = cell.get("id")
         if not cid or cid in seen:
             cid = f"cell-{i:03d}"
         cell["id"] = cid
         seen.add(cid)
-    return nb
-
-
-def build_exercise(solution: Path | str) -> str:
-    """The exercise notebook (as JSON text) that ``solution`` generates."""
-    import nbformat
-    from nbconvert.exporters import NotebookExporter
-    from nbconvert.preprocessors import ClearOutputPreprocessor
-    from nbgrader.preprocessors import ClearSolutions
-    from traitlets.config import Config
-
-    solution = Path(solution)
-    nb = nbformat.read(solution, as_version=4)
-
-    config = Config()
-    config.ClearSolutions.code_stub = {"python": CODE_STUB}
-    config.ClearSolutions.enforce_metadata = False
-
-    exporter = NotebookExporter(config=config)
-    exporter.register_preprocessor(ClearSolutions(config=config), enabled=True)
-    exporter.register_preprocessor(ClearOutputPreprocessor(config=config), enabled=True)
-    # ClearSolutions reads the language from the kernelspec, so fix that first.
-    nb.metadata["kernelspec"] = dict(_KERNELSPEC)
-    body, _ = exporter.from_notebook_node(nb)
-
-    out = nbformat.reads(body, as_version=4)
-    out = _normalize(out, solution.name)
-    text = nbformat.writes(out, version=4)
+    nb.metadata = {
+        "kernelspec": dict(_KERNELSPEC),
+        "language_info": {"name": "python"},
+        "labkit": {
+            "generated_from": f"solutions/{solution.name}",
+            "regenerate_with": "make exercises",
+            HASH_KEY: cells_hash(nb.cells),
+        },
+    }
+    nb.nbformat, nb.nbformat_minor = 4, 5
+    text = nbformat.writes(nb, version=4)
     return text if text.endswith("\n") else text + "\n"
 
 
-def sync(root: Path | None = None, *, check: bool = False, out=sys.stdout) -> list[Path]:
-    """Write (or, with ``check``, only compare) every exercise; return the stale paths.
+# ---- telling authored staleness from learner edits -----------------------------------------
 
-    Stale: an exercise that is missing, differs from what its solution generates, or has
-    no solution any more (an orphan; removed when writing).
+@dataclass(frozen=True)
+class Status:
+    """What an exercise file is, relative to what its solution generates now.
+
+    ``kind`` is one of:
+
+    * ``"up to date"``: the exact bytes the solution generates;
+    * ``"missing"``: no exercise file yet;
+    * ``"solution changed"``: untouched since it was generated, but its solution changed
+      since (authored staleness: safe to rewrite);
+    * ``"edited"``: the learner's work (edited cells, or outputs from a run), and the
+      solution has not changed since it was generated: nothing to do;
+    * ``"edited, solution changed"``: the learner's work, and the solution changed since:
+      rewriting needs ``--force`` (which backs the file up first);
+    * ``"unreadable"``: not a notebook any more (treated as the learner's);
+    * ``"orphan"``: no solution generates it (``untouched`` says whether it is pristine).
+    """
+
+    path: Path
+    kind: str
+    untouched: bool
+    detail: str = ""
+
+    @property
+    def needs_writing(self) -> bool:
+        return self.kind in ("missing", "solution changed", "edited, solution changed",
+                             "unreadable", "orphan")
+
+
+def _recorded(nb: dict) -> str | None:
+    return (nb.get("metadata", {}).get("labkit") or {}).get(HASH_KEY)
+
+
+def _has_run_output(nb: dict) -> bool:
+    return any(c.get("outputs") or c.get("execution_count") is not None
+               for c in nb.get("cells", []) if c.get("cell_type") == "code")
+
+
+def classify(path: Path, wanted: str | None) -> Status:
+    """Classify the exercise file ``path`` against ``wanted`` (the text its solution
+    generates now; ``None`` for an orphan)."""
+    path = Path(path)
+    if not path.exists():
+        return Status(path, "missing", True)
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if wanted is not None and text == wanted:
+        return Status(path, "up to date", True)
+    try:
+        nb = json.loads(text)
+        cells = nb["cells"]
+        assert isinstance(cells, list)
+    except Exception:
+        return Status(path, "orphan" if wanted is None else "unreadable", False,
+                      "not a readable notebook")
+    got = cells_hash(cells)
+    recorded = _recorded(nb)
+    ran = _has_run_output(nb)
+    wanted_hash = _recorded(json.loads(wanted)) if wanted is not None else None
+    if recorded is None:
+        # generated by an older labkit (no hash): untouched only if its cells are exactly
+        # what the solution generates now and it was never run.
+        untouched = wanted_hash is not None and got == wanted_hash and not ran
+        if wanted is None:
+            return Status(path, "orphan", False, "no record of what was generated")
+        if untouched:
+            return Status(path, "solution changed", True, "older format, same cells")
+        if got == wanted_hash:
+            return Status(path, "edited", False, "has outputs from a run")
+        return Status(path, "edited, solution changed", False,
+                      "generated before labkit recorded a hash, so edits cannot be told "
+                      "from a changed solution")
+    edited = got != recorded
+    untouched = not edited and not ran
+    if wanted is None:
+        return Status(path, "orphan", untouched)
+    if untouched:
+        return Status(path, "solution changed", True)
+    detail = "cells edited" if edited else "has outputs from a run"
+    if recorded == wanted_hash:
+        return Status(path, "edited", False, detail)
+    return Status(path, "edited, solution changed", False, detail)
+
+
+def _backup(path: Path, root: Path, stamp: str) -> Path:
+    folder = path.parent / BACKUP_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    dest = folder / f"{path.stem}-{stamp}{path.suffix}"
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = folder / f"{path.stem}-{stamp}-{n}{path.suffix}"
+    shutil.copy2(path, dest)
+    return dest
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def sync(root: Path | None = None, *, check: bool = False, force: bool = False,
+         out=sys.stdout) -> list[Path]:
+    """Write (or, with ``check``, only compare) every exercise; return the paths that
+    need writing (those still needing it after this call, when writing).
+
+    Args:
+        root: the checkout (default: the one labkit is in).
+        check: write nothing; report each file's :class:`Status`.
+        force: also replace learner-edited (or unreadable, or orphan) files, each after a
+            copy to ``exercises/.backup/``. Without it they are left alone and reported.
+        out: where the report goes.
+
+    .. warning::
+        Without ``force`` nothing a learner wrote is ever overwritten or deleted; with it,
+        it is backed up first. A pristine file (exactly as generated) is rewritten when
+        its solution changed, and deleted when its solution is gone.
     """
     root = Path(root) if root is not None else repo_root()
     solutions = find_solutions(root)
-    stale: list[Path] = []
-    wanted: set[str] = set()
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    pending: list[Path] = []
+    kept: list[Status] = []
+    edited_ok: list[Status] = []
+    wanted_names: set[str] = set()
+    statuses: list[tuple[Status, str | None]] = []
     for sol in solutions:
         ex = exercise_path(sol)
-        wanted.add(ex.name)
+        wanted_names.add(ex.name)
         text = build_exercise(sol)
-        current = ex.read_text(encoding="utf-8") if ex.exists() else None
-        if current == text:
-            continue
-        stale.append(ex)
-        if check:
-            why = "missing" if current is None else "differs from its solution"
-            print(f"stale: {ex.relative_to(root)} ({why})", file=out)
-        else:
-            ex.parent.mkdir(parents=True, exist_ok=True)
-            ex.write_text(text, encoding="utf-8")
-            print(f"wrote {ex.relative_to(root)}", file=out)
+        statuses.append((classify(ex, text), text))
     for ex in sorted((root / "exercises").glob(PATTERN)):
-        if ex.name not in wanted:
-            stale.append(ex)
-            if check:
-                print(f"stale: {ex.relative_to(root)} (no solutions/{ex.name})", file=out)
+        if ex.name not in wanted_names:
+            statuses.append((classify(ex, None), None))
+
+    for st, text in statuses:
+        rel = _rel(st.path, root)
+        if st.kind == "up to date":
+            continue
+        if st.kind == "edited":
+            edited_ok.append(st)
+            print(f"yours: {rel} ({st.detail}; its solution has not changed: nothing to do)",
+                  file=out)
+            continue
+        learners = not st.untouched
+        if check:
+            pending.append(st.path)
+            if st.kind == "missing":
+                print(f"missing: {rel}", file=out)
+            elif st.kind == "solution changed":
+                why = ("written by an older labkit without a record of what was "
+                       "generated; same cells, nothing edited" if st.detail else
+                       "its solution changed since it was generated; nobody edited it")
+                print(f"stale: {rel} ({why})", file=out)
+            elif st.kind == "orphan":
+                print(f"orphan: {rel} (no solutions/{st.path.name}"
+                      f"{'' if st.untouched else '; has edits or outputs'})", file=out)
             else:
-                ex.unlink()
-                print(f"removed {ex.relative_to(root)} (no solutions/{ex.name})", file=out)
-    if not stale:
-        n = len(solutions)
-        print(f"exercises/ is up to date ({n} notebook{'s' if n != 1 else ''})", file=out)
+                print(f"yours, and stale: {rel} ({st.detail}; its solution changed since it "
+                      f"was generated)", file=out)
+            continue
+        if learners and not force:
+            pending.append(st.path)
+            kept.append(st)
+            what = {"orphan": "has no solution any more",
+                    "unreadable": "is not a readable notebook"}.get(
+                st.kind, "has a newer version (its solution changed)")
+            print(f"kept: {rel} holds your work ({st.detail}) and {what}; not touched",
+                  file=out)
+            continue
+        if learners:
+            saved = _backup(st.path, root, stamp)
+            print(f"saved your version of {rel} to {_rel(saved, root)}", file=out)
+        if st.kind == "orphan":
+            st.path.unlink()
+            print(f"removed {rel} (no solutions/{st.path.name})", file=out)
+            continue
+        st.path.parent.mkdir(parents=True, exist_ok=True)
+        st.path.write_text(text, encoding="utf-8")
+        why = {"missing": "new", "solution changed": "its solution changed"}.get(
+            st.kind, st.kind)
+        print(f"wrote {rel} ({why})", file=out)
+
+    n = len(solutions)
+    if not pending:
+        extra = f"; {len(edited_ok)} with your edits" if edited_ok else ""
+        print(f"exercises/ is up to date ({n} notebook{'s' if n != 1 else ''}{extra})",
+              file=out)
     elif check:
-        print("run `make exercises` (python -m labkit exercises) to regenerate", file=out)
-    return stale
+        if any(not s.untouched for s, _ in statuses if s.path in pending):
+            print("`python -m labkit exercises` rewrites the untouched ones; files with your "
+                  "work are only replaced with --force, which first saves a copy to "
+                  f"exercises/{BACKUP_DIR}/", file=out)
+        else:
+            print("run `make exercises` (python -m labkit exercises) to regenerate them",
+                  file=out)
+    else:
+        print(f"{len(kept)} file(s) with your work were kept as they are. To replace them "
+              f"with the new version anyway: python -m labkit exercises --force (each is "
+              f"first copied to exercises/{BACKUP_DIR}/)", file=out)
+    return pending
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m labkit exercises",
+        description="Generate exercises/NN_*.ipynb from solutions/NN_*.ipynb. Files you "
+                    "edited are never overwritten without --force, and --force backs them "
+                    f"up to exercises/{BACKUP_DIR}/ first.",
+    )
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``python -m labkit exercises`` (shared with ``labkit.__main__``)."""
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true",
+                      help="write nothing; exit 1 if an exercise is missing or its solution "
+                           "changed (your own edits are fine)")
+    mode.add_argument("--force", action="store_true",
+                      help=f"also replace files with your edits, after copying each to "
+                           f"exercises/{BACKUP_DIR}/")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="repository root (default: the checkout labkit is in)")
+
+
+def run(args: argparse.Namespace) -> int:
+    root = args.root
+    if root is not None and not (Path(root) / "solutions").is_dir():
+        print(f"error: --root {root}: no solutions/ folder there; give the lab's checkout",
+              file=sys.stderr)
+        return 2
+    try:
+        pending = sync(root, check=args.check, force=args.force)
+    except ExerciseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 1 if pending else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m labkit exercises",
-        description="Generate exercises/NN_*.ipynb from solutions/NN_*.ipynb.",
-    )
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 listing stale exercises")
-    parser.add_argument("--root", type=Path, default=None,
-                        help="repository root (default: the checkout labkit is in)")
-    args = parser.parse_args(argv)
-    stale = sync(args.root, check=args.check)
-    return 1 if (args.check and stale) else 0
+    return run(_parser().parse_args(argv))
