@@ -1,27 +1,53 @@
 """Checkers for lesson 02 (raw capture and replay).
 
-Two exercises, each run on the backend of ``labkit.backend.get("auto")`` (or ``B=``):
+Three exercises, each run on the backend of ``labkit.backend.get("auto")`` (or ``B=``):
 
-* ``graphed_run(fn, static_input, batches) -> list[Tensor]``: the §1.2 template. Warm up
-  on a side stream, capture ``fn(static_input)`` once, then for each batch ``copy_`` it
-  into the static input, ``replay()``, and keep a *clone* of the static output. Checked
-  against eager ``[fn(b) for b in batches]``, and also for *how*: ``fn`` must have been
-  captured exactly once and must not run once per batch, and the results must not all be
-  the same tensor (the static output, overwritten by every replay).
+* ``graphed_run(fn, static_input, batches) -> list[Tensor]``: the template of section 4.
+  Warm ``fn(static_input)`` up 3 times on a side stream, capture ``fn(static_input)`` once,
+  then for each batch ``copy_`` it into the static input, ``replay()``, and keep a *clone*
+  of the static output. Checked against eager ``[fn(b) for b in batches]``, and also for
+  *how*: ``fn`` counts its calls (eager before capture, during capture, eager after) and
+  the stream each eager call ran on, and every result must be a tensor of its own (none
+  of them the static output, which the next replay overwrites).
 * ``capture_chain(f1, f2, static_input) -> (g1, g2, static_mid, static_out)``: two graphs
   in ONE shared pool, ``g1`` computing ``static_mid = f1(static_input)`` and ``g2``
   computing ``static_out = f2(static_mid)``. Checked by replaying ``g1`` then ``g2`` on
-  fresh data, and by ``g1.pool() == g2.pool()``.
+  fresh data, then each graph alone (``g1`` must not touch ``static_out``; ``g2`` must read
+  what is in ``static_mid``, not recompute it from ``static_input``), and by
+  ``g1.pool() == g2.pool()``.
+* ``serve(model, requests) -> list[Tensor]`` (diagnosis): the fixed version of a broken
+  serving loop given in the notebook. Checked like ``graphed_run``, without the warm-up
+  count (the broken code's own warm-up is right).
+
+An error raised inside a capture is reported at the learner's line with its first cause:
+a failed capture raises a second, follow-on error when the ``with B.graph(...)`` block
+ends, which names no line of the learner's code.
 """
 
 from __future__ import annotations
+
+import inspect
+import os
+import traceback
 
 import torch
 
 from labkit.backend import recover as _recover
 from labkit.checks import CheckResult, check, compare_outputs
 
-__all__ = ["check_graphed_run", "check_capture_chain"]
+__all__ = ["check_graphed_run", "check_capture_chain", "check_serve", "WARMUP_ITERS"]
+
+WARMUP_ITERS = 3  # what the exercise text asks for
+
+_LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def _check(*args, more_hints=None, **kwargs) -> CheckResult:
+    """:func:`labkit.checks.check`, with ``more_hints`` where that version takes it."""
+    if more_hints is not None and "more_hints" in inspect.signature(check).parameters:
+        kwargs["more_hints"] = more_hints
+    return check(*args, **kwargs)
 
 
 def _backend(B):
@@ -32,133 +58,358 @@ def _backend(B):
     return backend.get("auto")
 
 
+# ---- reporting an error raised in the learner's capture ---------------------------------
+
+class _Reported(Exception):
+    """A learner error already turned into a message (not re-described by check())."""
+
+
+def _first_cause(exc: BaseException) -> BaseException:
+    """The error a failed capture started with, not the follow-on one from its ``__exit__``."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        nxt = exc.__cause__ or exc.__context__
+        if nxt is None:
+            break
+        text = str(exc)
+        if "previous error during capture" in text or "StreamCaptureInvalidated" in text:
+            exc = nxt
+            continue
+        break
+    return exc
+
+
+def _is_labkit_or_torch(filename: str) -> bool:
+    if filename.startswith("<"):
+        return False
+    path = os.path.abspath(filename)
+    return path.startswith(_LABKIT_DIR + os.sep) or path.startswith(_TORCH_DIR + os.sep)
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: first line`` and the deepest line of the learner's own code that raised it."""
+    first = str(exc).strip().splitlines()
+    # the emulator adds its explanation as the last line; CUDA's text starts with the error
+    lines = [ln for ln in first if ln.startswith("[labkit emulator]")] or first[:1]
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    pick = None
+    for fr in traceback.extract_tb(exc.__traceback__):
+        if not _is_labkit_or_torch(fr.filename):
+            pick = fr
+    if pick is None:
+        return text
+    where = f"line {pick.lineno}" + (f" (in {pick.name})" if pick.name != "<module>" else "")
+    code = (pick.line or "").strip()
+    return f"{text}\n   at {where}: {code}" if code else f"{text}\n   at {where}"
+
+
+def _call(B, fn, *args):
+    """``fn(*args)``; an error comes back as :class:`_Reported`, with the capture recovered."""
+    try:
+        return fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - sorted out below
+        _recover(B)
+        root = _first_cause(exc)
+        if isinstance(root, NotImplementedError) or type(root).__name__ == "LearnerTimeout":
+            raise root from None
+        if not isinstance(root, Exception):
+            raise
+        hint = ""
+        if "captured tensor" in str(root) or "capturing" in str(root):
+            hint = ("\n   Inside `with B.graph(g):` ops are recorded, not run: nothing there may "
+                    "read a tensor's values on the host (print, .item(), .tolist(), if on a "
+                    "tensor). Read the static output after g.replay().")
+        raise _Reported(f"your code raised {_describe(root)}{hint}") from None
+    finally:
+        _recover(B)
+
+
 # ---- exercise 1: graphed_run ------------------------------------------------------------
 
-class _Counted:
-    """``fn`` that counts its eager calls and its calls during a capture."""
+_ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "sin": torch.sin}
 
-    def __init__(self, B, weight: torch.Tensor, bias: torch.Tensor):
-        self.B, self.weight, self.bias = B, weight, bias
-        self.eager = 0
+
+class _Counted:
+    """``fn`` that counts its calls: eager before capture, during capture, eager after.
+
+    It also remembers the stream of every eager call before the capture (the warm-up)
+    and the tensor it returned during capture (the static output).
+    """
+
+    def __init__(self, B, weight: torch.Tensor, bias: torch.Tensor, act: str):
+        self.B, self.weight, self.bias, self.act = B, weight, bias, act
+        self.warmup_streams: list[bool] = []  # True: that warm-up ran on the default stream
         self.captured = 0
+        self.after = 0
+        self.static_out: torch.Tensor | None = None
         self.__name__ = "fn"
 
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        return _ACTIVATIONS[self.act](x @ self.weight + self.bias) * 2.0
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.B.is_current_stream_capturing():
+        B = self.B
+        if B.is_current_stream_capturing():
             self.captured += 1
+            out = self.compute(x)
+            self.static_out = out
+            return out
+        if self.captured:
+            self.after += 1
         else:
-            self.eager += 1
-        return torch.tanh(x @ self.weight + self.bias) * 2.0
+            self.warmup_streams.append(B.current_stream() == B.default_stream())
+        return self.compute(x)
+
+
+def _make_fn_inputs(B, gen: torch.Generator):
+    rows = int(torch.randint(2, 6, (), generator=gen))
+    cols = int(torch.randint(3, 9, (), generator=gen))
+    n = int(torch.randint(5, 10, (), generator=gen))
+    act = list(_ACTIVATIONS)[int(torch.randint(0, len(_ACTIVATIONS), (), generator=gen))]
+    w = (torch.randn(cols, cols, generator=gen) / cols ** 0.5).to(B.device)
+    b = torch.randn(cols, generator=gen).to(B.device)
+    batches = [torch.randn(rows, cols, generator=gen).to(B.device) for _ in range(n)]
+    # cuBLAS initialises lazily on its first matmul, which must not happen during a
+    # capture: make sure that is over, so only the learner's own steps are tested
+    torch.mm(batches[0], w)
+    B.synchronize()
+    return _Counted(B, w, b, act), batches
+
+
+def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
+                 what: str = "fn", static: str = "static_out") -> str | None:
+    """What is wrong with a graphed loop's results and ``fn``'s call counts, or None."""
+    if fn.captured == 0:
+        return (f"{what} was never called during a capture, so nothing was graphed: "
+                f"record it once inside `with B.graph(g):` (section 3) and replay that graph")
+    if fn.captured > 1:
+        return (f"{what} was captured {fn.captured} times for {n} batches: capture ONE graph "
+                "before the loop (section 3) and only replay it inside the loop")
+    if fn.after:
+        return (f"{what} ran eagerly {fn.after} time(s) after the capture, for {n} batches: "
+                "after capture, a batch needs only copy_ + g.replay() (section 4); the "
+                "graph computes the result")
+    if out is None:
+        return "got None (did you forget `return results`?)"
+    if not isinstance(out, (list, tuple)):
+        return f"expected a list of tensors, one per batch, got a {type(out).__name__}"
+    tensors = [t for t in out if isinstance(t, torch.Tensor)]
+    if len(out) == n and len(tensors) == n and n > 1:
+        if len({t.data_ptr() for t in tensors}) == 1:
+            return (f"all {n} results are the same tensor, the graph's static output, which "
+                    "every replay overwrites in place (section 5): keep a copy (.clone()) per batch")
+    if len(out) == n and len(tensors) == n and fn.static_out is not None:
+        ptr = fn.static_out.data_ptr()
+        aliased = [i for i, t in enumerate(tensors) if t.data_ptr() == ptr]
+        if aliased:
+            which = "the last result" if aliased == [n - 1] else f"results {aliased}"
+            return (f"{which} IS the graph's static output ({static}), not a copy: the next "
+                    "replay of this graph (or the next capture into its pool) overwrites it "
+                    "in place (section 5). Clone every result, the last one too")
+    msg = compare_outputs(expected, list(out), rtol=1e-4, atol=1e-5)
+    if msg:
+        if len(tensors) == len(out) > 1 and all(
+                t.shape == tensors[0].shape and torch.equal(t, tensors[0]) for t in tensors):
+            return (msg + f"; all {len(out)} results hold the same values, so every replay "
+                    "read the same input: the graph reads the static input's memory, and a "
+                    "batch gets there only by copy_ into it (section 4; rebinding the name "
+                    "changes nothing the graph sees)")
+        return msg + ("  (a graph reads its input from the static input's memory: each batch "
+                      "must be copy_-ed into it before g.replay(), section 4)")
+    if warmups is not None:
+        done = len(fn.warmup_streams)
+        if done == 0:
+            return (f"{what} never ran before the capture: no warm-up. The exercise asks for "
+                    f"{warmups} warm-up runs on a side stream before capturing (section 2)")
+        if done != warmups:
+            return (f"{what} ran eagerly {done} time(s) before the capture: the exercise asks "
+                    f"for exactly {warmups} warm-up runs (section 2), not {done}")
+        on_default = sum(fn.warmup_streams)
+        if on_default:
+            return (f"{on_default} of the {done} warm-up runs ran on the default stream: the "
+                    "exercise asks for a side stream (section 2 shows the two wait_stream "
+                    "calls around `with B.stream(s):`)")
+    return None
 
 
 def check_graphed_run(graphed_run, *, B=None, trials: int = 3) -> CheckResult:
-    """``graphed_run(fn, static_input, batches)`` must return clones of fn(batch), via one graph."""
+    """``graphed_run(fn, static_input, batches)`` must return clones of fn(batch), via one graph.
+
+    Probed: one capture, no eager call after it, exactly :data:`WARMUP_ITERS` warm-up runs,
+    each on a side stream, every result a tensor of its own with the eager values.
+    """
     B = _backend(B)
 
     def make_inputs(gen: torch.Generator):
-        rows = int(torch.randint(2, 6, (), generator=gen))
-        cols = int(torch.randint(3, 9, (), generator=gen))
-        n = int(torch.randint(8, 13, (), generator=gen))
-        w = (torch.randn(cols, cols, generator=gen) / cols ** 0.5).to(B.device)
-        b = torch.randn(cols, generator=gen).to(B.device)
-        batches = [torch.randn(rows, cols, generator=gen).to(B.device) for _ in range(n)]
-        # cuBLAS initialises lazily on its first matmul, which must not happen during a
-        # capture: make sure that is over, so only the learner's own steps are tested
-        torch.mm(batches[0], w)
-        B.synchronize()
-        return _Counted(B, w, b), torch.zeros(rows, cols, device=B.device), batches
+        fn, batches = _make_fn_inputs(B, gen)
+        rows, cols = batches[0].shape
+        return fn, torch.zeros(rows, cols, device=B.device), batches
 
     def reference(fn, static_input, batches):
         with torch.no_grad():
-            out = [torch.tanh(x @ fn.weight + fn.bias) * 2.0 for x in batches]
-        return {"outputs": out}
+            return {"outputs": [fn.compute(x) for x in batches]}
 
     def learner(fn, static_input, batches):
         try:
-            out = graphed_run(fn, static_input, batches)
-        finally:
-            _recover(B)
+            out = _call(B, graphed_run, fn, static_input, batches)
+        except _Reported as rep:
+            return {"bad": str(rep)}
         return {"outputs": out, "fn": fn, "n": len(batches)}
 
     def compare(expected, actual) -> str | None:
-        out, fn, n = actual["outputs"], actual["fn"], actual["n"]
-        if fn.captured == 0:
-            return ("fn was never called during a capture: record it once inside "
-                    "`with B.graph(g):` and then call g.replay() for each batch")
-        if fn.captured > 1:
-            return (f"fn was captured {fn.captured} times: capture ONE graph before the "
-                    "loop and replay it for every batch")
-        if fn.eager >= n:
-            return (f"fn ran eagerly {fn.eager} times for {n} batches: after capture, only "
-                    "copy_ + g.replay() should run per batch (warm up a few times, not once "
-                    "per batch)")
-        if isinstance(out, (list, tuple)) and len(out) > 1 and all(
-                isinstance(t, torch.Tensor) for t in out):
-            ptrs = {t.data_ptr() for t in out}
-            if len(ptrs) == 1:
-                return (f"all {len(out)} results are the same tensor, the graph's static "
-                        "output, which every replay overwrites in place: append "
-                        "static_out.clone()")
-        msg = compare_outputs(expected["outputs"], out, rtol=1e-4, atol=1e-5)
-        if msg:
-            return msg + ("  (results from the first batches wrong? copy_ each batch into "
-                          "static_input BEFORE g.replay(), and never rebind it)")
-        return None
+        if "bad" in actual:
+            return actual["bad"]
+        return _run_problem(actual["fn"], actual["outputs"], actual["n"], expected["outputs"],
+                            warmups=WARMUP_ITERS)
 
-    return check(
+    return _check(
         learner, reference, make_inputs, trials=trials, name="graphed_run", compare=compare,
-        hint="warm up on a side stream (s = B.Stream(); s.wait_stream(B.current_stream()); "
-             "with B.stream(s): ...), capture once with `with B.graph(g): static_out = "
-             "fn(static_input)`, then per batch: static_input.copy_(batch); g.replay(); "
-             "keep static_out.clone()",
+        hint="the exercise's three steps are sections 2 (warm-up), 3 (capture) and 4-5 "
+             "(replay, keep results) of the lesson",
+        more_hints=[
+            "warm-up: s = B.Stream(); s.wait_stream(B.current_stream()); then "
+            f"`with B.stream(s):` call fn(static_input) {WARMUP_ITERS} times; then "
+            "B.current_stream().wait_stream(s)",
+            "capture once, before the loop: g = B.CUDAGraph(); `with B.graph(g): static_out = "
+            "fn(static_input)`",
+            "per batch: static_input.copy_(batch); g.replay(); results.append(static_out.clone())",
+        ],
+    )
+
+
+# ---- exercise 3 (diagnosis): serve ------------------------------------------------------
+
+def check_serve(serve, *, B=None, trials: int = 3) -> CheckResult:
+    """``serve(model, requests)`` must return clones of model(request), via one graph."""
+    B = _backend(B)
+
+    def make_inputs(gen: torch.Generator):
+        return _make_fn_inputs(B, gen)
+
+    def reference(model, requests):
+        with torch.no_grad():
+            return {"outputs": [model.compute(x) for x in requests]}
+
+    def learner(model, requests):
+        try:
+            out = _call(B, serve, model, requests)
+        except _Reported as rep:
+            return {"bad": str(rep)}
+        return {"outputs": out, "fn": model, "n": len(requests)}
+
+    def compare(expected, actual) -> str | None:
+        if "bad" in actual:
+            return actual["bad"]
+        return _run_problem(actual["fn"], actual["outputs"], actual["n"], expected["outputs"],
+                            warmups=None, what="model", static="static_y")
+
+    return _check(
+        learner, reference, make_inputs, trials=trials, name="serve", compare=compare,
+        hint="compare what broken_serve printed with sections 4 and 5 of the lesson",
+        more_hints=[
+            "one bug makes every output come from the same input: how does a new request "
+            "reach the memory the graph reads? (section 4)",
+            "one bug makes every output the same tensor: what does the next replay do to "
+            "static_y? (section 5)",
+        ],
     )
 
 
 # ---- exercise 2: capture_chain ------------------------------------------------------------
 
-def _f1(x: torch.Tensor) -> torch.Tensor:
-    return x * 2.0 + 1.0
+_F1 = {
+    "2x+1": lambda x: x * 2.0 + 1.0,
+    "x*x-0.5": lambda x: x * x - 0.5,
+    "exp(-|x|)": lambda x: torch.exp(-x.abs()),
+}
+_F2 = {
+    "3tanh(x)-x": lambda x: torch.tanh(x) * 3.0 - x,
+    "sigmoid(x)+x": lambda x: torch.sigmoid(x) + x,
+    "x/2-1": lambda x: x * 0.5 - 1.0,
+}
 
 
-def _f2(x: torch.Tensor) -> torch.Tensor:
-    return torch.tanh(x) * 3.0 - x
+def _pick(table: dict, gen: torch.Generator):
+    key = list(table)[int(torch.randint(0, len(table), (), generator=gen))]
+    fn = table[key]
+    fn.__name__ = key
+    return fn
 
 
 def check_capture_chain(capture_chain, *, B=None, trials: int = 3) -> CheckResult:
-    """``capture_chain(f1, f2, static_input)``: ``(g1, g2, static_mid, static_out)``, one pool."""
+    """``capture_chain(f1, f2, static_input)``: ``(g1, g2, static_mid, static_out)``, one pool.
+
+    Probed: two distinct graphs; replaying g1 then g2 gives f1(x) and f2(f1(x)); g1 alone
+    writes static_mid and leaves static_out alone; g2 alone reads whatever static_mid
+    holds; both graphs in one pool. f1, f2 and the sizes are drawn at random.
+    """
     B = _backend(B)
 
     def make_inputs(gen: torch.Generator):
         n = int(torch.randint(3, 40, (), generator=gen))
+        f1, f2 = _pick(_F1, gen), _pick(_F2, gen)
         fresh = [torch.randn(n, generator=gen).to(B.device) for _ in range(3)]
-        return torch.zeros(n, device=B.device), fresh
+        probe = torch.randn(n, generator=gen).to(B.device)
+        return f1, f2, torch.zeros(n, device=B.device), fresh, probe
 
-    def reference(static_input, fresh):
-        return {"mid": [_f1(x) for x in fresh], "out": [_f2(_f1(x)) for x in fresh],
-                "same_pool": True}
+    def reference(f1, f2, static_input, fresh, probe):
+        return {"mid": [f1(x) for x in fresh], "out": [f2(f1(x)) for x in fresh]}
 
-    def learner(static_input, fresh):
+    def learner(f1, f2, static_input, fresh, probe):
         try:
-            result = capture_chain(_f1, _f2, static_input)
-        finally:
-            _recover(B)
+            result = _call(B, capture_chain, f1, f2, static_input)
+        except _Reported as rep:
+            return {"bad": str(rep)}
         if not isinstance(result, (tuple, list)) or len(result) != 4:
             got = type(result).__name__ + (f" of {len(result)}" if isinstance(
                 result, (tuple, list)) else "")
             return {"bad": f"expected a tuple (g1, g2, static_mid, static_out), got {got}"}
         g1, g2, mid, out = result
-        mids, outs = [], []
-        for x in fresh:
-            static_input.copy_(x)
-            g1.replay()
-            g2.replay()
-            mids.append(mid.clone())
-            outs.append(out.clone())
+        for name, g in (("g1", g1), ("g2", g2)):
+            if not isinstance(g, B.CUDAGraph):
+                return {"bad": f"{name} is a {type(g).__name__}, expected a B.CUDAGraph()"}
+        for name, t in (("static_mid", mid), ("static_out", out)):
+            if not isinstance(t, torch.Tensor):
+                return {"bad": f"{name} is a {type(t).__name__}, expected the tensor the "
+                               "graph writes"}
+        if g1 is g2:
+            return {"bad": "g1 and g2 are the same graph object: the exercise asks for two "
+                           "graphs, g1 recording f1 only and g2 recording f2 only (two "
+                           "captures, section 7)"}
         try:
             same = tuple(g1.pool()) == tuple(g2.pool())
         except Exception as exc:  # a graph that was never captured
-            return {"bad": f"g1.pool() / g2.pool() failed: {exc}"}
-        return {"mid": mids, "out": outs, "same_pool": same}
+            return {"bad": f"g1.pool() / g2.pool() failed ({exc}): was each graph captured?"}
+        mids, outs = [], []
+        try:
+            for x in fresh:
+                static_input.copy_(x)
+                g1.replay()
+                g2.replay()
+                mids.append(mid.clone())
+                outs.append(out.clone())
+            # probe 1: g1 alone must write static_mid and must not compute static_out.
+            # (It MAY scribble on static_out: in a shared pool g2's output can live in a
+            # block g1 used for an intermediate; that is why shared pools replay in order.)
+            static_input.copy_(probe)
+            full = f2(f1(probe))
+            was_full = bool(torch.allclose(out, full, rtol=1e-5, atol=1e-6))
+            g1.replay()
+            g1_mid_ok = bool(torch.allclose(mid, f1(probe), rtol=1e-5, atol=1e-6))
+            g1_touches_out = not was_full and bool(
+                torch.allclose(out, full, rtol=1e-5, atol=1e-6))
+            # probe 2: g2 alone must read what static_mid holds now
+            planted = probe.flip(0) + 0.25
+            mid.copy_(planted)
+            g2.replay()
+            g2_reads_mid = bool(torch.allclose(out, f2(planted), rtol=1e-5, atol=1e-6))
+            g2_writes_mid = not torch.equal(mid, planted)
+        except Exception as exc:
+            return {"bad": f"replaying g1 / g2 failed: {type(exc).__name__}: {exc}"}
+        return {"mid": mids, "out": outs, "same_pool": same, "g1_mid_ok": g1_mid_ok,
+                "g1_touches_out": g1_touches_out, "g2_reads_mid": g2_reads_mid,
+                "g2_writes_mid": g2_writes_mid}
 
     def compare(expected, actual) -> str | None:
         if "bad" in actual:
@@ -166,18 +417,40 @@ def check_capture_chain(capture_chain, *, B=None, trials: int = 3) -> CheckResul
         msg = compare_outputs(expected["mid"], actual["mid"], rtol=1e-5, atol=1e-6,
                               where="static_mid ")
         if msg:
-            return msg + " (g1 must record static_mid = f1(static_input))"
+            return msg + (" after g1.replay(): g1 must record static_mid = f1(static_input), "
+                          "and static_mid must be the tensor g1 wrote (not a copy of it)")
+        if actual["g1_touches_out"]:
+            return ("replaying g1 alone computed static_out = f2(f1(x)): g1 records f2 too. "
+                    "Each graph records one function: g1 f1, g2 f2")
+        if actual["g2_writes_mid"] and not actual["g2_reads_mid"]:
+            return ("replaying g2 alone overwrote static_mid: your g2 records f1. Are the graphs "
+                    "returned in the order (g1, g2, static_mid, static_out), g1 the f1 graph?")
+        if not actual["g2_reads_mid"]:
+            return ("g2 does not read g1's output: with new values written into static_mid, "
+                    "g2.replay() alone did not give f2(static_mid). Your g2 recomputes f1 from "
+                    "static_input (or reads a copy of static_mid): capture g2 on static_mid "
+                    "itself, the tensor g1 writes")
         msg = compare_outputs(expected["out"], actual["out"], rtol=1e-5, atol=1e-6,
                               where="static_out ")
         if msg:
-            return msg + " (g2 must record static_out = f2(static_mid), reading g1's output)"
+            return msg + (" after g1.replay(); g2.replay(): g2 must record "
+                          "static_out = f2(static_mid)")
+        if not actual["g1_mid_ok"]:
+            return "replaying g1 alone did not write f1(static_input) into static_mid"
         if not actual["same_pool"]:
-            return ("the results are right, but g1 and g2 use different memory pools: pass "
-                    "pool=g1.pool() (or one B.graph_pool_handle() to both) when capturing g2")
+            return ("the results are right, but g1 and g2 use different memory pools: the "
+                    "exercise asks for one shared pool: capture g2 with pool=g1.pool() or pass one "
+                    "B.graph_pool_handle() to both (section 7)")
         return None
 
-    return check(
+    return _check(
         learner, reference, make_inputs, trials=trials, name="capture_chain", compare=compare,
-        hint="pool = B.graph_pool_handle(); capture g1 with `with B.graph(g1, pool=pool):`, "
-             "then g2 with the same pool, its input being g1's static output",
+        hint="section 7 of the lesson captures two graphs into one pool, the second reading "
+             "the first's static output",
+        more_hints=[
+            "two graphs, two captures: g1 records static_mid = f1(static_input); g2 records "
+            "static_out = f2(static_mid), on the very tensor g1 writes",
+            "one pool for both: pool = B.graph_pool_handle(), then `with B.graph(g1, "
+            "pool=pool):` and `with B.graph(g2, pool=pool):` (or pool=g1.pool() for g2)",
+        ],
     )

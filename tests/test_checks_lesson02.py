@@ -1,0 +1,351 @@
+"""Lesson 02 checkers: the reference passes; real learner mistakes are rejected with a
+message that names the mistake actually made (and never the full answer first).
+
+Runs on every backend (``B`` fixture): the emulator here, the GPU too where there is one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from labkit.capture import side_stream_warmup
+from labkit.checks.lesson02 import check_capture_chain, check_graphed_run, check_serve
+
+
+def _msg(res) -> str:
+    assert not res, "a wrong answer passed"
+    return res.message
+
+
+# ---- graphed_run ------------------------------------------------------------------------
+
+def _graphed_run(B, *, warmups=3, side=True, clone="all", copy=True, capture_in_loop=False,
+                 eager_after=False, print_in_capture=False):
+    """The reference, with one knob per real mistake."""
+    def graphed_run(fn, static_input, batches):
+        if warmups:
+            s = B.Stream() if side else B.default_stream()
+            s.wait_stream(B.current_stream())
+            with B.stream(s):
+                for _ in range(warmups):
+                    fn(static_input)
+            B.current_stream().wait_stream(s)
+        g = B.CUDAGraph()
+        if not capture_in_loop:
+            with B.graph(g):
+                static_out = fn(static_input)
+                if print_in_capture:
+                    print(static_out)  # the learner's line the report must name
+        results = []
+        for i, batch in enumerate(batches):
+            if capture_in_loop:
+                g = B.CUDAGraph()
+                with B.graph(g):
+                    static_out = fn(static_input)
+            if copy:
+                static_input.copy_(batch)
+            else:
+                static_input = batch  # noqa: F841 - the rebinding bug
+            g.replay()
+            if eager_after:
+                fn(batch)
+            keep = clone == "all" or (clone == "all but last" and i < len(batches) - 1)
+            results.append(static_out.clone() if keep else static_out)
+        return results
+    return graphed_run
+
+
+def test_graphed_run_reference_passes(B, capsys):
+    assert check_graphed_run(_graphed_run(B), B=B)
+    assert capsys.readouterr().out == "✅ graphed_run: passed 3 random trials\n"
+
+
+def test_graphed_run_with_side_stream_warmup_helper_passes(B):
+    def graphed_run(fn, static_input, batches):
+        side_stream_warmup(fn, static_input, B=B, iters=3)
+        g = B.CUDAGraph()
+        with B.graph(g):
+            out = fn(static_input)
+        res = []
+        for b in batches:
+            static_input.copy_(b)
+            g.replay()
+            res.append(out.clone())
+        return res
+    assert check_graphed_run(graphed_run, B=B)
+
+
+def test_graphed_run_rejects_no_warmup(B):
+    msg = _msg(check_graphed_run(_graphed_run(B, warmups=0), B=B))
+    assert "never ran before the capture: no warm-up" in msg and "section 2" in msg
+
+
+def test_graphed_run_rejects_warmup_on_the_default_stream(B):
+    msg = _msg(check_graphed_run(_graphed_run(B, side=False), B=B))
+    assert "3 of the 3 warm-up runs ran on the default stream" in msg
+    assert "side stream" in msg
+
+
+def test_graphed_run_rejects_a_single_warmup(B):
+    msg = _msg(check_graphed_run(_graphed_run(B, warmups=1), B=B))
+    assert "fn ran eagerly 1 time(s) before the capture" in msg
+    assert "exactly 3 warm-up runs" in msg
+
+
+def test_graphed_run_twenty_warmups_named_as_warmups(B):
+    msg = _msg(check_graphed_run(_graphed_run(B, warmups=20), B=B))
+    assert "fn ran eagerly 20 time(s) before the capture" in msg
+    assert "exactly 3 warm-up runs" in msg
+    assert "batches" not in msg.splitlines()[0]  # not "20 times for 12 batches"
+
+
+def test_graphed_run_rejects_the_last_result_uncloned(B):
+    msg = _msg(check_graphed_run(_graphed_run(B, clone="all but last"), B=B))
+    assert "the last result IS the graph's static output" in msg
+    assert "the last one too" in msg
+
+
+def test_graphed_run_rejects_no_clone(B):
+    msg = _msg(check_graphed_run(_graphed_run(B, clone="none"), B=B))
+    assert "results are the same tensor, the graph's static output" in msg
+    assert "section 5" in msg
+
+
+def test_graphed_run_rejects_rebinding_the_static_input(B):
+    msg = _msg(check_graphed_run(_graphed_run(B, copy=False), B=B))
+    assert "values differ" in msg and "hold the same values" in msg
+    assert "copy_" in msg and "rebinding" in msg
+
+
+def test_graphed_run_rejects_eager_calls_after_capture(B):
+    msg = _msg(check_graphed_run(_graphed_run(B, eager_after=True), B=B))
+    assert "ran eagerly" in msg and "after the capture" in msg
+
+
+def test_graphed_run_rejects_a_capture_per_batch(B):
+    msg = _msg(check_graphed_run(_graphed_run(B, capture_in_loop=True), B=B))
+    assert "fn was captured" in msg and "capture ONE graph before the loop" in msg
+
+
+def test_graphed_run_rejects_plain_eager(B):
+    msg = _msg(check_graphed_run(lambda fn, s, bs: [fn(b) for b in bs], B=B))
+    assert "never called during a capture" in msg
+
+
+def test_graphed_run_print_in_capture_is_reported_at_the_learners_line(B):
+    res = check_graphed_run(_graphed_run(B, print_in_capture=True), B=B)
+    msg = _msg(res)
+    assert "print(static_out)" in msg and "(in graphed_run)" in msg
+    assert "emulator/graph.py" not in msg and "previous error" not in msg
+    assert "Traceback" not in msg
+    # the failed capture left a usable process: capture + replay + a random op work
+    x = torch.ones(3, device=B.device)
+    g = B.CUDAGraph()
+    with B.graph(g):
+        y = x * 2
+    g.replay()
+    torch.randn(2, device=B.device)
+    assert y.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_graphed_run_returns_none_and_stub():
+    from labkit import backend
+
+    B = backend.get("emulated")
+
+    def forgot_return(fn, static_input, batches):
+        _graphed_run(B)(fn, static_input, batches)
+
+    assert "did you forget `return" in _msg(check_graphed_run(forgot_return, B=B))
+
+    def stub(fn, static_input, batches):
+        raise NotImplementedError()
+
+    assert "not done yet" in _msg(check_graphed_run(stub, B=B))
+
+
+def test_graphed_run_first_hint_is_not_the_answer(B):
+    msg = _msg(check_graphed_run(_graphed_run(B, warmups=0), B=B))
+    assert "static_out.clone()" not in msg and "wait_stream(B.current_stream())" not in msg
+
+
+# ---- capture_chain ------------------------------------------------------------------------
+
+def _chain_ref(B):
+    def capture_chain(f1, f2, static_input):
+        pool = B.graph_pool_handle()
+        g1, g2 = B.CUDAGraph(), B.CUDAGraph()
+        with B.graph(g1, pool=pool):
+            mid = f1(static_input)
+        with B.graph(g2, pool=pool):
+            out = f2(mid)
+        return g1, g2, mid, out
+    return capture_chain
+
+
+def test_capture_chain_reference_passes(B, capsys):
+    assert check_capture_chain(_chain_ref(B), B=B)
+
+    def with_g1_pool(f1, f2, static_input):
+        g1, g2 = B.CUDAGraph(), B.CUDAGraph()
+        with B.graph(g1):
+            mid = f1(static_input)
+        with B.graph(g2, pool=g1.pool()):
+            out = f2(mid)
+        return g1, g2, mid, out
+
+    assert check_capture_chain(with_g1_pool, B=B)
+    assert capsys.readouterr().out.count("✅ capture_chain: passed 3 random trials") == 2
+
+
+def test_capture_chain_rejects_one_graph_returned_twice(B):
+    def one_graph(f1, f2, static_input):
+        g = B.CUDAGraph()
+        with B.graph(g):
+            mid = f1(static_input)
+            out = f2(mid)
+        return g, g, mid, out
+
+    msg = _msg(check_capture_chain(one_graph, B=B))
+    assert "g1 and g2 are the same graph object" in msg and "two" in msg
+
+
+def test_capture_chain_rejects_g2_that_never_reads_g1s_output(B):
+    def recomputes(f1, f2, static_input):
+        pool = B.graph_pool_handle()
+        g1, g2 = B.CUDAGraph(), B.CUDAGraph()
+        with B.graph(g1, pool=pool):
+            mid = f1(static_input)
+        with B.graph(g2, pool=pool):
+            out = f2(f1(static_input))
+        return g1, g2, mid, out
+
+    msg = _msg(check_capture_chain(recomputes, B=B))
+    assert "g2 does not read g1's output" in msg and "static_mid" in msg
+
+
+def test_capture_chain_rejects_g2_on_a_copy_of_the_mid(B):
+    def copy_first(f1, f2, static_input):
+        pool = B.graph_pool_handle()
+        g1, g2 = B.CUDAGraph(), B.CUDAGraph()
+        with B.graph(g1, pool=pool):
+            mid = f1(static_input)
+        mid_copy = mid.clone()           # made outside any capture: never updated again
+        with B.graph(g2, pool=pool):
+            out = f2(mid_copy)
+        return g1, g2, mid, out
+
+    msg = _msg(check_capture_chain(copy_first, B=B))
+    assert "g2 does not read g1's output" in msg and "a copy of static_mid" in msg
+
+
+def test_capture_chain_rejects_g1_recording_both(B):
+    def g1_does_all(f1, f2, static_input):
+        pool = B.graph_pool_handle()
+        g1, g2 = B.CUDAGraph(), B.CUDAGraph()
+        with B.graph(g1, pool=pool):
+            mid = f1(static_input)
+            out = f2(mid)
+        with B.graph(g2, pool=pool):
+            f2(mid)
+        return g1, g2, mid, out         # g1's out: replaying g1 alone computes it
+
+    msg = _msg(check_capture_chain(g1_does_all, B=B))
+    assert "g1 records f2 too" in msg
+
+
+def test_capture_chain_rejects_separate_pools(B):
+    def separate(f1, f2, static_input):
+        g1, g2 = B.CUDAGraph(), B.CUDAGraph()
+        with B.graph(g1):
+            mid = f1(static_input)
+        with B.graph(g2):
+            out = f2(mid)
+        return g1, g2, mid, out
+
+    msg = _msg(check_capture_chain(separate, B=B))
+    assert "different memory pools" in msg and "section 7" in msg
+
+
+def test_capture_chain_rejects_a_cloned_mid(B):
+    def returns_clone(f1, f2, static_input):
+        g1, g2, mid, out = _chain_ref(B)(f1, f2, static_input)
+        return g1, g2, mid.clone(), out
+
+    msg = _msg(check_capture_chain(returns_clone, B=B))
+    assert "static_mid" in msg and "values differ" in msg and "not a copy" in msg
+
+
+def test_capture_chain_rejects_graphs_swapped(B):
+    def swapped(f1, f2, static_input):
+        g1, g2, mid, out = _chain_ref(B)(f1, f2, static_input)
+        return g2, g1, mid, out
+
+    msg = _msg(check_capture_chain(swapped, B=B))
+    assert "replaying g2 alone overwrote static_mid: your g2 records f1" in msg
+
+
+def test_capture_chain_rejects_wrong_return_values(B):
+    assert "expected a tuple (g1, g2, static_mid, static_out), got NoneType" in _msg(
+        check_capture_chain(lambda f1, f2, x: None, B=B))
+    assert "g1 is a function, expected a B.CUDAGraph()" in _msg(
+        check_capture_chain(lambda f1, f2, x: (f1, f2, f1(x), f2(f1(x))), B=B))
+
+
+# ---- serve (diagnosis) ----------------------------------------------------------------------
+
+def _serve(B, *, copy=True, clone="all", capture_per_request=False):
+    def serve(model, requests):
+        static_x = torch.zeros_like(requests[0])
+        side_stream_warmup(model, static_x, B=B)
+        g = B.CUDAGraph()
+        with B.graph(g):
+            static_y = model(static_x)
+        outputs = []
+        for i, x in enumerate(requests):
+            if capture_per_request:
+                g = B.CUDAGraph()
+                with B.graph(g):
+                    static_y = model(static_x)
+            if copy:
+                static_x.copy_(x)
+            else:
+                static_x = x  # noqa: F841 - the bug of the broken version
+            g.replay()
+            keep = clone == "all" or (clone == "all but last" and i < len(requests) - 1)
+            outputs.append(static_y.clone() if keep else static_y)
+        return outputs
+    return serve
+
+
+def test_serve_reference_passes(B, capsys):
+    assert check_serve(_serve(B), B=B)
+    assert capsys.readouterr().out == "✅ serve: passed 3 random trials\n"
+
+
+def test_serve_rejects_the_broken_version(B):
+    msg = _msg(check_serve(_serve(B, copy=False, clone="none"), B=B))
+    assert "results are the same tensor" in msg and "section 5" in msg
+
+
+def test_serve_rejects_half_fixes(B):
+    msg = _msg(check_serve(_serve(B, copy=False), B=B))
+    assert "hold the same values" in msg and "copy_" in msg
+    msg = _msg(check_serve(_serve(B, clone="none"), B=B))
+    assert "results are the same tensor" in msg
+    msg = _msg(check_serve(_serve(B, clone="all but last"), B=B))
+    assert "the last result IS the graph's static output (static_y)" in msg
+
+
+def test_serve_rejects_eager_and_per_request_capture(B):
+    msg = _msg(check_serve(lambda model, requests: [model(x) for x in requests], B=B))
+    assert "model was never called during a capture" in msg
+    msg = _msg(check_serve(_serve(B, capture_per_request=True), B=B))
+    assert "model was captured" in msg
+
+
+def test_serve_hints_come_in_steps(B):
+    res = check_serve(_serve(B, copy=False, clone="none"), B=B)
+    assert "copy_" not in res.message.split("hint:")[-1]
+    if hasattr(res, "more_hints"):
+        assert len(res.more_hints) == 2 and "section 4" in res.more_hints[0]
