@@ -1,4 +1,5 @@
-"""labkit.timeline (lesson 01): simulation math, idle time, roofline, traces, checkers.
+"""labkit.timeline (lesson 01): simulation math, idle time, roofline, traces (the lesson 01
+checkers are in test_checks_lesson01.py).
 
 Everything here is deterministic and fast except the measurement tests, which only check
 that the numbers are sane; the ``cuda`` ones record a real profiler trace on a GPU.
@@ -315,48 +316,6 @@ def test_launch_cost_measured_with_cuda_events_on_gpu():
     m = T.measure_launch_cost(backend.get("cuda"), n_ops=100, numel=256, repeats=20)
     assert m["timer"] == "cuda events" and m["eager_step_us"] > 0 and m["graph_step_us"] > 0
     assert m["speedup"] == pytest.approx(m["eager_step_us"] / m["graph_step_us"])
-
-
-# --------------------------------------------------------------------------- checkers
-
-
-def _idle_loop(n, launch_us, kernel_us):
-    end = 0.0
-    for i in range(n):
-        end = max((i + 1) * launch_us, end) + kernel_us
-    return end - n * kernel_us
-
-
-def test_checker_simulate_launch_bound_accepts_and_rejects(capsys):
-    assert C.check_simulate_launch_bound(_idle_loop)
-    assert "✅" in capsys.readouterr().out
-    wrong = C.check_simulate_launch_bound(lambda n, L, K: n * (L - K))
-    assert not wrong and "kernel" in wrong.message
-    assert not C.check_simulate_launch_bound(lambda n, L, K: max(0.0, n * (L - K) + K))
-    assert not C.check_simulate_launch_bound(lambda n, L, K: n * L)
-    assert not C.check_simulate_launch_bound(lambda n, L, K: None)
-
-
-def test_checker_chrome_trace_accepts_and_rejects():
-    assert C.check_chrome_trace_events(T.chrome_trace_events)
-    assert C.check_chrome_trace_events(lambda spans: T.chrome_trace_events(spans)[::-1])
-
-    def in_ns(spans):
-        return [dict(e, ts=e["ts"] * 1e3, dur=e["dur"] * 1e3) for e in T.chrome_trace_events(spans)]
-
-    r = C.check_chrome_trace_events(in_ns)
-    assert not r and "µs" in r.message
-
-    def one_track(spans):
-        return [dict(e, pid=0, tid=0) for e in T.chrome_trace_events(spans)]
-
-    r = C.check_chrome_trace_events(one_track)
-    assert not r and "share (pid, tid)" in r.message
-
-    def begin_events(spans):
-        return [dict(e, ph="B") for e in T.chrome_trace_events(spans)]
-
-    assert not C.check_chrome_trace_events(begin_events)
 
 
 def test_preset_for_device_names():

@@ -3,17 +3,19 @@
 Two exercises, each checked against :mod:`labkit.timeline`:
 
 * ``simulate_launch_bound(n, launch_us, kernel_us) -> float``: the GPU's idle time in µs
-  for an eager chain of ``n`` kernels (no gap between kernels), from the first launch to
-  the last kernel's end. Reference: ``gpu_idle_us(simulate(n, launch_us, kernel_us,
-  gap_us=0))``.
+  for an eager chain of ``n`` kernels (no gap between kernels: ``gap_us=0``, where the
+  lesson's ``T.simulate`` adds a default 0.1 µs), from the first launch to the last
+  kernel's end. Reference: ``gpu_idle_us(simulate(n, launch_us, kernel_us, gap_us=0))``.
 * ``chrome_trace_events(spans) -> list[dict]``: one Chrome-trace "complete" event per span
-  (any order), with ``ts``/``dur`` in µs and one (pid, tid) per lane. Any pid/tid numbering
-  is accepted as long as lanes stay apart, so it is checked by what Perfetto needs, not
-  by equality with the reference.
+  (any order), with ``ts``/``dur`` in µs and one number per lane, used for both ``pid``
+  and ``tid`` (as the exercise states). Any numbering is accepted as long as lanes stay
+  apart, so it is checked by what the text and Perfetto need, not by equality with the
+  reference. The spans come in a random order, with two or three lanes.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from numbers import Real
@@ -24,6 +26,15 @@ from labkit import timeline as T
 from labkit.checks import CheckResult, check
 
 __all__ = ["check_simulate_launch_bound", "check_chrome_trace_events"]
+
+LESSON_GAP_US = 0.1  # T.simulate's default gap between two kernels (the exercise has none)
+
+
+def _check(*args, more_hints=None, **kwargs) -> CheckResult:
+    """:func:`labkit.checks.check`, with ``more_hints`` where that version takes it."""
+    if more_hints is not None and "more_hints" in inspect.signature(check).parameters:
+        kwargs["more_hints"] = more_hints
+    return check(*args, **kwargs)
 
 
 def _uniform(gen: torch.Generator, lo: float, hi: float) -> float:
@@ -51,6 +62,8 @@ def check_simulate_launch_bound(fn, *, trials: int = 6) -> CheckResult:
             kernel_us = round(launch_us * _uniform(gen, 0.05, 0.8), 2)
         else:          # GPU-bound: kernels longer than a launch
             kernel_us = round(launch_us * _uniform(gen, 1.3, 6.0), 2)
+        if trial == 5:  # whole microseconds, as ints: the text does not promise floats
+            launch_us, kernel_us = int(round(launch_us)) or 1, int(round(kernel_us)) + 1
         last.update(n=n, launch_us=launch_us, kernel_us=kernel_us)
         return n, launch_us, kernel_us
 
@@ -66,8 +79,20 @@ def check_simulate_launch_bound(fn, *, trials: int = 6) -> CheckResult:
         actual = float(actual)
         if math.isclose(actual, expected, rel_tol=1e-6, abs_tol=1e-6):
             return None
+        with_gap = T.gpu_idle_us(T.simulate(n, L, K, gap_us=LESSON_GAP_US))
+        no_queue = n * L + K - n * K  # kernel i starts at the end of launch i, always
         why = ""
-        if actual < 0:
+        if n > 1 and math.isclose(actual, with_gap, rel_tol=1e-6, abs_tol=1e-6):
+            why = (f" That is the idle time with T.simulate's default {LESSON_GAP_US} µs gap "
+                   "between kernels (section 2's table uses it); the exercise has no gap.")
+        elif regime == "GPU-bound" and math.isclose(actual, no_queue, rel_tol=1e-6,
+                                                    abs_tol=1e-6):
+            why = (" Your kernels start as soon as their launch ends, even while the previous "
+                   "kernel still runs: the GPU runs one kernel of a stream at a time, so a "
+                   "kernel also waits for the previous one to finish.")
+            if actual < 0:
+                why += " (A negative idle time is the sign: kernels overlapping each other.)"
+        elif actual < 0:
             why = (" Idle time cannot be negative: when kernels outlast launches the queue "
                    "fills up and the GPU waits only for the very first launch.")
         elif regime == "GPU-bound" and math.isclose(actual, 0.0, abs_tol=1e-9):
@@ -81,12 +106,17 @@ def check_simulate_launch_bound(fn, *, trials: int = 6) -> CheckResult:
         return (f"for {case} ({regime}) the GPU idles {expected:g} µs, you returned "
                 f"{actual:g}.{why}")
 
-    return check(
+    return _check(
         fn, _idle_reference, make_inputs, trials=trials, name="simulate_launch_bound",
         compare=compare,
-        hint="step through it: kernel i starts at max(end of launch i = (i+1)*launch_us, end of "
-             "kernel i-1); idle = end of the last kernel - n*kernel_us. Check both regimes "
-             "(kernel_us < launch_us and kernel_us > launch_us).",
+        hint="work the failing case by hand on section 2's two-lane picture, in both regimes "
+             "(kernel_us < launch_us and kernel_us > launch_us)",
+        more_hints=[
+            "kernel i starts when BOTH are done: launch i (it ends at (i+1)*launch_us) and "
+            "kernel i-1",
+            "loop over the kernels keeping the end of the previous one; idle = end of the "
+            "last kernel - n*kernel_us (the window starts at 0, the first launch)",
+        ],
     )
 
 
@@ -98,7 +128,8 @@ def _spans_for(gen: torch.Generator) -> list[T.Span]:
     spans = list(T.simulate(n, launch_us, kernel_us, graphed=graphed).spans)
     if int(torch.randint(0, 2, (), generator=gen)):  # a third lane, as in measured traces
         spans.append(T.Span(T.OPS, "aten::add", 0.0, _uniform(gen, 1.0, 5.0)))
-    return spans
+    order = torch.randperm(len(spans), generator=gen).tolist()  # any order, as Perfetto takes
+    return [spans[i] for i in order]
 
 
 def _trace_problem(spans: list[T.Span], events) -> str | None:
@@ -149,6 +180,15 @@ def _trace_problem(spans: list[T.Span], events) -> str | None:
                 elif want and math.isclose(got, want / 1e3, rel_tol=1e-9):
                     unit = " (that is ms: Chrome traces count in µs, as Span does: don't convert)"
                 return f"{where}: {key} is {got!r}, expected {want!r}{unit}"
+        for key in ("pid", "tid"):
+            got = e[key]
+            if not isinstance(got, Real) or isinstance(got, bool):
+                return (f"{where}: {key} is {got!r}, a {type(got).__name__}; the exercise asks "
+                        "for a NUMBER per lane (Chrome traces number their processes and "
+                        "threads), not the lane's name")
+        if e["pid"] != e["tid"]:
+            return (f"{where} has pid={e['pid']!r} and tid={e['tid']!r}: the exercise asks "
+                    "for the lane's one number in both")
         ident = (e["pid"], e["tid"])
         if s.lane in lane_ids and lane_ids[s.lane] != ident:
             return (f"{where}: lane {s.lane!r} has (pid, tid) {lane_ids[s.lane]} and {ident}; "
@@ -175,14 +215,16 @@ def check_chrome_trace_events(fn, *, trials: int = 4) -> CheckResult:
         return (spans,)
 
     def compare(expected, actual) -> str | None:
-        problem = _trace_problem(last["spans"], actual)
-        if problem is None:
-            return None
-        return problem
+        return _trace_problem(last["spans"], actual)
 
-    return check(
+    return _check(
         fn, T.chrome_trace_events, make_inputs, trials=trials, name="chrome_trace_events",
         compare=compare,
-        hint='each event is {"name", "ph": "X", "ts": start_us, "dur": dur_us, "pid", "tid"}; '
-             "pick one number per lane (e.g. {'CPU': 1, 'GPU': 2}) and use it for pid and tid",
+        hint="compare your events with the two printed in section 6 of the lesson",
+        more_hints=[
+            'one dict per span: {"name", "ph": "X", "ts", "dur", "pid", "tid"}; ts and dur '
+            "are the span's start_us and dur_us, unchanged",
+            "a dict from lane name to number, filled as lanes appear (e.g. {'CPU': 1, "
+            "'GPU': 2}); that number goes in pid and tid",
+        ],
     )
