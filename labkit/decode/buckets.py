@@ -18,20 +18,72 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Iterable, Sequence
 
 __all__ = ["default_buckets", "pow2_buckets", "make_buckets", "pad_to_bucket",
-           "BatchTooLargeError", "BucketReport", "explore_buckets"]
+           "BatchTooLargeError", "BucketReport", "explore_buckets", "SCHEMES"]
+
+#: the bucket schemes :func:`make_buckets` knows by name ("disable_padding" = "every")
+SCHEMES = ("sglang", "every", "pow2")
 
 
 class BatchTooLargeError(ValueError):
     """A batch has more requests than the largest captured graph."""
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, Integral) and not isinstance(x, bool)
+
+
+def _check_count(value, what: str, fix: str) -> int:
+    """``value`` as an int >= 1, or an error naming what was given and what to do."""
+    if not _is_int(value):
+        raise TypeError(f"{what} must be a whole number >= 1, got {value!r} "
+                        f"({type(value).__name__}). {fix}")
+    if value < 1:
+        raise ValueError(f"{what} must be >= 1, got {value}. {fix}")
+    return int(value)
+
+
+def _check_max_bs(max_bs) -> int:
+    return _check_count(max_bs, "max_bs", "It is the largest batch a graph is captured for, "
+                        "e.g. max_bs=16.")
+
+
+def _check_bucket_list(buckets, *, sorted_required: bool) -> list[int]:
+    """A bucket list as ints >= 1; ``sorted_required``: also strictly ascending."""
+    if isinstance(buckets, (str, bytes)) or not hasattr(buckets, "__iter__"):
+        raise TypeError(f"buckets must be a list of batch sizes, got {buckets!r} "
+                        f"({type(buckets).__name__})")
+    out = list(buckets)
+    if not out:
+        raise ValueError("buckets is empty: capture at least one graph, e.g. buckets=[1, 2, 4, 8]")
+    for i, b in enumerate(out):
+        if not _is_int(b):
+            raise TypeError(f"buckets[{i}] is {b!r} ({type(b).__name__}): a bucket is a "
+                            f"batch size, a whole number >= 1")
+        if b < 1:
+            raise ValueError(f"buckets[{i}] is {b}: a bucket is a batch size, >= 1")
+    if sorted_required:
+        for i in range(1, len(out)):
+            if out[i] <= out[i - 1]:
+                raise ValueError(
+                    f"buckets must be sorted ascending without repeats (bisect needs that), "
+                    f"but buckets[{i - 1}]={out[i - 1]} and buckets[{i}]={out[i]}. Build the "
+                    f"list with make_buckets(max_bs, sizes), which sorts it")
+    return [int(b) for b in out]
+
+
 def default_buckets(max_bs: int, disable_padding: bool = False) -> list[int]:
-    """SGLang's capture list for ``max_bs`` (no spec decode), sorted ascending."""
-    if max_bs < 1:
-        raise ValueError(f"max_bs must be >= 1, got {max_bs}")
+    """SGLang's capture list for ``max_bs`` (no spec decode), sorted ascending.
+
+    Args:
+        max_bs: the largest batch a graph is captured for (an int >= 1; it is always in).
+        disable_padding: one graph per batch size, ``1..max_bs``
+            (SGLang's ``--disable-cuda-graph-padding``).
+    """
+    max_bs = _check_max_bs(max_bs)
     if disable_padding:
         return list(range(1, max_bs + 1))
     bs = ([1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16))
@@ -41,16 +93,30 @@ def default_buckets(max_bs: int, disable_padding: bool = False) -> list[int]:
 
 def pow2_buckets(max_bs: int) -> list[int]:
     """1, 2, 4, ... up to max_bs (max_bs included): few graphs, up to ~50% padding."""
+    max_bs = _check_max_bs(max_bs)
     out = [1 << i for i in range(max(1, math.ceil(math.log2(max_bs)) + 1)) if 1 << i < max_bs]
     return out + [max_bs]
 
 
 def make_buckets(max_bs: int, scheme: str | Iterable[int] = "sglang") -> list[int]:
-    """``scheme``: "sglang" (default list), "every" (no padding), "pow2", or a list."""
+    """The sorted bucket list for ``max_bs``.
+
+    Args:
+        max_bs: the largest batch a graph is captured for (an int >= 1).
+        scheme: "sglang" (default list), "every" (no padding; "disable_padding" is the
+            same), "pow2", or the sizes themselves (ints in ``1..max_bs``, any order;
+            repeats are dropped).
+
+    Raises ``TypeError``/``ValueError`` naming the bad value: a non-integer size, an empty
+    list, a size < 1 or > ``max_bs``, an unknown scheme name.
+    """
+    max_bs = _check_max_bs(max_bs)
     if not isinstance(scheme, str):
-        out = sorted(set(int(b) for b in scheme))
-        if not out or out[0] < 1:
-            raise ValueError(f"bucket sizes must be >= 1, got {out}")
+        out = sorted(set(_check_bucket_list(scheme, sorted_required=False)))
+        if out[-1] > max_bs:
+            raise ValueError(f"bucket {out[-1]} exceeds max_bs={max_bs}: the static buffers "
+                             f"are sized by max_bs, so no graph can be larger. Raise max_bs "
+                             f"or drop the bucket")
         return out
     if scheme == "sglang":
         return default_buckets(max_bs)
@@ -58,7 +124,9 @@ def make_buckets(max_bs: int, scheme: str | Iterable[int] = "sglang") -> list[in
         return default_buckets(max_bs, disable_padding=True)
     if scheme == "pow2":
         return pow2_buckets(max_bs)
-    raise ValueError(f"unknown bucket scheme {scheme!r}: use 'sglang', 'every', 'pow2' or a list")
+    names = ", ".join(map(repr, SCHEMES))
+    raise ValueError(f"unknown bucket scheme {scheme!r}: use one of {names} "
+                     f"or a list of sizes such as [1, 2, 4, 8]")
 
 
 def pad_to_bucket(raw_bs: int, buckets: Sequence[int]) -> int:
@@ -66,9 +134,18 @@ def pad_to_bucket(raw_bs: int, buckets: Sequence[int]) -> int:
 
     Raises :class:`BatchTooLargeError` when no bucket holds ``raw_bs`` — the caller
     decides whether that is an error or an eager fallback; it is never silent here.
+
+    .. warning::
+        ``buckets`` must be sorted ascending: bisect on an unsorted list returns a wrong
+        bucket without an error, so the list is checked first (``TypeError``/``ValueError``
+        naming the first bad entry).
     """
+    if not _is_int(raw_bs):
+        raise TypeError(f"raw_bs must be a whole number of requests, got {raw_bs!r} "
+                        f"({type(raw_bs).__name__})")
     if raw_bs < 1:
-        raise ValueError(f"a batch has at least one request, got {raw_bs}")
+        raise ValueError(f"a batch has at least one request, got raw_bs={raw_bs}")
+    _check_bucket_list(buckets, sorted_required=True)
     i = bisect.bisect_left(buckets, raw_bs)
     if i == len(buckets):
         raise BatchTooLargeError(
@@ -117,8 +194,18 @@ def explore_buckets(max_bs: int, workload: Iterable[int], scheme: str | Iterable
     """
     buckets = make_buckets(max_bs, scheme)
     name = scheme if isinstance(scheme, str) else "custom"
+    for what, v in (("activation_bytes_per_row", activation_bytes_per_row),
+                    ("output_bytes_per_row", output_bytes_per_row),
+                    ("graph_overhead_bytes", graph_overhead_bytes)):
+        if not _is_int(v) or v < 0:
+            raise ValueError(f"{what} must be a whole number of bytes >= 0, got {v!r}")
+    sizes = list(workload)
+    for i, bs in enumerate(sizes):
+        if not _is_int(bs) or bs < 1:
+            raise ValueError(f"workload[{i}] is {bs!r}: the workload is the batch size of each "
+                             f"decode step, whole numbers >= 1")
     real = padded = oversize = 0
-    for bs in workload:
+    for bs in sizes:
         try:
             p = pad_to_bucket(int(bs), buckets)
         except BatchTooLargeError:

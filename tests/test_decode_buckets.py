@@ -1,0 +1,108 @@
+"""labkit.decode.buckets under misuse: every bad input is an error that names what was
+given and what was expected; nothing is computed wrongly in silence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from labkit.decode import (
+    BatchTooLargeError,
+    default_buckets,
+    explore_buckets,
+    make_buckets,
+    pad_to_bucket,
+    pow2_buckets,
+)
+
+
+@pytest.mark.parametrize("fn", [default_buckets, pow2_buckets, lambda m: make_buckets(m)])
+@pytest.mark.parametrize("max_bs, err, words", [
+    (0, ValueError, "max_bs must be >= 1, got 0"),
+    (-8, ValueError, "max_bs must be >= 1, got -8"),
+    (16.0, TypeError, "got 16.0 (float)"),
+    ("16", TypeError, "got '16' (str)"),
+    (True, TypeError, "got True (bool)"),
+])
+def test_max_bs_must_be_a_positive_int(fn, max_bs, err, words):
+    with pytest.raises(err, match=words.replace("(", r"\(").replace(")", r"\)")):
+        fn(max_bs)
+
+
+def test_numpy_ints_are_ints():
+    assert default_buckets(np.int64(16)) == [1, 2, 4, 8, 12, 16]
+    assert make_buckets(16, np.array([8, 2, 4])) == [2, 4, 8]
+
+
+@pytest.mark.parametrize("sizes, err, words", [
+    ([], ValueError, "buckets is empty"),
+    ([1, 2.5, 4], TypeError, r"buckets\[1\] is 2.5 \(float\)"),
+    (["8", "16"], TypeError, r"buckets\[0\] is '8' \(str\)"),
+    ([4, 0, 8], ValueError, r"buckets\[1\] is 0"),
+    ([1, 2, 32], ValueError, "bucket 32 exceeds max_bs=16"),
+    ("1,2,4", ValueError, r"unknown bucket scheme '1,2,4'.*such as \[1, 2, 4, 8\]"),
+    (8, TypeError, "must be a list of batch sizes"),
+])
+def test_make_buckets_rejects_bad_lists(sizes, err, words):
+    with pytest.raises(err, match=words):
+        make_buckets(16, sizes)
+
+
+def test_make_buckets_sorts_and_dedups_a_custom_list():
+    assert make_buckets(16, [8, 2, 2, 4, 16]) == [2, 4, 8, 16]
+
+
+def test_unknown_scheme_lists_the_choices():
+    with pytest.raises(ValueError, match="unknown bucket scheme 'pow4': use one of 'sglang', "
+                                         "'every', 'pow2'"):
+        make_buckets(16, "pow4")
+
+
+@pytest.mark.parametrize("buckets, err, words", [
+    ([1, 8, 4, 16], ValueError, r"sorted ascending .*buckets\[1\]=8 and buckets\[2\]=4"),
+    ([1, 4, 4, 8], ValueError, "without repeats"),
+    ([], ValueError, "buckets is empty"),
+    ([1, 2, "4"], TypeError, r"buckets\[2\] is '4'"),
+])
+def test_pad_to_bucket_rejects_lists_bisect_cannot_search(buckets, err, words):
+    with pytest.raises(err, match=words):
+        pad_to_bucket(3, buckets)
+
+
+def test_pad_to_bucket_unsorted_would_otherwise_be_silently_wrong():
+    import bisect
+
+    unsorted = [1, 16, 4, 8]
+    assert unsorted[bisect.bisect_left(unsorted, 3)] == 16   # what bisect alone would say
+    with pytest.raises(ValueError, match="sorted"):
+        pad_to_bucket(3, unsorted)
+
+
+@pytest.mark.parametrize("raw, err, words", [
+    (0, ValueError, "at least one request, got raw_bs=0"),
+    (2.0, TypeError, r"got 2.0 \(float\)"),
+    (None, TypeError, r"got None \(NoneType\)"),
+])
+def test_pad_to_bucket_rejects_bad_batch_sizes(raw, err, words):
+    with pytest.raises(err, match=words):
+        pad_to_bucket(raw, [1, 2, 4])
+
+
+def test_pad_to_bucket_oversize_names_both_sizes():
+    with pytest.raises(BatchTooLargeError, match="batch of 5 requests .* largest captured graph "
+                                                 r"\(4\)"):
+        pad_to_bucket(5, [1, 2, 4])
+
+
+@pytest.mark.parametrize("workload, words", [
+    ([1, 0, 3], r"workload\[1\] is 0"),
+    ([1, 2.5], r"workload\[1\] is 2.5"),
+])
+def test_explore_buckets_rejects_bad_workloads(workload, words):
+    with pytest.raises(ValueError, match=words):
+        explore_buckets(16, workload)
+
+
+def test_explore_buckets_rejects_negative_memory_model():
+    with pytest.raises(ValueError, match="activation_bytes_per_row must be a whole number"):
+        explore_buckets(16, [1, 2], activation_bytes_per_row=-1)
