@@ -77,7 +77,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from labkit.capture import on_side_stream
+from labkit.capture import _check_count, cleanup_on_failure, on_side_stream
 from labkit.guards import ArgMetadata, GraphArgumentError, _values_equal, get_mismatch_errors
 
 __all__ = [
@@ -248,6 +248,91 @@ def capture_stream(B):
     return s
 
 
+# ---- argument checks: what a careless call gets told ------------------------------------------
+
+def _refuse_kwargs(name: str, kwargs: dict) -> None:
+    """Graphed callables take positional arguments only (they were captured that way)."""
+    if kwargs:
+        raise TypeError(
+            f"{name}: a graphed callable takes positional arguments only (the graph was "
+            f"captured from sample_args, a tuple of positional arguments), got keyword "
+            f"argument(s) {', '.join(kwargs)}. Pass them positionally, in the order of "
+            f"sample_args.")
+
+
+def _check_arg_tuple(args, where: str, hint: str = "") -> tuple:
+    """``args`` as a tuple of arguments; a Tensor (or anything else) is refused, because
+    ``tuple(tensor)`` would silently split it along its first dimension."""
+    if isinstance(args, (tuple, list)):
+        return tuple(args)
+    what = (f"a Tensor of shape {tuple(args.shape)}" if isinstance(args, torch.Tensor)
+            else type(args).__name__)
+    raise TypeError(f"{where} must be a tuple of the callable's positional arguments, got "
+                    f"{what}. For one argument write (x,), not x{hint}.")
+
+
+def _check_callables(callables, sample_args) -> tuple[tuple, tuple, bool]:
+    """``(callables, sample_args, single)`` for :func:`make_graphed_callables`, checked:
+    one callable with a tuple of its arguments, or a tuple of callables with a tuple of
+    argument tuples of the same length (torch's convention)."""
+    if isinstance(callables, list):
+        raise TypeError("make_graphed_callables: pass several callables as a tuple, not a "
+                        f"list (torch's convention): tuple(callables), with sample_args a "
+                        f"tuple of argument tuples, one per callable.")
+    single = not isinstance(callables, tuple)
+    if single:
+        callables = (callables,)
+        sample_args = (_check_arg_tuple(sample_args, "sample_args"),)
+    else:
+        if not callables:
+            raise ValueError("make_graphed_callables: callables is an empty tuple; pass one "
+                             "callable, or a tuple of them")
+        sample_args = _check_arg_tuple(sample_args, "sample_args",
+                                       " (with several callables: a tuple of such tuples)")
+        if len(callables) != len(sample_args):
+            raise ValueError(f"make_graphed_callables: {len(callables)} callables but "
+                             f"{len(sample_args)} entries in sample_args; give one tuple of "
+                             f"sample arguments per callable, in the same order.")
+        sample_args = tuple(_check_arg_tuple(a, f"sample_args[{i}]")
+                            for i, a in enumerate(sample_args))
+    for i, c in enumerate(callables):
+        if not callable(c):
+            raise TypeError(f"make_graphed_callables: callables[{i}] is a "
+                            f"{type(c).__name__}, not a module or function")
+    return callables, sample_args, single
+
+
+def _check_sample_devices(name: str, args: Sequence, B) -> None:
+    """Every sample tensor on the backend's device type (a graph reads one device)."""
+    for i, a in enumerate(args):
+        dev = a.device if isinstance(a, (torch.Tensor, ArgMeta)) else None
+        if dev is not None and torch.device(dev).type != B.device.type:
+            raise ValueError(f"{name}: sample_args[{i}] is on {dev}, but the {B.name} "
+                             f"backend captures on {B.device}. Move it first: "
+                             f"x.to(B.device).")
+
+
+def _requires_grad_error(name: str, i: int, why: str) -> RuntimeError:
+    """``why``: "sample" (captured from a sample that did not require grad), "no_autograd"
+    (captured under no_grad / in eval mode) or "no_bwd" (backward graph not created yet)."""
+    reason, fix = {
+        "sample": ("the sample it was captured with did not require grad, so the backward "
+                   "graph computes no gradient for it",
+                   "Capture with a sample that requires grad (sample.requires_grad_()), or "
+                   f"pass args[{i}].detach() if no gradient is wanted"),
+        "no_autograd": ("the graph was captured without autograd (under torch.no_grad() or "
+                        "with the module in eval mode), so it has no backward graph",
+                        "Call it under torch.no_grad() (inference), or capture it in "
+                        "training mode with grad enabled"),
+        "no_bwd": ("its backward graph has not been created yet",
+                   "Call create_bwd_graph() first, or call it under torch.no_grad()"),
+    }[why]
+    return RuntimeError(
+        f"{name}: args[{i}] requires grad, but {reason}: its .grad would silently stay None "
+        f"where eager autograd fills it (an upstream pipeline stage would never train). "
+        f"{fix}.")
+
+
 # ---- the runner ----------------------------------------------------------------------------
 
 class GraphRunner:
@@ -277,6 +362,18 @@ class GraphRunner:
                  clone_wgrads: bool = True, restore_grad_added: bool = True,
                  restore_after_warmup: bool = True, name: str | None = None,
                  forward_impl: Callable | None = None, backward_impl: Callable | None = None):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"GraphRunner needs the torch.nn.Module whose parameters the graphs "
+                            f"train, got {type(module).__name__}. For a plain function pass "
+                            f"GraphRunner(torch.nn.Module(), B, func=fn).")
+        if func is not None and not callable(func):
+            raise TypeError(f"GraphRunner(func=...) must be callable, got {type(func).__name__}")
+        _check_count(num_warmup, "num_warmup", minimum=0)
+        generators = list(generators)
+        for gen in generators:
+            if not isinstance(gen, torch.Generator):
+                raise TypeError(f"GraphRunner(generators=...) takes torch.Generator objects, "
+                                f"got {type(gen).__name__}")
         self.module = module
         self.B = B
         self.pool = pool
@@ -311,6 +408,7 @@ class GraphRunner:
         self._guard_src = None
         self._guard_sig: tuple = (0, (), ())
         self._tensor_pos: tuple | None = None       # None: every argument is a tensor
+        self._no_dgrad_pos: tuple = ()              # tensor args captured without grad
 
     def __repr__(self):
         state = ("fwd+bwd" if self.bwd_graph is not None else
@@ -345,8 +443,11 @@ class GraphRunner:
         :class:`ArgMeta` (buffers start as zeros), or non-tensor values (baked in).
         """
         if self.fwd_graph is not None:
-            raise RuntimeError(f"{self.name}: the forward graph already exists")
+            raise RuntimeError(f"{self.name}: the forward graph already exists (a runner "
+                               "captures once; make a new GraphRunner for other arguments)")
         B = self.B
+        sample_args = _check_arg_tuple(sample_args, f"{self.name}: create_fwd_graph(sample_args)")
+        _check_sample_devices(self.name, sample_args, B)
         self.arg_metas = [ArgMeta.of(a) for a in sample_args]
         static = []
         for a, m in zip(sample_args, self.arg_metas):
@@ -361,14 +462,18 @@ class GraphRunner:
 
         # warmup pollutes buffers and main_grad: back them up (Megatron L834-849)
         backup = self._backup() if self.restore_after_warmup else None
-        self._warmup()
-
-        g = B.CUDAGraph()
-        for gen in self.generators:              # RNG the layer draws from (L872)
-            g.register_generator_state(gen)
-        ctx = torch.enable_grad() if self.grad_enabled else torch.no_grad()
-        with ctx, B.graph(g, pool=self.pool, stream=capture_stream(B)):
-            outs = self.func(*static)
+        try:
+            self._warmup()
+            g = B.CUDAGraph()
+            for gen in self.generators:              # RNG the layer draws from (L872)
+                g.register_generator_state(gen)
+            ctx = torch.enable_grad() if self.grad_enabled else torch.no_grad()
+            with cleanup_on_failure(B), ctx, B.graph(g, pool=self.pool,
+                                                     stream=capture_stream(B)):
+                outs = self.func(*static)
+        finally:
+            if backup is not None:
+                self._restore(backup)
         outs, self.single_output = _flat_outputs(outs)
         if self.pool is None:
             self.pool = g.pool()                 # the backward graph shares it
@@ -380,13 +485,12 @@ class GraphRunner:
         if self.grad_enabled:
             self.params_to_backprop = get_connected_params(outs, self.module)
         self.input_surface = tensors + self.params_to_backprop
-        if backup is not None:
-            self._restore(backup)
 
     def create_bwd_graph(self) -> None:
         """Capture ``torch.autograd.grad`` of the forward graph's outputs (L1055-1134)."""
         if self.fwd_graph is None:
-            raise RuntimeError(f"{self.name}: create the forward graph first")
+            raise RuntimeError(f"{self.name}: no forward graph to differentiate yet: call "
+                               "create_fwd_graph(sample_args) first")
         if self.bwd_graph is not None:
             raise RuntimeError(f"{self.name}: the backward graph already exists")
         if not self.grad_enabled:
@@ -405,9 +509,14 @@ class GraphRunner:
         wants = [i for i in self.input_surface if i.requires_grad]
         flags_before = {p: p.grad_added_to_main_grad for p in self.params_to_backprop
                         if hasattr(p, "grad_added_to_main_grad")}
-        with B.graph(g, pool=self.pool, stream=capture_stream(B)):
-            grads = torch.autograd.grad(outs, wants, grad_outputs=douts, only_inputs=True,
-                                        allow_unused=True)
+        try:
+            with cleanup_on_failure(B), B.graph(g, pool=self.pool, stream=capture_stream(B)):
+                grads = torch.autograd.grad(outs, wants, grad_outputs=douts,
+                                            only_inputs=True, allow_unused=True)
+        except BaseException:
+            for p, v in flags_before.items():      # a failed capture leaves no trace either
+                p.grad_added_to_main_grad = v
+            raise
         self.bwd_graph = g
         # what the captured backward's Python left in the flags: restored at each replay
         self.groundtruth_grad_added_to_main_grad = {
@@ -447,9 +556,26 @@ class GraphRunner:
         self._guard_sig = _guard_signature(metas)
         self._tensor_pos = (None if all(m.is_tensor for m in metas)
                             else tuple(i for i, m in enumerate(metas) if m.is_tensor))
+        self._no_dgrad_pos = tuple(i for i, m in enumerate(metas)
+                                   if m.is_tensor and not m.requires_grad)
         self._guard_src = metas
 
-    def __call__(self, *args):
+    def _check_requires_grad(self, args: Sequence, differentiable: bool) -> None:
+        """Refuse an input that requires grad when the graphs cannot give it a gradient
+        (torch's own graphed callables silently leave its ``.grad`` at ``None``)."""
+        if not torch.is_grad_enabled():
+            return
+        if not differentiable:
+            why = "no_bwd" if self.grad_enabled and self.bwd_graph is None else "no_autograd"
+            for i, a in enumerate(args):
+                if isinstance(a, torch.Tensor) and a.requires_grad:
+                    raise _requires_grad_error(self.name, i, why)
+            return
+        for i in self._no_dgrad_pos:
+            if args[i].requires_grad:
+                raise _requires_grad_error(self.name, i, "sample")
+
+    def __call__(self, *args, **kwargs):
         """Replay the forward graph with autograd attached (Megatron's
         ``replay_graph_capture``): check the arguments, then ``ReplayNode.apply``.
 
@@ -457,16 +583,21 @@ class GraphRunner:
         once at capture ((shape, dtype, device) per tensor, (type, value) per baked-in
         value); only when that fails does lesson 03's full check run, to list every
         mismatch in the error."""
+        if kwargs:
+            _refuse_kwargs(self.name, kwargs)
         if self.fwd_graph is None:
-            raise RuntimeError(f"{self.name}: no forward graph yet (create_fwd_graph)")
+            raise RuntimeError(f"{self.name}: no forward graph to replay yet: call "
+                               "create_fwd_graph(sample_args) (and create_bwd_graph() to "
+                               "train) first")
         if self._guard_src is not self.arg_metas:
             self._prepare_guard()
         if not _matches(self._guard_sig, args):
             _raise_if_mismatch(self.name, self.arg_metas, args)
+        differentiable = self.bwd_graph is not None and any(self.output_requires_grad)
+        self._check_requires_grad(args, differentiable)
         pos = self._tensor_pos
         tensors = args if pos is None else tuple([args[i] for i in pos])
-        if (self.bwd_graph is not None and torch.is_grad_enabled()
-                and any(self.output_requires_grad)):
+        if differentiable and torch.is_grad_enabled():
             out = ReplayNode.apply(self, *tensors, *self.params_to_backprop)
             self.status = GraphStatus.BWD_READY
         else:
@@ -606,7 +737,9 @@ class GraphedModule(torch.nn.Module):
         self.runner = runner
         self._captured_training = module.training
 
-    def forward(self, *args):
+    def forward(self, *args, **kwargs):
+        if kwargs:
+            _refuse_kwargs(self.runner.name, kwargs)
         if self.module.training == self._captured_training:
             return self.runner(*args)
         return self.module(*args)
@@ -630,11 +763,7 @@ def make_graphed_callables(callables, sample_args, *, B=None, pool=None,
     if B is None:
         from labkit import backend
         B = backend.get("auto")
-    single = not isinstance(callables, tuple)
-    if single:
-        callables, sample_args = (callables,), (sample_args,)
-    if len(callables) != len(sample_args):
-        raise ValueError("callables and sample_args must have the same length")
+    callables, sample_args, single = _check_callables(callables, sample_args)
     pool = pool if pool is not None else B.graph_pool_handle()
     runners = []
     for c, args in zip(callables, sample_args):

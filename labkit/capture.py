@@ -55,7 +55,8 @@ import torch
 from torch.utils._pytree import tree_map
 
 __all__ = [
-    "on_side_stream", "side_stream_warmup", "capture", "Captured", "StaticGraph",
+    "on_side_stream", "side_stream_warmup", "capture", "cleanup_on_failure", "Captured",
+    "StaticGraph",
     "recorded_kernels",
     "short_kernel_name", "format_pool_stats",
 ]
@@ -109,6 +110,8 @@ def side_stream_warmup(fn: Callable, *args, B=None, iters: int = 3, **kwargs) ->
         step, a counter) happen ``iters`` times. Back up such state first if it matters.
     """
     B = _default_backend(B)
+    _check_callable(fn, "side_stream_warmup(fn, ...)")
+    _check_count(iters, "iters", minimum=0)
     out = None
     with on_side_stream(B):
         for _ in range(iters):
@@ -139,22 +142,54 @@ def capture(fn: Callable, *args, B=None, pool=None, stream=None, warmup: int = 3
     (``B.graph`` alone leaves its capture stream current when ``capture_end`` raises).
     """
     B = _default_backend(B)
+    _check_callable(fn, "capture(fn, ...)")
+    _check_count(warmup, "warmup", minimum=0)
     if warmup:
         side_stream_warmup(fn, *args, B=B, iters=warmup, **kwargs)
     g = B.CUDAGraph()
-    previous = B.current_stream()
-    try:
+    with cleanup_on_failure(B):
         with B.graph(g, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
             out = fn(*args, **kwargs)
+    return Captured(g, out)
+
+
+@contextlib.contextmanager
+def cleanup_on_failure(B):
+    """Leave a usable process if the body (a capture) raises, then re-raise.
+
+    A failed capture leaves its capture stream current (``B.graph`` raises from
+    ``capture_end`` before it switches back) and the default generator in capture mode,
+    so the next random op outside a capture fails (see :func:`labkit.backend.recover`).
+    This puts both back and makes the stream that was current before the body current
+    again. Every labkit function that captures runs its capture inside it.
+    """
+    previous = B.current_stream()
+    try:
+        yield
     except BaseException:
-        # A failed capture leaves its stream current and the default generator in capture
-        # mode; recover() undoes both (see labkit.backend.recover).
-        del g
         from labkit.backend import recover
+
         recover(B)
         B.set_stream(previous)
         raise
-    return Captured(g, out)
+
+
+# ---- argument checks shared by the capture helpers ----------------------------------------
+
+def _check_callable(fn, where: str) -> None:
+    if not callable(fn):
+        raise TypeError(f"{where}: fn must be a function or module to capture, got "
+                        f"{type(fn).__name__} {fn!r:.60}. Pass the callable itself, "
+                        "not its result (fn, not fn(x)).")
+
+
+def _check_count(value, name: str, *, minimum: int) -> None:
+    """``value`` must be an int (not a bool) >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} "
+                        f"{value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 # ---- the runner ------------------------------------------------------------------------
@@ -214,6 +249,8 @@ class StaticGraph:
 
     def __init__(self, fn: Callable, *, B=None, pool=None, stream=None, warmup: int = 3,
                  name: str | None = None):
+        _check_callable(fn, type(self).__name__)
+        _check_count(warmup, "warmup", minimum=0)
         self.fn = fn
         self.B = _default_backend(B)
         self.pool_handle = pool
@@ -232,10 +269,11 @@ class StaticGraph:
     def captured(self) -> bool:
         return self.graph is not None
 
-    def capture(self, *sample_args) -> "StaticGraph":
+    def capture(self, *sample_args, **sample_kwargs) -> "StaticGraph":
         """Allocate static inputs like ``sample_args``, warm up, capture; return ``self``."""
         from labkit.guards import metadata_tree
 
+        self._refuse_kwargs(sample_kwargs, "capture")
         if self.captured:
             raise RuntimeError(
                 f"{self._label()} is already captured. A graph is recorded once; for other "
@@ -281,10 +319,11 @@ class StaticGraph:
         self.graph.replay()
         self.replays += 1
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         """Check ``args``, ``copy_`` them into the static inputs, replay, return the outputs."""
         from labkit.guards import GraphArgumentError, _leaf_pairs, get_mismatch_errors
 
+        self._refuse_kwargs(kwargs, "call")
         self._require_captured("calling it")
         errors = get_mismatch_errors(self.arg_metadata, args)
         if errors:
@@ -296,6 +335,14 @@ class StaticGraph:
                     self.copies += 1
         self.replay()
         return self.static_outputs
+
+    def _refuse_kwargs(self, kwargs: dict, what: str) -> None:
+        if kwargs:
+            raise TypeError(
+                f"{self._label()}: StaticGraph takes positional arguments only, got keyword "
+                f"argument(s) {', '.join(kwargs)} in {what}. Pass them positionally, in the "
+                f"order fn takes them, or use labkit.guards.GuardedGraph, which accepts "
+                f"keyword arguments.")
 
     def _require_captured(self, what: str) -> None:
         if not self.captured:
@@ -374,7 +421,15 @@ def recorded_kernels(g, B=None, *, short: bool = True) -> list[str]:
         kernels), so compare counts and shapes of the lists, not the strings.
     """
     B = _default_backend(B)
+    if isinstance(g, StaticGraph):
+        g = g.graph if g.captured else g._require_captured("recorded_kernels()")
+    if not isinstance(g, B.CUDAGraph):
+        raise TypeError(f"recorded_kernels needs a {B.name} CUDAGraph (or a StaticGraph), "
+                        f"got {type(g).__name__}")
     if getattr(B, "is_emulated", B.name == "emulated"):
+        if not g._has_graph:
+            raise RuntimeError("recorded_kernels: this graph has not been captured (or its "
+                               "capture failed), so it recorded nothing. Capture it first.")
         return list(g.recorded_ops())
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -397,6 +452,10 @@ def format_pool_stats(stats: dict, label: str = "pool") -> str:
     freed blocks stay reserved by the pool so a later capture into the same pool can reuse
     them. On a GPU torch keeps no per-pool peak, so the peak there is device-wide.
     """
+    if not isinstance(stats, dict):
+        raise TypeError(f"format_pool_stats needs the dict B.pool_stats(handle) returns, got "
+                        f"{type(stats).__name__}")
+
     def size(n: int) -> str:
         return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 

@@ -95,15 +95,15 @@ class CUDAGraph:
         if self._has_graph or self._capture is not None:
             raise RuntimeError("This CUDAGraph instance already owns a captured graph. "
                                "To capture a new graph, create a new instance.")
-        if capture_error_mode not in ("global", "thread_local", "relaxed"):
-            raise RuntimeError(f"Unknown capture error mode. Expected `global`, "
-                               f"`thread_local`, or `relaxed`, got {capture_error_mode}")
+        _check_capture_error_mode(capture_error_mode)
+        handle = (_pool.check_handle(pool, "CUDAGraph.capture_begin") if pool is not None
+                  else None)
         s = current_stream()
         if s == default_stream():
             raise RuntimeError("CUDA graphs must be captured on a non-default stream. "
                                "(However, after capture, it's ok to replay them on the "
                                "default stream.)")
-        handle = tuple(pool) if pool is not None else _pool.new_handle()
+        handle = handle if handle is not None else _pool.new_handle()
         mp = _pool.pool_for(handle)
         cap = Capture(self, mp, s)
         cap.start()
@@ -195,6 +195,20 @@ class CUDAGraph:
             pass
 
 
+CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
+
+
+def _check_capture_error_mode(mode) -> None:
+    """torch.cuda's check and message (a RuntimeError), plus a TypeError for a non-string."""
+    if not isinstance(mode, str):
+        raise TypeError(f"capture_error_mode must be one of the strings "
+                        f"{', '.join(map(repr, CAPTURE_ERROR_MODES))}, got "
+                        f"{type(mode).__name__} {mode!r:.40}")
+    if mode not in CAPTURE_ERROR_MODES:
+        raise RuntimeError(f"Unknown capture error mode. Expected `global`, "
+                           f"`thread_local`, or `relaxed`, got {mode}")
+
+
 class graph:
     """Context manager that captures the work inside it into ``cuda_graph``.
 
@@ -211,6 +225,16 @@ class graph:
                  check_input_liveness: bool = False):
         # enable_annotations / check_input_liveness: accepted for parity with newer torch
         # (debugging aids for profiler annotations and use-after-free); no-ops here.
+        # The arguments are checked here, before the stream switch, so a typo cannot leave
+        # the capture stream current (torch checks them in capture_begin, after it).
+        if not isinstance(cuda_graph, CUDAGraph):
+            raise TypeError(f"graph(cuda_graph, ...) needs a B.CUDAGraph() to capture into, "
+                            f"got {type(cuda_graph).__name__}. Write: g = B.CUDAGraph(); "
+                            f"with B.graph(g): ...")
+        if pool is not None:
+            _pool.check_handle(pool, "graph(pool=...)")
+        _streams.check_stream(stream, "graph(stream=...)", allow_none=True)
+        _check_capture_error_mode(capture_error_mode)
         if stream is None and self.__class__.default_capture_stream is None:
             self.__class__.default_capture_stream = Stream()
         self.pool = () if pool is None else (pool,)

@@ -202,8 +202,27 @@ def new_handle() -> tuple[int, int]:
     return (next(_ids), 0)
 
 
+def check_handle(handle, where: str) -> tuple[int, int]:
+    """``handle`` as a pool id, or a TypeError that says what a pool handle is.
+
+    ``torch.cuda`` takes a ``(id, 0)`` pair of non-negative ints (a ``MempoolId``) and
+    refuses anything else with a TypeError; so does the emulator, in plainer words.
+    """
+    ok = (isinstance(handle, (tuple, list)) and len(handle) == 2
+          and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in handle))
+    if not ok:
+        raise TypeError(
+            f"{where}: pool must be a memory-pool handle, the (id, 0) pair that "
+            f"B.graph_pool_handle() or a captured graph's g.pool() returns (or None for a "
+            f"private pool); got {type(handle).__name__} {handle!r:.60}. To share one pool: "
+            f"pool = B.graph_pool_handle(), then pass pool=pool to each capture. "
+            f"('shared' and 'per_graph' are options of labkit's "
+            f"GlobalRecord.create_cudagraphs, not of B.graph.)")
+    return tuple(handle)
+
+
 def pool_for(handle: tuple[int, int]) -> MemPool:
-    handle = tuple(handle)
+    handle = check_handle(handle, "capture_begin")
     if handle not in _pools:
         _pools[handle] = MemPool(handle)
     return _pools[handle]
@@ -222,8 +241,9 @@ def pool_stats(pool=None) -> dict:
     reuse them, and why sharing a pool saves memory.
     """
     if pool is not None:
-        if tuple(pool) not in _pools:
-            return {"pool": tuple(pool), "reserved_bytes": 0, "allocated_bytes": 0,
+        pool = check_handle(pool, "pool_stats")
+        if pool not in _pools:
+            return {"pool": pool, "reserved_bytes": 0, "allocated_bytes": 0,
                     "peak_bytes": 0, "segments": 0, "graphs": 0}
         return _pools[tuple(pool)].stats()
     per = [p.stats() for p in _pools.values()]

@@ -54,7 +54,7 @@ class Stream:
         self.device = torch.device("cpu")
 
     def wait_stream(self, other: "Stream") -> None:
-        pass
+        check_stream(other, "Stream.wait_stream(other)", allow_none=False)
 
     def wait_event(self, event: "Event") -> None:
         pass
@@ -84,6 +84,17 @@ class Stream:
 _DEFAULT = Stream()
 
 
+def check_stream(s, where: str, *, allow_none: bool) -> None:
+    """A TypeError naming what was passed where a ``B.Stream()`` belongs."""
+    if s is None and allow_none:
+        return
+    if not isinstance(s, Stream):
+        none = " (or None)" if allow_none else ""
+        raise TypeError(f"{where}: expected a stream made by B.Stream(){none}, got "
+                        f"{type(s).__name__} {s!r:.60}. On the emulated backend streams "
+                        f"come from B.Stream(), B.current_stream() or B.default_stream().")
+
+
 def default_stream(device=None) -> Stream:
     return _DEFAULT
 
@@ -94,6 +105,7 @@ def current_stream(device=None) -> Stream:
 
 def set_stream(s: Stream) -> None:
     """Make ``s`` the current stream (like ``torch.cuda.set_stream``)."""
+    check_stream(s, "set_stream(s)", allow_none=False)
     _tls.stream = s
 
 
@@ -101,6 +113,7 @@ class stream:
     """Context manager that makes ``s`` the current stream (``None`` is a no-op)."""
 
     def __init__(self, s: Stream | None):
+        check_stream(s, "stream(s)", allow_none=True)
         self.s = s
 
     def __enter__(self):

@@ -67,6 +67,12 @@ class GlobalRecord:
             if self.entries:
                 raise RuntimeError("runners asked for graphs after the graphs were created")
             return []
+        _check_create_args(B, pool, create)
+        if not self.entries:
+            raise ValueError(
+                "create_cudagraphs: nothing was recorded, so there are no graphs to create. "
+                "Step 1 must run the layers wrapped in CudaGraphManager (graph_layers(layers, "
+                "B, record, ...)) sharing this record, before create_cudagraphs.")
         entries = reorder(self.entries, order) if not callable(order) else order(
             list(self.entries))
         if pool == "shared":
@@ -81,8 +87,6 @@ class GlobalRecord:
                 e[0].pool = B.graph_pool_handle()
                 self.pools.append(e[0].pool)
                 (create or create_in_order)([e])
-        else:
-            raise ValueError("pool must be 'shared' or 'per_graph'")
         for e in entries:
             e[0].cudagraph_created = True
         self.created = True
@@ -97,6 +101,22 @@ class GlobalRecord:
             tot["reserved_bytes"] += st["reserved_bytes"]
             tot["allocated_bytes"] += st["allocated_bytes"]
         return tot
+
+
+POOLS = ("shared", "per_graph")
+
+
+def _check_create_args(B, pool, create) -> None:
+    if B is None or not hasattr(B, "CUDAGraph"):
+        raise TypeError(f"create_cudagraphs needs the backend B = labkit.backend.get(...), "
+                        f"got {type(B).__name__}")
+    if pool not in POOLS:
+        raise ValueError(f"create_cudagraphs: unknown pool {pool!r}: choose one of "
+                         f"{', '.join(map(repr, POOLS))} (this chooses the policy; a pool "
+                         f"handle is not accepted here)")
+    if create is not None and not callable(create):
+        raise TypeError(f"create must be a function entries -> None, got "
+                        f"{type(create).__name__}")
 
 
 def create_in_order(entries: list[tuple]) -> None:
@@ -122,6 +142,9 @@ def reorder(entries: list[tuple], how: str) -> list[tuple]:
       forward order (``torch.cuda.make_graphed_callables``'s order, right for a model
       whose microbatches do not interleave).
     """
+    if how not in ORDERS:
+        raise ValueError(f"unknown order {how!r}: choose one of {', '.join(map(repr, ORDERS))}, "
+                         f"or pass a function entries -> entries")
     if how == "recorded":
         return list(entries)
     fwds = [e for e in entries if e[1] == "fwd"]
@@ -135,7 +158,8 @@ def reorder(entries: list[tuple], how: str) -> list[tuple]:
         return out
     if how == "torch":
         return fwds + [bwd_of[id(f[0])] for f in reversed(fwds) if id(f[0]) in bwd_of]
-    raise ValueError(f"unknown order {how!r}: choose one of {ORDERS}")
+    raise ValueError(f"unknown order {how!r}: choose one of {', '.join(map(repr, ORDERS))}, "
+                     f"or pass a function entries -> entries")
 
 
 class RecordNode(torch.autograd.Function):

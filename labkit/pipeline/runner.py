@@ -50,6 +50,18 @@ def graph_safe(hook: Callable) -> Callable:
     return hook
 
 
+def _check_manager_args(layer, record, reuse) -> None:
+    if not isinstance(layer, torch.nn.Module):
+        raise TypeError(f"CudaGraphManager wraps a torch.nn.Module (its parameters get the "
+                        f"wgrads), got {type(layer).__name__}")
+    if not isinstance(record, GlobalRecord):
+        raise TypeError(f"record must be a GlobalRecord() shared by every manager of the "
+                        f"model, got {type(record).__name__}")
+    if not isinstance(reuse, bool):
+        raise TypeError(f"reuse must be True (PP == 1: one runner per layer) or False "
+                        f"(PP > 1: one runner per microbatch in flight), got {reuse!r}")
+
+
 class CudaGraphManager(torch.nn.Module):
     """Wraps one layer: records in step 1, replays its runners afterwards.
 
@@ -62,6 +74,7 @@ class CudaGraphManager(torch.nn.Module):
     def __init__(self, layer: torch.nn.Module, B, record: GlobalRecord, *, reuse: bool = True,
                  name: str | None = None, **runner_kw):
         super().__init__()
+        _check_manager_args(layer, record, reuse)
         self.layer = layer
         self.B = B
         self.record = record
@@ -85,6 +98,11 @@ class CudaGraphManager(torch.nn.Module):
     def get_runner(self, args) -> GraphRunner:
         """The runner for this call (Megatron's ``get_cudagraph_runner``)."""
         created = self.record.created
+        if created and not self.runners:
+            raise RuntimeError(
+                f"{self.name}: the graphs were created, but this layer was not called in "
+                "step 1, so nothing was recorded for it. Call every graphed layer in the "
+                "recorded step, or record again with a new GlobalRecord.")
         if self.reuse:
             metas = None
             for r in self.runners:
@@ -94,19 +112,32 @@ class CudaGraphManager(torch.nn.Module):
                 if not mismatch_errors(metas, args):
                     return r
             if created:
-                raise RuntimeError(
-                    f"{self.name}: graphs exist but none of its {len(self.runners)} runners "
-                    "is ready for a forward with these arguments (a new shape, or a forward "
-                    "before the previous backward?)")
+                raise RuntimeError(self._no_runner_message(args))
             return self._new_runner()
         if created:
             r = self.runners[0]
             if r.status != GraphStatus.FWD_READY:
-                raise RuntimeError(f"{self.name}: more microbatches in flight than step 1 had "
-                                   "runners for")
+                raise RuntimeError(
+                    f"{self.name}: more microbatches in flight than step 1 had runners for "
+                    f"({len(self.runners)}): every runner is still waiting for its backward. "
+                    "Run later steps with the same schedule and number of microbatches as "
+                    "step 1, or record again with a new GlobalRecord.")
             self.runners = self.runners[1:] + self.runners[:1]     # first in, first out
             return r
         return self._new_runner()
+
+    def _no_runner_message(self, args) -> str:
+        ready = [r for r in self.runners if r.status == GraphStatus.FWD_READY]
+        msg = (f"{self.name}: the graphs exist, but none of its {len(self.runners)} runners "
+               f"can take this forward.")
+        if not ready:
+            return msg + (" Every runner's backward is still due: a forward before the "
+                          "previous microbatch's backward needs one runner per microbatch in "
+                          "flight (reuse=False), or run this forward under torch.no_grad().")
+        lines = mismatch_errors(ready[0].arg_metas, args)
+        return msg + (" The arguments differ from the ones captured (graphs were created "
+                      "for step 1's shapes; record again with a new GlobalRecord for "
+                      "others):\n  " + "\n  ".join(lines))
 
     def call_pre_forward_hooks(self, args) -> None:
         """Run the layer's graph-safe pre-forward hooks by hand (a replay would skip them);
@@ -119,7 +150,11 @@ class CudaGraphManager(torch.nn.Module):
                     "as a data-parallel parameter all-gather) are called by hand.")
             hook(self.layer, args)
 
-    def forward(self, *args):
+    def forward(self, *args, **kwargs):
+        if kwargs:
+            raise TypeError(f"{self.name}: a graphed layer takes positional arguments only "
+                            f"(graphs are captured from positional sample arguments), got "
+                            f"keyword argument(s) {', '.join(kwargs)}; pass them positionally")
         runner = self.get_runner(args)
         if self.record.created:
             self.call_pre_forward_hooks(args)

@@ -30,8 +30,56 @@ __all__ = ["num_warmup_microbatches", "one_f_one_b", "gpipe", "max_in_flight", "
            "simulate", "execution_order", "plot_schedule", "describe"]
 
 
+# ---- argument checks ------------------------------------------------------------------------
+
+def _check_int(value, name: str, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.40}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+
+
+def _check_PM(P, M) -> None:
+    """``P`` stages and ``M`` microbatches: ints, at least one of each."""
+    _check_int(P, "P (the number of pipeline stages)", 1)
+    _check_int(M, "M (the number of microbatches)", 1)
+
+
+def _check_order(order, where: str = "order") -> None:
+    """A stage's order: a list of ``("F", m)`` / ``("B", m)``, each backward after its
+    forward, each op once."""
+    if isinstance(order, (str, bytes)) or not isinstance(order, (list, tuple)):
+        raise TypeError(f"{where} must be a list of ('F', m) / ('B', m) pairs, as "
+                        f"one_f_one_b(P, M)[stage] gives, got {type(order).__name__}")
+    seen = set()
+    for i, op in enumerate(order):
+        if (not isinstance(op, (tuple, list)) or len(op) != 2 or op[0] not in ("F", "B")
+                or isinstance(op[1], bool) or not isinstance(op[1], int) or op[1] < 0):
+            raise ValueError(f"{where}[{i}] is {op!r}: each op must be ('F', m) or ('B', m) "
+                             f"with m a microbatch index >= 0 (upper-case 'F'/'B')")
+        kind, m = op
+        if (kind, m) in seen:
+            raise ValueError(f"{where}[{i}]: {kind}{m} appears twice")
+        if kind == "B" and ("F", m) not in seen:
+            raise ValueError(f"{where}[{i}]: B{m} comes before F{m}; a microbatch's backward "
+                             f"can only run after its forward")
+        seen.add((kind, m))
+
+
+def _check_orders(orders) -> None:
+    if isinstance(orders, (str, bytes)) or not isinstance(orders, (list, tuple)) or not orders:
+        raise TypeError("orders must be a non-empty list with one order per stage, as "
+                        f"one_f_one_b(P, M) returns, got {orders!r:.60}")
+    for s, order in enumerate(orders):
+        _check_order(order, f"orders[{s}]")
+
+
 def num_warmup_microbatches(P: int, M: int, stage: int) -> int:
     """Forwards stage ``stage`` runs before its first backward: ``min(P - stage - 1, M)``."""
+    _check_PM(P, M)
+    _check_int(stage, "stage", 0)
+    if stage >= P:
+        raise ValueError(f"stage must be in 0..{P - 1} for P={P} stages, got {stage}")
     return min(P - stage - 1, M)
 
 
@@ -43,8 +91,7 @@ def one_f_one_b(P: int, M: int) -> list[list[tuple[str, int]]]:
         stage 0: F0 F1 B0 F2 B1 B2      (1 warmup forward, 2 steady pairs, 1 cooldown)
         stage 1: F0 B0 F1 B1 F2 B2      (last stage: no warmup)
     """
-    if P < 1 or M < 1:
-        raise ValueError("need at least one stage and one microbatch")
+    _check_PM(P, M)
     orders = []
     for s in range(P):
         w = num_warmup_microbatches(P, M, s)
@@ -58,6 +105,7 @@ def one_f_one_b(P: int, M: int) -> list[list[tuple[str, int]]]:
 
 def gpipe(P: int, M: int) -> list[list[tuple[str, int]]]:
     """All forwards, then all backwards (GPipe), for comparison with 1F1B."""
+    _check_PM(P, M)
     return [[("F", m) for m in range(M)] + [("B", m) for m in range(M)] for _ in range(P)]
 
 
@@ -67,6 +115,7 @@ def max_in_flight(order: list[tuple[str, int]]) -> int:
     That is how many sets of activations the stage holds at once, and how many graph
     runners per layer a stage needs when each in-flight microbatch needs its own.
     """
+    _check_order(order)
     live = peak = 0
     for kind, _ in order:
         live += 1 if kind == "F" else -1
@@ -94,6 +143,10 @@ def simulate(orders: list[list[tuple[str, int]]], t_fwd: float = 1.0,
     on stage ``s-1``'s ``F m``; ``B m`` on stage ``s+1``'s ``B m``, or on this stage's
     own ``F m`` at the last stage). Raises ``ValueError`` when the orders deadlock.
     """
+    _check_orders(orders)
+    for name, t in (("t_fwd", t_fwd), ("t_bwd", t_bwd)):
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+            raise ValueError(f"{name} must be a positive number of time units, got {t!r}")
     P = len(orders)
     done: dict[tuple[int, str, int], float] = {}
     pos = [0] * P
@@ -145,6 +198,10 @@ def plot_schedule(events: list[Event], ax=None, title: str | None = None):
     microbatch; idle time (the pipeline bubble) stays white."""
     import matplotlib.pyplot as plt
 
+    events = list(events)
+    if not events or not all(isinstance(e, Event) for e in events):
+        raise ValueError("plot_schedule needs the non-empty list of events that "
+                         "simulate(orders) returns")
     if ax is None:
         P = 1 + max(e.stage for e in events)
         _, ax = plt.subplots(figsize=(10, 0.6 * P + 1.2))

@@ -21,9 +21,14 @@ from typing import Callable, Sequence
 
 import torch
 
-from labkit.pipeline.schedule import execution_order, gpipe, one_f_one_b, simulate
+from labkit.pipeline.schedule import (
+    _check_int, execution_order, gpipe, max_in_flight, one_f_one_b, simulate)
 
-__all__ = ["Stage", "split_stages", "train_step", "mse_loss"]
+__all__ = ["Stage", "split_stages", "train_step", "mse_loss", "SCHEDULES"]
+
+#: The schedules :func:`train_step` runs. Exact, lower-case names: any other string (a
+#: different case included) is refused, so that a typo can never run another schedule.
+SCHEDULES = {"1f1b": one_f_one_b, "gpipe": gpipe}
 
 
 def mse_loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -38,7 +43,15 @@ class Stage:
     """
 
     def __init__(self, layers: Sequence[Callable]):
+        if isinstance(layers, torch.nn.Module) and not isinstance(
+                layers, (torch.nn.ModuleList, torch.nn.Sequential)):
+            raise TypeError(f"Stage takes a list of layers, got one {type(layers).__name__}: "
+                            f"write Stage([layer])")
         self.layers = list(layers)
+        for i, layer in enumerate(self.layers):
+            if not callable(layer):
+                raise TypeError(f"Stage: layers[{i}] is a {type(layer).__name__}, not a "
+                                f"module or function")
 
     def set_current_microbatch(self, m: int) -> None:
         for layer in self.layers:
@@ -53,11 +66,87 @@ class Stage:
 
 def split_stages(layers: Sequence[Callable], P: int) -> list[Stage]:
     """``layers`` cut into ``P`` consecutive stages of (nearly) equal size."""
+    layers = list(layers)
     n = len(layers)
+    _check_int(P, "P (the number of stages)", 1)
     if not 1 <= P <= n:
-        raise ValueError(f"cannot split {n} layers into {P} stages")
+        raise ValueError(f"cannot split {n} layers into {P} stages: each stage needs at "
+                         f"least one layer, so P must be in 1..{n}")
     bounds = [round(i * n / P) for i in range(P + 1)]
     return [Stage(layers[bounds[i]:bounds[i + 1]]) for i in range(P)]
+
+
+# ---- argument checks -------------------------------------------------------------------------
+
+def _schedule_orders(schedule, P: int, M: int) -> list:
+    """The per-stage orders of ``schedule``, one of :data:`SCHEDULES` exactly."""
+    if schedule not in SCHEDULES:
+        known = ", ".join(repr(k) for k in SCHEDULES)
+        near = [k for k in SCHEDULES if isinstance(schedule, str)
+                and k == schedule.strip().lower()]
+        hint = f" Did you mean {near[0]!r}? Names are lower case." if near else ""
+        raise ValueError(f"unknown schedule {schedule!r}: choose one of {known}.{hint}")
+    return SCHEDULES[schedule](P, M)
+
+
+def _check_step_args(stages, inputs, targets, record, B, create_graphs, trace) -> tuple:
+    """``(stages, inputs, targets)`` as lists once every argument of :func:`train_step`
+    makes sense."""
+    for name, seq in (("stages", stages), ("inputs", inputs), ("targets", targets)):
+        if isinstance(seq, torch.Tensor):
+            raise TypeError(f"train_step: {name} must be a list (one entry per "
+                            f"{'stage' if name == 'stages' else 'microbatch'}), got one Tensor "
+                            f"of shape {tuple(seq.shape)}; for one microbatch write [x]")
+    stages, inputs, targets = list(stages), list(inputs), list(targets)
+    if not stages:
+        raise ValueError("train_step needs at least one stage (split_stages(layers, P))")
+    for i, st in enumerate(stages):
+        if not callable(st):
+            raise TypeError(f"stages[{i}] is a {type(st).__name__}; stages are Stage objects "
+                            f"(split_stages(layers, P))")
+    if not inputs:
+        raise ValueError("train_step needs at least one microbatch: inputs is empty")
+    if len(targets) != len(inputs):
+        raise ValueError(f"train_step: {len(inputs)} input microbatches but {len(targets)} "
+                         f"targets; give one target per microbatch, in the same order")
+    for name, seq in (("inputs", inputs), ("targets", targets)):
+        for m, t in enumerate(seq):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"train_step: {name}[{m}] is a {type(t).__name__}, not a "
+                                f"tensor (one tensor per microbatch)")
+    if record is not None:
+        from labkit.pipeline.record import GlobalRecord
+
+        if not isinstance(record, GlobalRecord):
+            raise TypeError(f"record must be a GlobalRecord, got {type(record).__name__}")
+        if not record.created and B is None:
+            raise ValueError("train_step(record=...) creates the graphs at the end of this "
+                             "step and needs the backend: pass B=B")
+    if create_graphs is not None and not isinstance(create_graphs, dict):
+        raise TypeError("create_graphs is a dict of keyword arguments for "
+                        "record.create_cudagraphs (order=, pool=, create=), got "
+                        f"{type(create_graphs).__name__}")
+    if trace is not None and not isinstance(trace, list):
+        raise TypeError(f"trace must be a list to append to, got {type(trace).__name__}")
+    return stages, inputs, targets
+
+
+def _check_te_slots(stages, orders) -> None:
+    """A TE-style layer (``cuda_graphs``, one per slot) needs a slot per microbatch that a
+    stage holds in flight, or a slot's forward buffers are overwritten before its
+    backward read them (gradients silently off)."""
+    for s, (stage, order) in enumerate(zip(stages, orders)):
+        need = max_in_flight(order)
+        for layer in getattr(stage, "layers", ()):
+            slots = getattr(layer, "cuda_graphs", None)
+            if slots is not None and len(slots) < need:
+                raise ValueError(
+                    f"stage {s} holds up to {need} microbatches in flight under this "
+                    f"schedule, but its TE-style layers have num_slots={len(slots)} graph "
+                    f"slots: slot m % {len(slots)} would be replayed for a new microbatch "
+                    f"before its backward ran, and the gradients would be wrong. Build them "
+                    f"with num_slots >= max_in_flight(order) = {need} "
+                    f"(make_te_style_layers(..., num_slots={need})).")
 
 
 def train_step(stages: Sequence[Stage], inputs: Sequence[torch.Tensor],
@@ -74,8 +163,11 @@ def train_step(stages: Sequence[Stage], inputs: Sequence[torch.Tensor],
     the graphs are created at the end (``record.create_cudagraphs(B, **create_graphs)``).
     ``trace``, if a list, receives ``(stage, kind, microbatch)`` as ops run.
     """
+    stages, inputs, targets = _check_step_args(stages, inputs, targets, record, B,
+                                               create_graphs, trace)
     P, M = len(stages), len(inputs)
-    orders = one_f_one_b(P, M) if schedule == "1f1b" else gpipe(P, M)
+    orders = _schedule_orders(schedule, P, M)
+    _check_te_slots(stages, orders)
     seq = execution_order(simulate(orders))
     ins: dict = {}
     outs: dict = {}
