@@ -2,7 +2,7 @@
 
 Lessons 04 and 05 graph a training step *layer by layer*: a forward graph and a backward
 graph per layer, joined to autograd by an ``autograd.Function``, replayed in 1F1B order.
-Megatron-LM's ``full_iteration`` mode goes to the other extreme (seed §2.2): the whole
+Megatron-LM's ``full_iteration`` mode goes to the other extreme: the whole
 ``forward_backward_func`` (every microbatch's forward *and* backward, i.e. the entire
 pipeline schedule) is captured as **one** ``CUDAGraph``, and the optimizer step as a
 second graph in the same memory pool. A training step is then two ``replay()`` calls:
@@ -19,13 +19,18 @@ The price is that *everything* in the step must be static:
   :func:`ensure_grads` creates every ``.grad`` before capture, and the step zeroes them
   *in place* (``set_to_none=False`` semantics): backward then accumulates into the same
   memory on every replay;
-* **an optimizer without host reads.** ``torch.optim.AdamW()`` keeps its step count as a
-  tensor but reads it on the host (``.item()``) to compute the bias corrections: a sync,
-  refused during capture. ``AdamW(capturable=True)`` keeps that arithmetic on the device,
-  and is what :func:`make_capturable_optimizer` returns on a GPU. On a CPU torch refuses
+* **an optimizer whose state stays on the device.** ``torch.optim.AdamW()`` keeps its step
+  count on the *host* on purpose (a CPU tensor: one less kernel launch per parameter and
+  step) and computes the bias corrections ``1 - beta**step`` there, as Python floats. Captured,
+  those floats would be baked into the graph and every replay would repeat the same step;
+  so torch refuses up front (``Optimizer._cuda_graph_capture_health_check``: "... but
+  param_groups' capturable is False"). ``AdamW(capturable=True)`` keeps the step count on
+  the device and does that arithmetic with tensor ops, and is what
+  :func:`make_capturable_optimizer` returns on a GPU. On a CPU torch refuses
   ``capturable=True`` (it asserts a CUDA-like device), so the emulator gets
   :class:`CapturableAdamW`, a small AdamW whose whole state, step count included, lives
-  in tensors and is updated with tensor ops only;
+  in tensors and is updated with tensor ops only. :class:`FullStepTrainer` refuses a
+  non-capturable optimizer when it is built, before any capture;
 * **a fixed schedule.** The number of microbatches, their shapes and the order of every
   kernel are frozen at capture. A step whose *shapes* depend on the data (MoE token
   dispatch: how many tokens go to each expert) cannot be captured whole; a check that
@@ -33,24 +38,27 @@ The price is that *everything* in the step must be static:
   Keep a flag tensor instead (``found_inf`` below), updated in the graph, read after
   replay.
 
-Capture happens once, at step ``warmup_steps``: the steps before it run eagerly (they
-are real training steps, and they create the optimizer state, cuBLAS workspaces and
-allocator blocks that capture must not create). Capture records the step and computes
+Capture happens once, at step ``warmup_steps``: the steps before it run eagerly. They are
+real training steps, and they do what must not happen inside a capture: create the
+optimizer state (created in the capture, every replay would reset it) and run the
+lazy initialisation and autotuning of cuBLAS and friends. (They do not pre-allocate
+memory for the graph: capture allocates from its own private pool, never from blocks
+cached during warm-up.) Capture records the step and computes
 nothing, so the capturing step replays right after capturing. From then on every step is
 ``loader.load(batch)`` + ``fwd_bwd_graph.replay()`` + ``optimizer_graph.replay()``, and the
 loss comes back in the same static tensor every time (overwritten in place).
 
 Names mirror Megatron (``megatron/core/full_cuda_graph.py``, ``optimizer_cuda_graph.py``):
 
-==============================  =================================================
-labkit                          Megatron
-==============================  =================================================
-:class:`StaticBatchLoader`      ``StaticBufferLoader`` (full_cuda_graph.py:L99-135)
-:class:`FullCudaGraphWrapper`   ``FullCudaGraphWrapper`` (L138, ``__call__`` L184-234)
+==================================  =================================================
+labkit                              Megatron
+==================================  =================================================
+:class:`StaticBatchLoader`          ``StaticBufferLoader`` (full_cuda_graph.py)
+:class:`FullCudaGraphWrapper`       ``FullCudaGraphWrapper`` and its ``__call__``
 :class:`OptimizerCudaGraphWrapper`  ``OptimizerCudaGraphWrapper`` (optimizer_cuda_graph.py)
-:func:`forward_backward`        ``forward_backward_func`` (the pipeline schedule)
-:class:`FullStepTrainer`        the wiring in ``training.py`` (L3293-3309)
-==============================  =================================================
+:func:`forward_backward`            ``forward_backward_func`` (the pipeline schedule)
+:class:`FullStepTrainer`            the wiring in ``training.py`` (``train``)
+==================================  =================================================
 
 Everything takes a backend ``B`` (``labkit.backend.get(...)``), so the same code runs on a
 GPU and on labkit's CPU emulator.
@@ -142,6 +150,15 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.dim() != 2 or tokens.shape[-1] != self.cfg.seq_len:
+            raise ValueError(
+                f"TinyLM expects tokens of shape (batch, seq_len={self.cfg.seq_len}), got "
+                f"{tuple(tokens.shape)}: its position table and causal masks are built for "
+                f"seq_len={self.cfg.seq_len}. Build the model for this length "
+                f"(build_lm(cfg, seq_len={tokens.shape[-1] if tokens.dim() else '...'})) or "
+                "pad/cut the sequences.")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"TinyLM expects integer token ids (int64), got {tokens.dtype}")
         x = self.embed(tokens) + self.pos
         for block in self.blocks:
             x = block(x)
@@ -151,6 +168,9 @@ class TinyLM(nn.Module):
 def build_lm(cfg: LMConfig | str = "tiny", device=None, seed: int = 0, **overrides) -> TinyLM:
     """A seeded :class:`TinyLM` on ``device`` (fp32). Same seed, same weights."""
     if isinstance(cfg, str):
+        if cfg not in CONFIGS:
+            raise ValueError(f"unknown config {cfg!r}: choose one of {', '.join(CONFIGS)} "
+                             "or pass an LMConfig")
         cfg = CONFIGS[cfg]
     cfg = replace(cfg, **overrides) if overrides else cfg
     with torch.random.fork_rng(devices=[]):
@@ -161,7 +181,16 @@ def build_lm(cfg: LMConfig | str = "tiny", device=None, seed: int = 0, **overrid
 
 def lm_loss(model: nn.Module, microbatch) -> torch.Tensor:
     """Next-token cross-entropy of one microbatch ``(tokens, targets)``."""
+    if not isinstance(microbatch, (tuple, list)) or len(microbatch) != 2:
+        what = (f"a {type(microbatch).__name__} of {len(microbatch)}"
+                if isinstance(microbatch, (tuple, list)) else f"a {type(microbatch).__name__}")
+        raise ValueError(f"lm_loss expects a microbatch (tokens, targets), got {what}: "
+                         "give every microbatch its targets (random_microbatches makes pairs)")
     tokens, targets = microbatch
+    if tokens.shape != targets.shape:
+        raise ValueError(f"lm_loss: targets of shape {tuple(targets.shape)} for tokens of "
+                         f"shape {tuple(tokens.shape)}: each token needs its target (the next "
+                         "token), so both have the shape (batch, seq_len)")
     logits = model(tokens)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
@@ -231,6 +260,7 @@ class StaticBatchLoader:
     """
 
     def __init__(self, B, num_microbatches: int, stream=None):
+        _check_count("num_microbatches", num_microbatches)
         self.B = B
         self.num_microbatches = num_microbatches
         self.stream = stream if stream is not None else B.Stream()
@@ -481,6 +511,8 @@ def forward_backward(model: nn.Module, loss_fn: Callable, microbatches: Sequence
     it is the static output that every replay overwrites.
     """
     n = len(microbatches)
+    if n == 0:
+        raise ValueError("forward_backward got 0 microbatches: a step needs at least one")
     total = None
     for mb in microbatches:
         loss = loss_fn(model, mb) / n
@@ -510,6 +542,43 @@ def phase(iteration: int, warmup_steps: int, captured: bool) -> str:
 
 # ---- the wrappers ---------------------------------------------------------------------------
 
+def _check_count(name: str, value, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _fresh_cublas_workspaces(B) -> None:
+    """Drop cuBLAS's cached workspaces, so that a capture that follows allocates its own
+    workspace from the graph's private pool.
+
+    cuBLAS keeps one workspace per (handle, stream), allocated by torch's caching allocator
+    the first time a matmul runs there. Warm-up runs on the capture stream, so without
+    this the graph would record the warm-up's workspace, a block of the *general* pool that
+    the graph does not own. ``torch.compile(mode="reduce-overhead")`` (cudagraph trees,
+    ``clear_cublas_manager``) frees every cached workspace around each warm-up and
+    recording; the block then goes back to the allocator, and a graph that still writes
+    there corrupts whatever is allocated in it next (an illegal memory access, once the
+    memory is returned to the driver). Torch's trees do this same clear for their own
+    graphs. A workspace allocated during capture belongs to the graph's pool and lives as
+    long as the graph.
+    """
+    if B.name == "cuda":
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
+
+
+def _recover_after_failed_capture(B) -> None:
+    """A capture raised: put the default stream back and take the default generator out
+    of capture mode (see :func:`labkit.backend.recover`), never hiding the first error."""
+    from labkit import backend
+
+    try:
+        backend.recover(B)
+    except Exception:       # the original error matters more than a failed cleanup
+        B.set_stream(B.default_stream())
+
+
 class FullCudaGraphWrapper:
     """Run ``step_fn()`` eagerly ``warmup_steps`` times, capture it at the next call, and
     replay it from then on (Megatron's ``FullCudaGraphWrapper.__call__``).
@@ -531,8 +600,10 @@ class FullCudaGraphWrapper:
     def __init__(self, step_fn: Callable[[], Any], B, warmup_steps: int = 2, pool=None,
                  stream=None, generators: Iterable[torch.Generator] = (),
                  capture_error_mode: str = "thread_local", name: str = "step"):
-        if warmup_steps < 0:
-            raise ValueError("warmup_steps must be >= 0")
+        _check_count("warmup_steps", warmup_steps, minimum=0)
+        if capture_error_mode not in ("global", "thread_local", "relaxed"):
+            raise ValueError(f"capture_error_mode must be 'global', 'thread_local' or "
+                             f"'relaxed', got {capture_error_mode!r}")
         self.step_fn = step_fn
         self.B = B
         self.warmup_steps = warmup_steps
@@ -552,16 +623,26 @@ class FullCudaGraphWrapper:
             return fn()
 
     def capture(self) -> None:
-        """Capture ``step_fn`` into a new graph (records; computes nothing)."""
+        """Capture ``step_fn`` into a new graph (records; computes nothing).
+
+        A capture that raises leaves no graph and a usable process (default stream
+        current, random ops allowed again); the error propagates unchanged.
+        """
         B = self.B
         g = B.CUDAGraph()
         for gen in self.generators:
             g.register_generator_state(gen)
-        B.synchronize()
-        with B.graph(g, pool=self.pool, stream=self.stream,
-                     capture_error_mode=self.capture_error_mode):
-            self.result = self.step_fn()
-        B.synchronize()
+        B.synchronize()                 # the barrier before: nothing in flight is captured
+        _fresh_cublas_workspaces(B)     # the graph's cuBLAS workspace comes from its pool
+        try:
+            with B.graph(g, pool=self.pool, stream=self.stream,
+                         capture_error_mode=self.capture_error_mode):
+                self.result = self.step_fn()
+        except BaseException:
+            self.result = None
+            _recover_after_failed_capture(B)
+            raise
+        B.synchronize()                 # the barrier after: the capture has fully ended
         self.graph = g
         if self.pool is None:
             self.pool = g.pool()
@@ -627,20 +708,32 @@ class FullStepTrainer:
     :class:`CapturableAdamW` built with ``skip_if=trainer.found_inf`` (see
     ``skip_nonfinite``) such a step leaves the weights untouched, decided on the device.
 
+    Misuse is refused before anything is captured, with what was given and what to do:
+    ``num_microbatches`` < 1, an optimizer whose ``capturable`` is False, microbatches of
+    the wrong count, structure or shape, token ids outside the model's vocabulary (checked
+    on every step for tokens on the CPU; for tokens already on the GPU, on the eager and
+    capturing steps only, since a check there costs a sync). A capture that fails anyway
+    leaves no graph and a usable process.
+
     .. warning::
-       Seen on an H200 (torch 2.11), not yet explained: after this trainer has captured,
-       building and running a ``torch.compile(mode="reduce-overhead")`` model *in the same
-       process* made the next replay of the forward-backward graph fail with "an illegal
-       memory access was encountered" (which poisons the CUDA context). The other order
-       (compile first, then this trainer) and every other mix of labkit's and torch's
-       graphs ran fine. Compile first, or keep the two in separate processes.
+       The cuBLAS workspace. Both graphs are captured on the stream the warm-up ran on,
+       where cuBLAS has already cached a workspace from the general memory pool. A
+       ``torch.compile(mode="reduce-overhead")`` model frees every cached workspace around
+       its warm-up and recording (cudagraph trees' ``clear_cublas_manager``); a graph that
+       recorded the old workspace then writes into freed memory (seen on an H200 with
+       torch 2.11 as "an illegal memory access was encountered", which poisons the CUDA
+       context). So the capture first drops the cached workspaces, and the graph gets
+       its own, from its pool (see ``_fresh_cublas_workspaces``).
     """
 
     def __init__(self, model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
                  B, num_microbatches: int, warmup_steps: int = 2, check_finite: bool = False,
                  found_inf: torch.Tensor | None = None,
                  generators: Iterable[torch.Generator] = ()):
+        _check_count("num_microbatches", num_microbatches)
+        _check_capturable(optimizer, B)
         self.model, self.loss_fn, self.optimizer, self.B = model, loss_fn, optimizer, B
+        self.vocab_size = _vocab_size(model)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.grads = ensure_grads(self.params)
         self.check_finite = check_finite or found_inf is not None
@@ -683,12 +776,87 @@ class FullStepTrainer:
     def graphs(self) -> list:
         return [g for g in (self.fwd_bwd.graph, self.opt_step.graph) if g is not None]
 
+    def _check_batch(self, microbatches) -> None:
+        n = self.loader.num_microbatches
+        if not isinstance(microbatches, (list, tuple)):
+            raise TypeError(f"step() expects a list of {n} microbatches, got a "
+                            f"{type(microbatches).__name__}")
+        if len(microbatches) != n:
+            raise ValueError(f"step() got {len(microbatches)} microbatches, the trainer was "
+                             f"built with num_microbatches={n} (the captured schedule has a "
+                             "fixed count): pass exactly that many")
+        if self.loss_fn is not lm_loss:
+            return
+        for i, mb in enumerate(microbatches):
+            if not isinstance(mb, (tuple, list)) or len(mb) != 2:
+                what = (f"a {type(mb).__name__} of {len(mb)}" if isinstance(mb, (tuple, list))
+                        else f"a {type(mb).__name__}")
+                raise ValueError(f"microbatch {i} is {what}; lm_loss needs a pair "
+                                 "(tokens, targets) for every microbatch")
+            tokens, targets = mb
+            if tokens.shape != targets.shape:
+                raise ValueError(f"microbatch {i}: targets {tuple(targets.shape)} for tokens "
+                                 f"{tuple(tokens.shape)}: every token needs its target")
+            if self.vocab_size is None:
+                continue
+            check_values = tokens.device.type == "cpu" or not self.captured
+            if not check_values:
+                continue
+            for name, t in (("tokens", tokens), ("targets", targets)):
+                if t.numel() == 0:
+                    continue
+                lo, hi = (int(v) for v in torch.aminmax(t))
+                if lo < 0 or hi >= self.vocab_size:
+                    bad = lo if lo < 0 else hi
+                    raise ValueError(
+                        f"microbatch {i}: {name} hold the id {bad}, outside the model's "
+                        f"vocabulary [0, {self.vocab_size}). A bad id would index past the "
+                        "embedding (on a GPU: a device-side assert that ends the process). "
+                        "Fix the data or build the model with a larger vocab_size.")
+
     def step(self, microbatches: Sequence) -> torch.Tensor:
         """One training step on ``microbatches``; returns the step's mean loss."""
+        self._check_batch(microbatches)
         self.loader.load(microbatches)
         loss = self.fwd_bwd()
         self.opt_step()
         return loss
+
+
+def _check_capturable(optimizer, B) -> None:
+    """Refuse, before any capture, an optimizer whose ``step()`` cannot be captured."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    if isinstance(optimizer, CapturableAdamW):
+        return
+    name = type(optimizer).__name__
+    flags = [g.get("capturable") for g in optimizer.param_groups]
+    if all(f is None for f in flags):
+        return                      # an optimizer without the flag: its own business
+    if not all(flags):
+        fix = (f"build it with {name}(..., capturable=True)" if B.name == "cuda" else
+               "on the emulator use FS.make_capturable_optimizer(params, B) "
+               "(CapturableAdamW): torch's capturable=True needs a CUDA device")
+        raise ValueError(
+            f"{name} has capturable=False: its step count lives on the host and its bias "
+            "corrections are Python floats, which a graph would bake in (torch refuses "
+            f"such a step in capture). {fix[0].upper() + fix[1:]}, or use "
+            "FS.make_capturable_optimizer(params, B).")
+    if B.name != "cuda":
+        raise ValueError(
+            f"{name}(capturable=True) runs on CUDA devices only; on the emulator use "
+            "FS.make_capturable_optimizer(params, B), which gives CapturableAdamW")
+
+
+def _vocab_size(model: nn.Module) -> int | None:
+    cfg = getattr(model, "cfg", None)
+    if isinstance(cfg, LMConfig):
+        return cfg.vocab_size
+    for m in model.modules():
+        if isinstance(m, nn.Embedding):
+            return m.num_embeddings
+    return None
 
 
 class EagerTrainer:

@@ -116,12 +116,19 @@ def test_torch_adamw_without_capturable_is_refused(B):
     p = torch.nn.Parameter(torch.ones(3, device=B.device))
     p.grad = torch.ones(3, device=B.device)
     opt = torch.optim.AdamW([p])
-    opt.step()                                        # state exists: the step count is read
-    with pytest.raises(RuntimeError) as info:         # on the host (.item()) in step()
+    opt.step()                                        # state exists; step is a CPU tensor
+    assert opt.state[p]["step"].device.type == "cpu"  # on the host on purpose
+    with pytest.raises(RuntimeError) as info:
         with B.graph(B.CUDAGraph()):
             opt.step()
     text = error_text(info.value)
-    assert "capturable" in text or "capturing" in text
+    if B.name == "cuda":
+        # torch checks up front: reading a CPU step tensor is no GPU sync, so nothing else
+        # would stop the capture from baking the step count into the graph
+        assert "for an instance of AdamW but param_groups' capturable is False" in text
+    else:
+        # on the emulator the CPU *is* the device: reading the step count is a host read
+        assert SYNC_MSG in text and "_local_scalar_dense" in text
 
 
 def test_nan_check_syncs_and_the_flag_does_not(B):
@@ -199,83 +206,3 @@ def test_phase_logic():
         seq.append(p)
     assert seq == ["eager", "eager", "capture", "replay", "replay"]
     assert FS.phase(0, 0, False) == "capture"
-
-
-# ---- the lesson 07 checkers: accept the solution, reject typical wrong answers -----------
-
-def test_checker_fill_static_buffers(capsys):
-    from labkit.checks.lesson07 import check_fill_static_buffers
-
-    def right(buffers, microbatches):
-        for buf, mb in zip(buffers, microbatches):
-            for b, m in zip(buf, mb):
-                b.copy_(m, non_blocking=True)
-
-    def rebinds(buffers, microbatches):
-        for i, mb in enumerate(microbatches):
-            buffers[i] = mb
-
-    def first_only(buffers, microbatches):
-        for b, m in zip(buffers[0], microbatches[0]):
-            b.copy_(m)
-
-    assert check_fill_static_buffers(right, device="cpu")
-    res = check_fill_static_buffers(rebinds, device="cpu")
-    assert not res and "copy into them" in res.message
-    res = check_fill_static_buffers(first_only, device="cpu", trials=6)
-    assert not res and "do not hold the microbatches" in res.message
-    assert "Traceback" not in capsys.readouterr().out
-
-
-def test_checker_run_iteration():
-    from labkit.checks.lesson07 import check_run_iteration
-
-    def right(it, warmup_steps, ops):
-        if it < warmup_steps:
-            return ops.eager()
-        if not ops.captured:
-            ops.capture()
-        return ops.replay()
-
-    def no_replay_after_capture(it, warmup_steps, ops):
-        if it < warmup_steps:
-            return ops.eager()
-        if not ops.captured:
-            ops.capture()
-            return None
-        return ops.replay()
-
-    def off_by_one(it, warmup_steps, ops):
-        if it <= warmup_steps:
-            return ops.eager()
-        if not ops.captured:
-            ops.capture()
-        return ops.replay()
-
-    assert check_run_iteration(right)
-    res = check_run_iteration(no_replay_after_capture)
-    assert not res and "computes nothing" in res.message
-    res = check_run_iteration(off_by_one)
-    assert not res and "expected 'capture + replay'" in res.message
-
-
-def test_checker_update_found_inf():
-    from labkit.checks.lesson07 import check_update_found_inf
-
-    def right(found_inf, loss):
-        found_inf.logical_or_(~torch.isfinite(loss))
-
-    def host_if(found_inf, loss):
-        if not torch.isfinite(loss):
-            found_inf.fill_(True)
-
-    def overwrites(found_inf, loss):
-        found_inf.copy_(~torch.isfinite(loss))
-
-    assert check_update_found_inf(right)
-    res = check_update_found_inf(host_if)
-    assert not res and res.kind == "exception"
-    assert "operation not permitted when stream is capturing" in res.message
-    assert "if not torch.isfinite(loss)" in res.message
-    res = check_update_found_inf(overwrites)
-    assert not res and "accumulate over microbatches" in res.message

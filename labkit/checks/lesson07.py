@@ -3,15 +3,23 @@
 Three exercises, each checked against :mod:`labkit.full_step`:
 
 * ``fill_static_buffers(buffers, microbatches)``: copy every microbatch into its static
-  buffers *in place*. Checked by what a captured graph would see: the tensors that were
-  in ``buffers`` before the call must hold the new data afterwards.
+  buffers *in place*, with non-blocking copies, on the stream the caller made current.
+  Checked by what a captured graph would see (the tensors that were in ``buffers``
+  before the call must hold the new data afterwards) and by watching every ``copy_``
+  the function makes (its ``non_blocking`` flag, the stream it runs on).
 * ``run_iteration(it, warmup_steps, ops)``: the capture-at-warmup-step logic of a
   whole-step wrapper: eager while ``it < warmup_steps``, capture once at the first
   iteration after that *and replay in the same iteration*, replay from then on. Checked
   by the sequence of calls it makes over a run of iterations.
-* ``update_found_inf(found_inf, loss)``: set the flag when ``loss`` is inf or NaN, with
-  tensor ops only. Checked by capturing it on labkit's emulator (a host read is refused
-  there exactly as on a GPU) and replaying with finite and non-finite losses.
+* ``update_found_inf(found_inf, loss)``: set the flag when ``loss`` is inf, -inf or NaN,
+  with tensor ops only, accumulating over the microbatches of a step. Checked by
+  capturing it on labkit's emulator (a host read is refused there exactly as on a GPU)
+  and replaying with finite and non-finite losses; a wrong answer is then probed with
+  single values (NaN alone, inf alone, a bad loss followed by a good one) to name the
+  mistake actually made.
+
+Every check leaves a usable process, also after a learner's host read inside a capture
+(:func:`labkit.backend.recover`).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import os
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit import full_step as FS
 from labkit.checks import CheckResult, check, compare_outputs
@@ -35,65 +44,188 @@ def _leaves(buffers) -> list[torch.Tensor]:
     return out
 
 
+def _current_stream(device: torch.device):
+    if device.type == "cuda":
+        return torch.cuda.current_stream(device)
+    from labkit import backend
+
+    return backend.get("emulated").current_stream()
+
+
+def _side_stream(device: torch.device):
+    if device.type == "cuda":
+        return torch.cuda.Stream(device)
+    from labkit import backend
+
+    return backend.get("emulated").Stream()
+
+
+def _stream_ctx(s):
+    if isinstance(s, torch.cuda.Stream):
+        return torch.cuda.stream(s)
+    from labkit import backend
+
+    return backend.get("emulated").stream(s)
+
+
+class _CopyLog(TorchDispatchMode):
+    """Records every op that writes into one of ``targets`` (by storage): which op, its
+    ``non_blocking`` flag (copies) and the stream current at that moment."""
+
+    def __init__(self, targets, device):
+        super().__init__()
+        self.targets = {t.untyped_storage().data_ptr(): i for i, t in enumerate(targets)}
+        self.device = device
+        self.writes: list[tuple[int, str, bool | None, object]] = []
+
+    def _note(self, t, op, nb):
+        i = self.targets.get(t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) \
+            else None
+        if i is not None:
+            self.writes.append((i, op, nb, _current_stream(self.device)))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name == "copy_":
+            nb = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
+            self._note(args[0], "copy_", bool(nb))
+        elif name == "_foreach_copy_":
+            nb = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
+            for t in args[0]:
+                self._note(t, "copy_", bool(nb))
+        elif func._schema.is_mutable:
+            for arg, t in zip(func._schema.arguments, args):
+                if arg.is_write:
+                    for x in (t if isinstance(t, (list, tuple)) else [t]):
+                        self._note(x, name, None)
+        return func(*args, **kwargs)
+
+
+_FILL_HINTS = [
+    "A graph holds the addresses of the buffer tensors: write INTO them, element-wise, "
+    "with Tensor.copy_. Which tensor is the destination, which the source?",
+    "Loop over microbatches and, inside, over the tensors of each one (tokens, targets); "
+    "copy with non_blocking=True. Streams and waits are the loader's job, not yours.",
+    "for bufs, mb in zip(buffers, microbatches):\n"
+    "        for buf, new in zip(bufs, mb):\n"
+    "            buf.copy_(new, non_blocking=True)",
+]
+
+
 def check_fill_static_buffers(fn, *, device: torch.device | str | None = None,
                               trials: int = 3) -> CheckResult:
-    """``fn(buffers, microbatches)`` must copy ``microbatches[i]`` into ``buffers[i]`` in place.
+    """``fn(buffers, microbatches)`` must copy ``microbatches[i]`` into ``buffers[i]`` in
+    place, with ``copy_(..., non_blocking=True)``, on the stream current when it is called.
 
     ``buffers`` is a list with one ``(tokens, targets)`` tuple per microbatch; the
-    microbatches have the same shapes and dtypes. The check keeps the buffer tensors
-    that existed before the call (the ones a graph captured) and compares *their*
-    contents with the microbatches.
+    microbatches have the same shapes and dtypes (their number and shapes are random per
+    trial). The check keeps the buffer tensors that existed before the call (the ones a
+    graph captured) and compares *their* contents with the microbatches. It calls ``fn``
+    inside a side stream, as ``StaticBatchLoader.load`` does: streams are not ``fn``'s job.
     """
     if device is None:
         from labkit import backend
 
         device = backend.get("auto").device
     device = torch.device(device)
-    last: dict = {}
 
     def make_inputs(gen: torch.Generator):
-        m = int(torch.randint(1, 5, (), generator=gen))
+        m = int(torch.randint(2, 5, (), generator=gen))
         b = int(torch.randint(1, 4, (), generator=gen))
         t = int(torch.randint(3, 9, (), generator=gen))
         mbs = []
         for _ in range(m):
             seq = torch.randint(0, 100, (b, t + 1), generator=gen)
             mbs.append((seq[:, :-1].contiguous().to(device), seq[:, 1:].contiguous().to(device)))
-        buffers = [(torch.zeros(b, t, dtype=torch.int64, device=device),
-                    torch.full((b, t), -1, dtype=torch.int64, device=device)) for _ in range(m)]
+        buffers = [(torch.randint(100, 200, (b, t), generator=gen).to(device),
+                    torch.randint(200, 300, (b, t), generator=gen).to(device))
+                   for _ in range(m)]
         return buffers, mbs
 
     def observe(fill):
         def run(buffers, microbatches):
             captured = _leaves(buffers)                 # what a graph would hold on to
             ptrs = [t.data_ptr() for t in captured]
-            fill(buffers, microbatches)
+            sources = [t.clone() for t in _leaves(microbatches)]
+            side = _side_stream(device)
+            log = _CopyLog(captured, device)
+            with _stream_ctx(side):
+                with log:
+                    fill(buffers, microbatches)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             now = _leaves(buffers)
-            last["rebound"] = (len(now) != len(captured)
-                               or any(a is not b for a, b in zip(now, captured))
-                               or [t.data_ptr() for t in captured] != ptrs)
-            return [t.clone() for t in captured]
+            rebound = (len(now) != len(captured) or any(a is not b for a, b in zip(now, captured))
+                       or [t.data_ptr() for t in captured] != ptrs)
+            return {"contents": [t.clone() for t in captured],
+                    "rebound": rebound,
+                    "sources_changed": any(not torch.equal(a, b)
+                                           for a, b in zip(sources, _leaves(microbatches))),
+                    "writes": [(i, op, nb, st is side) for i, op, nb, st in log.writes],
+                    "width": len(buffers[0]) if buffers else 0}
         return run
 
+    def where(k, width):
+        i, j = divmod(k, width)
+        return f"buffers[{i}][{j}] ({'tokens' if j == 0 else 'targets'} of microbatch {i})"
+
     def compare(expected, actual) -> str | None:
-        problem = compare_outputs(expected, actual)
-        if problem is None and not last.get("rebound"):
-            return None
-        if last.get("rebound"):
+        width = actual["width"] or 2
+        if actual["rebound"]:
             return ("the buffers now hold different tensors than before the call: a graph "
                     "captured the OLD ones and keeps reading their addresses, which still "
-                    "hold the old data. Don't assign (buffers[i] = ...); copy into them: "
-                    "buf.copy_(new, non_blocking=True)")
-        return ("the buffer tensors do not hold the microbatches after your fill: "
-                f"{problem}")
+                    "hold the old data. Don't assign to buffers[i] (or to an element of it): "
+                    "write into the tensors that are there")
+        exp, act = expected["contents"], actual["contents"]
+        wrong = [k for k, (e, a) in enumerate(zip(exp, act)) if not torch.equal(e, a)]
+        if wrong:
+            if actual["sources_changed"]:
+                return ("your function changed the microbatches and left the buffers as they "
+                        "were: the copy goes the wrong way. In dst.copy_(src) the tensor "
+                        "before the dot is the one written")
+            written = {i for i, *_ in actual["writes"]}
+            k = wrong[0]
+            if len(wrong) == len(act) and not written:
+                return ("no buffer was written: rebinding a loop variable (buf = new) "
+                        "changes nothing the graph sees; write into the buffer tensor")
+            for other, e in enumerate(exp):
+                if other != k and torch.equal(act[k], e):
+                    return (f"{where(k, width)} holds the data of {where(other, width)}: "
+                            "each microbatch goes into its own buffers, in the same order")
+            untouched = [w for w in wrong if w not in written]
+            if untouched:
+                missed = ", ".join(where(w, width) for w in untouched[:3])
+                return (f"{missed} still hold the old data: fill every tensor of every "
+                        f"microbatch (this trial has {len(act) // width} microbatches of "
+                        f"{width} tensors)")
+            return (f"{where(k, width)} does not hold the microbatch's data after your fill: "
+                    + (compare_outputs(exp[k], act[k]) or "values differ"))
+        copies = {i: (op, nb, on_side) for i, op, nb, on_side in actual["writes"]}
+        for k in range(len(act)):
+            op, nb, on_side = copies.get(k, (None, None, True))
+            if op is None:
+                continue
+            if op != "copy_":
+                return (f"{where(k, width)} was written by {op}, not by a copy: use "
+                        "Tensor.copy_(src, non_blocking=True), the op StaticBatchLoader uses")
+            if not nb:
+                return (f"the copy into {where(k, width)} is blocking: the exercise asks for "
+                        "non_blocking=True (from pinned host memory the copy then overlaps "
+                        "other work instead of stalling the host). Note that buf[:] = new is "
+                        "a blocking copy too")
+            if not on_side:
+                return (f"the copy into {where(k, width)} ran on another stream than the one "
+                        "current when your function was called. Streams are not your job: "
+                        "StaticBatchLoader calls you on its side stream, with the waits around "
+                        "the call; copy on the current stream")
+        return None
 
     return check(
         observe(fn), observe(FS.fill_static_buffers), make_inputs, trials=trials,
         name="fill_static_buffers", compare=compare,
-        hint="for each microbatch i and each tensor j: buffers[i][j].copy_(microbatches[i][j], "
-             "non_blocking=True)",
+        hint="compare with section 2 (static inputs): the graph reads the buffers' addresses",
+        more_hints=_FILL_HINTS,
     )
 
 
@@ -193,8 +325,12 @@ def check_run_iteration(fn, *, trials: int = 4) -> CheckResult:
     return check(
         observe(fn), observe(_reference_run_iteration), make_inputs, trials=trials,
         name="run_iteration", compare=compare,
-        hint="three cases: it < warmup_steps → eager; not yet captured → capture, then replay; "
-             "else replay",
+        hint="compare with section 4 (capture at the warm-up step)",
+        more_hints=["Three cases, in this order: a warm-up iteration; the first iteration "
+                    "after warm-up (no graph yet); every later one. Which ops.* call(s) "
+                    "does each make, and which loss does it return?",
+                    "it < warmup_steps → return ops.eager(); otherwise capture first if "
+                    "not ops.captured, then return ops.replay() (capture computes nothing)"],
     )
 
 
@@ -216,76 +352,120 @@ def _trim_traceback(exc: BaseException) -> BaseException:
         keep.tb_next = None
     return exc
 
+
 def _reference_update_found_inf(found_inf, loss):
     found_inf.logical_or_(~torch.isfinite(loss))
 
 
-def check_update_found_inf(fn, *, trials: int = 3) -> CheckResult:
-    """``fn(found_inf, loss)`` must set the bool scalar ``found_inf`` (in place) when
-    ``loss`` is inf or NaN and leave it as it was otherwise, without reading any value
-    on the host. Captured on labkit's emulator, once per microbatch, then replayed."""
+def _captured_flag(update, values_per_replay: list[list[float]]) -> list[bool]:
+    """Capture ``flag.zero_(); update(flag, loss_k) for each k`` on the emulator, replay it
+    once per entry of ``values_per_replay`` and return the flag after each replay.
+
+    A capture that raises (a host read, a Python ``if`` on a tensor) is cleaned up with
+    :func:`labkit.backend.recover` and re-raised with the learner's line on top."""
     from labkit import backend
 
     E = backend.get("emulated")
+    m = len(values_per_replay[0])
+    losses = [torch.zeros(()) for _ in range(m)]
+    flag = torch.zeros((), dtype=torch.bool)
+    g = E.CUDAGraph()
+    E.set_stream(E.default_stream())
+    with E.stream(E.Stream()):
+        g.capture_begin()
+        try:
+            flag.zero_()
+            for loss in losses:          # one call per microbatch, in the graph
+                update(flag, loss)
+        except BaseException as exc:     # the learner's own error, not capture_end's
+            try:
+                g.capture_end()
+            except Exception:
+                pass
+            backend.recover(E)           # default stream back, RNG out of capture mode
+            raise _trim_traceback(exc) from None
+        g.capture_end()
+    seen = []
+    for vals in values_per_replay:
+        for loss, v in zip(losses, vals):
+            loss.fill_(v)
+        g.replay()
+        seen.append(bool(flag))
+    return seen
+
+
+def _diagnose_found_inf(update) -> str:
+    """Probe single cases to name the mistake: NaN alone, +inf, -inf, finite, a bad
+    microbatch followed by a good one."""
+    nan, inf = float("nan"), float("inf")
+    try:
+        one = _captured_flag(update, [[1.0], [nan], [inf], [-inf], [2.0]])
+        two = _captured_flag(update, [[nan, 1.0], [1.0, 1.0]])
+    except BaseException:
+        one, two = None, None
+    if one is None:
+        return "found_inf is wrong for some replays"
+    finite, f_nan, f_inf, f_ninf, finite2 = one
+    if not any(one) and not any(two):
+        return ("found_inf never became True, even for a NaN/inf loss. Update it in place: "
+                "`found_inf = ...` (or `found_inf | x`) makes a new tensor at capture, and "
+                "the graph keeps writing the old one")
+    if finite or finite2 or two[1]:
+        return ("found_inf is True for an all-finite step: it must become True only when a "
+                "loss is inf, -inf or NaN")
+    if f_nan and not (f_inf and f_ninf):
+        which = "inf and -inf" if not f_inf and not f_ninf else ("inf" if not f_inf else "-inf")
+        verb = "are" if " and " in which else "is"
+        return (f"a loss of {which} {verb} not flagged: your test catches NaN only (torch.isnan, "
+                "or loss != loss). An overflowed loss is inf, and it must skip the step too")
+    if (f_inf or f_ninf) and not f_nan:
+        return ("a NaN loss is not flagged: your test catches inf only (torch.isinf, or a "
+                "comparison: every comparison with NaN is False)")
+    if f_inf != f_ninf:
+        return ("inf and -inf are not treated alike: "
+                + ("-inf" if f_inf else "inf") + " is not flagged (a one-sided comparison?)")
+    if not two[0]:
+        return ("found_inf missed a bad microbatch that was followed by a good one: your "
+                "update overwrites the flag with the latest loss's verdict. Combine the "
+                "flag with the new verdict instead, so that True stays True until the next "
+                "step's zero_()")
+    return "found_inf is wrong for some replays"
+
+
+def check_update_found_inf(fn, *, trials: int = 3) -> CheckResult:
+    """``fn(found_inf, loss)`` must set the bool scalar ``found_inf`` (in place) when
+    ``loss`` is inf, -inf or NaN and leave it as it was otherwise, without reading any
+    value on the host. Captured on labkit's emulator, once per microbatch, then replayed;
+    the process stays usable after a learner's host read."""
 
     def make_inputs(gen: torch.Generator):
         m = int(torch.randint(2, 5, (), generator=gen))
-        replays = []
-        for r in range(4):
-            vals = torch.rand(m, generator=gen) * 5
-            if r == 1:      # a bad microbatch that is not the last one...
-                vals[int(torch.randint(0, m - 1, (), generator=gen))] = float("nan")
-            elif r == 3:    # ...and one that is
-                vals[m - 1] = float("inf")
-            replays.append(vals)
-        return m, replays
+        bad = [float("nan"), float("inf"), float("-inf")]
+        replays = [(torch.rand(m, generator=gen) * 5).tolist() for _ in range(5)]
+        k = int(torch.randint(0, 3, (), generator=gen))
+        replays[1][int(torch.randint(0, m - 1, (), generator=gen))] = bad[k]   # not last
+        replays[3][m - 1] = bad[(k + 1) % 3]                                  # last
+        replays[4][0] = bad[(k + 2) % 3]
+        return (replays,)
 
     def observe(update):
-        def run(m, replays):
-            losses = [torch.zeros(()) for _ in range(m)]
-            flag = torch.zeros((), dtype=torch.bool)
-            g = E.CUDAGraph()
-            s = E.Stream()
-            with E.stream(s):
-                g.capture_begin()
-                try:
-                    flag.zero_()
-                    for loss in losses:          # one call per microbatch, in the graph
-                        update(flag, loss)
-                except BaseException as exc:
-                    try:
-                        g.capture_end()
-                    except Exception:
-                        pass
-                    E.set_stream(E.default_stream())
-                    raise _trim_traceback(exc)   # the learner's own error and line
-                g.capture_end()
-            seen = []
-            for vals in replays:
-                for loss, v in zip(losses, vals):
-                    loss.fill_(v)
-                g.replay()
-                seen.append(bool(flag))
-            return seen
+        def run(replays):
+            return _captured_flag(update, replays)
         return run
 
     def compare(expected, actual) -> str | None:
         if expected == actual:
             return None
-        if not any(actual):
-            return ("found_inf never became True, even for a NaN/inf loss. Update it in place "
-                    "(found_inf.logical_or_(...) or copy_): `found_inf = ...` makes a new "
-                    "tensor at capture, and the graph keeps writing the old one")
-        if all(actual):
-            return ("found_inf is True for an all-finite step: it must be True only when a "
-                    "loss is inf or NaN (torch.isfinite)")
-        return ("found_inf missed a bad microbatch that was not the last one: accumulate over "
-                "microbatches (logical_or_), don't overwrite the flag with the latest loss "
-                f"(expected {expected}, got {actual} over 4 replays)")
+        return (f"{_diagnose_found_inf(fn)} (over 5 replays: expected {expected}, got "
+                f"{actual})")
 
     return check(
         observe(fn), observe(_reference_update_found_inf), make_inputs, trials=trials,
         name="update_found_inf", compare=compare,
-        hint="no `if`, .item() or bool() on a tensor inside the step: one in-place tensor op, "
-             "e.g. found_inf.logical_or_(~torch.isfinite(loss))",
+        hint="compare with section 6.2: no `if`, .item() or bool() on a tensor inside the "
+             "captured step; in-place tensor ops only",
+        more_hints=["Which values must set the flag? torch has one test that is False for "
+                    "inf, -inf and NaN alike. And the flag must remember earlier microbatches.",
+                    "A bool tensor has an in-place logical or: found_inf.logical_or_(...) "
+                    "(or found_inf |= ...), of ~torch.isfinite(loss)"],
     )

@@ -1,0 +1,289 @@
+"""Lesson 07's checkers: each real learner mistake is rejected with a message that names
+it, and the reference answer passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labkit import backend
+from labkit.checks import lesson07 as L
+
+E = backend.get("emulated")
+
+
+def usable():
+    """After a check: default stream current, random ops allowed, a capture works."""
+    assert E.current_stream() == E.default_stream()
+    torch.rand(2)
+    x = torch.zeros(2)
+    g = E.CUDAGraph()
+    with E.graph(g):
+        x.add_(1)
+    g.replay()
+    assert x.tolist() == [1.0, 1.0]
+
+
+# ---- exercise 1: fill_static_buffers ------------------------------------------------------
+
+def fill_right(buffers, microbatches):
+    for bufs, mb in zip(buffers, microbatches):
+        for buf, new in zip(bufs, mb):
+            buf.copy_(new, non_blocking=True)
+
+
+def fill_foreach(buffers, microbatches):
+    dst = [t for b in buffers for t in b]
+    src = [t for m in microbatches for t in m]
+    torch._foreach_copy_(dst, src, non_blocking=True)
+
+
+def fill_rebinds(buffers, microbatches):
+    for i, mb in enumerate(microbatches):
+        buffers[i] = mb
+
+
+def fill_loop_variable(buffers, microbatches):
+    for bufs, mb in zip(buffers, microbatches):
+        for buf, new in zip(bufs, mb):
+            buf = new  # noqa: F841
+
+
+def fill_first_only(buffers, microbatches):
+    for b, m in zip(buffers[0], microbatches[0]):
+        b.copy_(m, non_blocking=True)
+
+
+def fill_tokens_only(buffers, microbatches):
+    for bufs, mb in zip(buffers, microbatches):
+        bufs[0].copy_(mb[0], non_blocking=True)
+
+
+def fill_blocking(buffers, microbatches):
+    for bufs, mb in zip(buffers, microbatches):
+        for buf, new in zip(bufs, mb):
+            buf.copy_(new)
+
+
+def fill_slice_assign(buffers, microbatches):
+    for bufs, mb in zip(buffers, microbatches):
+        for buf, new in zip(bufs, mb):
+            buf[:] = new
+
+
+def fill_wrong_direction(buffers, microbatches):
+    for bufs, mb in zip(buffers, microbatches):
+        for buf, new in zip(bufs, mb):
+            new.copy_(buf, non_blocking=True)
+
+
+def fill_reversed(buffers, microbatches):
+    for bufs, mb in zip(buffers, reversed(microbatches)):
+        for buf, new in zip(bufs, mb):
+            buf.copy_(new, non_blocking=True)
+
+
+def fill_own_stream(buffers, microbatches):
+    with E.stream(E.Stream()):
+        for bufs, mb in zip(buffers, microbatches):
+            for buf, new in zip(bufs, mb):
+                buf.copy_(new, non_blocking=True)
+
+
+def fill_clone_tuple(buffers, microbatches):
+    for i, mb in enumerate(microbatches):
+        buffers[i] = tuple(t.clone() for t in mb)
+
+
+@pytest.mark.parametrize("fn", [fill_right, fill_foreach])
+def test_fill_reference_passes(fn):
+    assert L.check_fill_static_buffers(fn, device="cpu")
+
+
+@pytest.mark.parametrize("fn,words", [
+    (fill_rebinds, "different tensors than before the call"),
+    (fill_clone_tuple, "Don't assign to buffers[i]"),
+    (fill_loop_variable, "no buffer was written: rebinding a loop variable"),
+    (fill_first_only, "buffers[1][0] (tokens of microbatch 1)"),
+    (fill_tokens_only, "buffers[0][1] (targets of microbatch 0)"),
+    (fill_blocking, "is blocking: the exercise asks for non_blocking=True"),
+    (fill_slice_assign, "buf[:] = new is a blocking copy"),
+    (fill_wrong_direction, "the copy goes the wrong way"),
+    (fill_reversed, "each microbatch goes into its own buffers"),
+    (fill_own_stream, "Streams are not your job"),
+])
+def test_fill_wrong_answers(fn, words, capsys):
+    res = L.check_fill_static_buffers(fn, device="cpu")
+    assert not res
+    assert words in res.message, res.message
+    assert "copy_(new, non_blocking=True)" not in res.message     # not the answer first
+    assert res.more_hints and "non_blocking=True" in res.more_hints[-1]
+    assert "Traceback" not in capsys.readouterr().out
+    usable()
+
+
+def test_fill_still_holding_old_data_names_the_tensor():
+    res = L.check_fill_static_buffers(fill_first_only, device="cpu")
+    assert "still hold the old data: fill every tensor of every microbatch" in res.message
+
+
+# ---- exercise 2: run_iteration ------------------------------------------------------------
+
+def run_right(it, warmup_steps, ops):
+    if it < warmup_steps:
+        return ops.eager()
+    if not ops.captured:
+        ops.capture()
+    return ops.replay()
+
+
+def run_no_replay_after_capture(it, warmup_steps, ops):
+    if it < warmup_steps:
+        return ops.eager()
+    if not ops.captured:
+        ops.capture()
+        return None
+    return ops.replay()
+
+
+def run_off_by_one(it, warmup_steps, ops):
+    if it <= warmup_steps:
+        return ops.eager()
+    if not ops.captured:
+        ops.capture()
+    return ops.replay()
+
+
+def run_recaptures(it, warmup_steps, ops):
+    if it < warmup_steps:
+        return ops.eager()
+    ops.capture()
+    return ops.replay()
+
+
+def run_never_captures(it, warmup_steps, ops):
+    if it < warmup_steps:
+        return ops.eager()
+    return ops.replay()
+
+
+def run_forgets_return(it, warmup_steps, ops):
+    if it < warmup_steps:
+        ops.eager()
+        return None
+    if not ops.captured:
+        ops.capture()
+    return ops.replay()
+
+
+def run_capture_too_early(it, warmup_steps, ops):
+    if not ops.captured and it == max(warmup_steps - 1, 0):
+        ops.capture()
+        return ops.replay()
+    if it < warmup_steps:
+        return ops.eager()
+    return ops.replay()
+
+
+def test_run_iteration_reference_passes():
+    assert L.check_run_iteration(run_right)
+
+
+@pytest.mark.parametrize("fn,words", [
+    (run_no_replay_after_capture, "Capture records the step and computes nothing"),
+    (run_off_by_one, "expected 'capture + replay'"),
+    (run_recaptures, "Capture once"),
+    (run_never_captures, "without a preceding successful capture"),
+    (run_forgets_return, "did you forget `return`?"),
+    (run_capture_too_early, "Too early"),
+])
+def test_run_iteration_wrong_answers(fn, words):
+    res = L.check_run_iteration(fn)
+    assert not res
+    assert words in res.message, res.message
+    assert res.more_hints
+
+
+# ---- exercise 3: update_found_inf ---------------------------------------------------------
+
+def inf_right(found_inf, loss):
+    found_inf.logical_or_(~torch.isfinite(loss))
+
+
+def inf_ior(found_inf, loss):
+    found_inf |= ~torch.isfinite(loss)
+
+
+def inf_nan_only(found_inf, loss):
+    found_inf.logical_or_(torch.isnan(loss))
+
+
+def inf_self_compare(found_inf, loss):
+    found_inf.logical_or_(loss != loss)
+
+
+def inf_isinf_only(found_inf, loss):
+    found_inf.logical_or_(torch.isinf(loss))
+
+
+def inf_greater(found_inf, loss):
+    found_inf.logical_or_(loss > 1e30)
+
+
+def inf_host_if(found_inf, loss):
+    if not torch.isfinite(loss):
+        found_inf.fill_(True)
+
+
+def inf_item(found_inf, loss):
+    if not torch.isfinite(loss).item():
+        found_inf.fill_(True)
+
+
+def inf_overwrites(found_inf, loss):
+    found_inf.copy_(~torch.isfinite(loss))
+
+
+def inf_rebinds(found_inf, loss):
+    found_inf = found_inf | ~torch.isfinite(loss)  # noqa: F841
+
+
+def inf_inverted(found_inf, loss):
+    found_inf.logical_or_(torch.isfinite(loss))
+
+
+@pytest.mark.parametrize("fn", [inf_right, inf_ior])
+def test_update_found_inf_reference_passes(fn):
+    assert L.check_update_found_inf(fn)
+
+
+@pytest.mark.parametrize("fn,words", [
+    (inf_nan_only, "your test catches NaN only"),
+    (inf_self_compare, "your test catches NaN only"),
+    (inf_isinf_only, "a NaN loss is not flagged"),
+    (inf_greater, "a NaN loss is not flagged"),
+    (inf_overwrites, "overwrites the flag with the latest loss's verdict"),
+    (inf_rebinds, "Update it in place"),
+    (inf_inverted, "True for an all-finite step"),
+])
+def test_update_found_inf_wrong_answers(fn, words):
+    res = L.check_update_found_inf(fn)
+    assert not res
+    assert words in res.message, res.message
+    assert "accumulate" not in res.message or fn is inf_overwrites
+    usable()
+
+
+def test_nan_only_is_not_told_to_accumulate():
+    res = L.check_update_found_inf(inf_nan_only)
+    assert "logical_or_" not in res.message and "overwrite" not in res.message
+
+
+@pytest.mark.parametrize("fn,line", [(inf_host_if, "if not torch.isfinite(loss):"),
+                                     (inf_item, "if not torch.isfinite(loss).item():")])
+def test_update_found_inf_host_read_names_the_line_and_leaves_a_usable_process(fn, line):
+    res = L.check_update_found_inf(fn)
+    assert not res and res.kind == "exception"
+    assert "operation not permitted when stream is capturing" in res.message
+    assert line in res.message
+    usable()

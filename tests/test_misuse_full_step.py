@@ -1,0 +1,219 @@
+"""labkit.full_step under misuse: every wrong input gets an error that names what was given,
+what was expected and what to do, before anything is captured; a capture that fails
+anyway leaves a usable process. Runs on every backend (the ``B`` fixture)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labkit import full_step as FS
+
+CFG = FS.CONFIGS["tiny"]
+
+
+def batch(B, seed=0, cfg=CFG):
+    return FS.random_microbatches(cfg, torch.Generator().manual_seed(seed), device=B.device)
+
+
+def trainer(B, warmup_steps=1, **kw):
+    model = FS.build_lm(CFG, B.device)
+    opt = FS.make_capturable_optimizer(model.parameters(), B, lr=1e-2)
+    return FS.FullStepTrainer(model, FS.lm_loss, opt, B, CFG.num_microbatches,
+                              warmup_steps=warmup_steps, **kw)
+
+
+def usable(B):
+    """The process is usable: a capture + replay works, and a random op outside capture."""
+    x = torch.zeros(4, device=B.device)
+    s = B.Stream()
+    s.wait_stream(B.current_stream())
+    with B.stream(s):
+        x.add_(1)
+    B.current_stream().wait_stream(s)
+    g = B.CUDAGraph()
+    with B.graph(g):
+        x.add_(1)
+    g.replay()
+    B.synchronize()
+    assert x.tolist() == [2.0] * 4                   # warm-up, capture (no compute), replay
+    assert B.current_stream() == B.default_stream()
+    torch.rand(3, device=B.device)                   # no "Offset increment outside graph"
+
+
+@pytest.mark.parametrize("n", [0, -1, 1.5, True])
+def test_num_microbatches_must_be_a_positive_int(B, n):
+    model = FS.build_lm(CFG, B.device)
+    opt = FS.make_capturable_optimizer(model.parameters(), B)
+    with pytest.raises(ValueError, match=r"num_microbatches must be an int >= 1, got"):
+        FS.FullStepTrainer(model, FS.lm_loss, opt, B, n)
+    with pytest.raises(ValueError, match="num_microbatches must be an int >= 1"):
+        FS.StaticBatchLoader(B, n)
+
+
+def test_forward_backward_refuses_no_microbatches():
+    model = FS.build_lm(CFG)
+    with pytest.raises(ValueError, match="0 microbatches: a step needs at least one"):
+        FS.forward_backward(model, FS.lm_loss, [])
+
+
+def test_non_capturable_optimizer_is_refused_before_capture(B):
+    model = FS.build_lm(CFG, B.device)
+    with pytest.raises(ValueError) as info:
+        FS.FullStepTrainer(model, FS.lm_loss, torch.optim.AdamW(model.parameters()), B, 2)
+    msg = str(info.value)
+    assert "AdamW has capturable=False" in msg
+    assert "step count lives on the host" in msg
+    assert "make_capturable_optimizer" in msg
+    if B.name == "cuda":
+        assert "AdamW(..., capturable=True)" in msg
+    else:
+        assert "CapturableAdamW" in msg
+    usable(B)
+
+
+def test_torch_capturable_adamw_on_the_emulator_is_refused(E):
+    model = FS.build_lm(CFG)
+    opt = torch.optim.AdamW(model.parameters(), capturable=True)
+    with pytest.raises(ValueError, match="CUDA devices only.*make_capturable_optimizer"):
+        FS.FullStepTrainer(model, FS.lm_loss, opt, E, 2)
+
+
+def test_not_an_optimizer(B):
+    model = FS.build_lm(CFG, B.device)
+    with pytest.raises(TypeError, match="must be a torch.optim.Optimizer, got list"):
+        FS.FullStepTrainer(model, FS.lm_loss, list(model.parameters()), B, 2)
+
+
+def test_failed_capture_leaves_a_usable_process(B):
+    flag = {"sync": False}
+
+    def step_fn():
+        y = torch.ones(3, device=B.device) * 2
+        if flag["sync"]:
+            y.sum().item()                           # a host read: refused in capture
+        return y
+
+    w = FS.FullCudaGraphWrapper(step_fn, B, warmup_steps=1)
+    w()
+    flag["sync"] = True
+    with pytest.raises(RuntimeError):
+        w()
+    assert w.graph is None and w.result is None       # nothing half-built is kept
+    usable(B)
+    flag["sync"] = False
+    assert torch.equal(w().cpu(), torch.full((3,), 2.0))   # it can capture again
+    usable(B)
+
+
+def test_trainer_with_a_syncing_loss_fails_cleanly(B):
+    def loss_with_print(model, mb):
+        loss = FS.lm_loss(model, mb)
+        print(f"loss {loss.item():.3f}")             # a learner's debug print
+        return loss
+
+    model = FS.build_lm(CFG, B.device)
+    opt = FS.make_capturable_optimizer(model.parameters(), B)
+    t = FS.FullStepTrainer(model, loss_with_print, opt, B, CFG.num_microbatches,
+                           warmup_steps=1)
+    t.step(batch(B))
+    with pytest.raises(RuntimeError):
+        t.step(batch(B, 1))
+    assert not t.captured
+    usable(B)
+
+
+def test_first_step_with_another_sequence_length(B):
+    t = trainer(B)
+    short = FS.random_microbatches(FS.LMConfig(seq_len=8), torch.Generator().manual_seed(0),
+                                   device=B.device)
+    with pytest.raises(ValueError) as info:
+        t.step(short)
+    msg = str(info.value)
+    assert "(batch, seq_len=16)" in msg and "(2, 8)" in msg and "seq_len=8" in msg
+    usable(B)
+
+
+def test_later_step_with_another_sequence_length(B):
+    t = trainer(B)
+    t.step(batch(B))
+    short = [(x[:, :8], y[:, :8]) for x, y in batch(B, 1)]
+    with pytest.raises(ValueError, match="fixed shapes: pad to the captured shape"):
+        t.step(short)
+
+
+@pytest.mark.parametrize("bad,where", [(64, "id 64"), (-1, "id -1")])
+def test_tokens_out_of_vocabulary(B, bad, where):
+    t = trainer(B)
+    mbs = batch(B)
+    mbs[1][0][0, 3] = bad
+    with pytest.raises(ValueError) as info:
+        t.step(mbs)
+    msg = str(info.value)
+    assert "microbatch 1: tokens hold the " + where in msg
+    assert "vocabulary [0, 64)" in msg and "vocab_size" in msg
+    usable(B)
+
+
+def test_tokens_out_of_vocabulary_after_capture_on_the_cpu(E):
+    t = trainer(E)
+    t.step(batch(E))
+    t.step(batch(E, 1))
+    assert t.captured
+    mbs = batch(E, 2)
+    mbs[0][1][0, 0] = 100
+    with pytest.raises(ValueError, match="microbatch 0: targets hold the id 100"):
+        t.step(mbs)
+    t.step(batch(E, 3))                               # the static buffers were not touched
+
+
+def test_fewer_targets_than_tokens(B):
+    t = trainer(B)
+    mbs = batch(B)
+    mbs[0] = (mbs[0][0], mbs[0][1][:1])
+    with pytest.raises(ValueError, match=r"microbatch 0: targets \(1, 16\) for tokens \(2, 16\)"):
+        t.step(mbs)
+
+
+def test_a_microbatch_without_targets(B):
+    t = trainer(B)
+    mbs = batch(B)
+    mbs[1] = (mbs[1][0],)
+    with pytest.raises(ValueError, match=r"microbatch 1 is a tuple of 1; lm_loss needs a pair"):
+        t.step(mbs)
+    with pytest.raises(ValueError, match="lm_loss expects a microbatch .tokens, targets., "
+                                         "got a Tensor"):
+        FS.lm_loss(FS.build_lm(CFG, B.device), mbs[0][0])
+
+
+def test_fewer_microbatches_than_the_trainer_has(B):
+    t = trainer(B)
+    with pytest.raises(ValueError) as info:
+        t.step(batch(B)[:1])
+    msg = str(info.value)
+    assert "got 1 microbatches" in msg and "num_microbatches=2" in msg
+    assert "pass exactly that many" in msg
+
+
+def test_a_batch_that_is_not_a_list(B):
+    t = trainer(B)
+    with pytest.raises(TypeError, match="expects a list of 2 microbatches, got a Tensor"):
+        t.step(torch.zeros(2, 16, dtype=torch.long, device=B.device))
+
+
+def test_unknown_config_and_bad_wrapper_options(B):
+    with pytest.raises(ValueError, match="unknown config 'small': choose one of tiny, bench"):
+        FS.build_lm("small")
+    with pytest.raises(ValueError, match="warmup_steps must be an int >= 0, got -1"):
+        FS.FullCudaGraphWrapper(lambda: None, B, warmup_steps=-1)
+    with pytest.raises(ValueError, match="capture_error_mode must be 'global', "
+                                         "'thread_local' or 'relaxed', got 'local'"):
+        FS.FullCudaGraphWrapper(lambda: None, B, capture_error_mode="local")
+    with pytest.raises(ValueError, match="impl must be 'auto', 'torch' or 'labkit', got 'fast'"):
+        FS.make_capturable_optimizer([torch.nn.Parameter(torch.ones(1))], B, impl="fast")
+
+
+def test_float_tokens_are_refused(B):
+    model = FS.build_lm(CFG, B.device)
+    with pytest.raises(TypeError, match="integer token ids"):
+        model(torch.zeros(2, 16, device=B.device))
