@@ -12,35 +12,88 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
 
 import torch
 
 from labkit import backend
 
-from . import DecodeGraphRunner, build_model, explore_buckets, serve, synthetic_workload
+from . import CONFIGS, DecodeGraphRunner, build_model, explore_buckets, serve, synthetic_workload
+
+SCHEMES = ("sglang", "every", "pow2")
 
 
-def main(argv=None) -> dict:
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        return v
+    parse.__name__ = f"integer >= {lo}"
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0 (arrivals per step), got {text}")
+    return v
+
+
+def _buckets(text: str):
+    """A scheme name or a comma-separated list of batch sizes (a single size is a list)."""
+    if text in SCHEMES:
+        return text
+    parts = [x.strip() for x in text.split(",")]
+    if not all(x.isdigit() and int(x) >= 1 for x in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: use {', '.join(SCHEMES)} or batch sizes "
+                                         ">= 1 separated by commas, e.g. 1,2,4,8")
+    return sorted({int(x) for x in parts})
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m labkit.decode", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", default="auto", choices=backend.NAMES)
-    ap.add_argument("--config", default="tiny", help="model config: tiny | small")
-    ap.add_argument("--max-bs", type=int, default=16)
-    ap.add_argument("--buckets", default="sglang", help="sglang | every | pow2 | 1,2,4,...")
-    ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--rate", type=float, default=2.0, help="arrivals per decode step")
-    ap.add_argument("--dtype", default=None, choices=[None, "float32", "float16", "bfloat16"])
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--config", default="tiny", choices=list(CONFIGS), help="model config")
+    ap.add_argument("--max-bs", type=_int_at_least(1), default=16,
+                    help="largest batch to capture (also the model's request slots)")
+    ap.add_argument("--buckets", type=_buckets, default="sglang",
+                    help=f"{' | '.join(SCHEMES)} | 1,2,4,... (sizes <= --max-bs)")
+    ap.add_argument("--requests", type=_int_at_least(1), default=64)
+    ap.add_argument("--rate", type=_positive_float, default=2.0, help="arrivals per decode step")
+    ap.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
+    ap.add_argument("--seed", type=_int_at_least(0), default=0)
     ap.add_argument("--json", default=None, help="write results here")
+    return ap
+
+
+def main(argv=None) -> dict:
+    ap = _parser()
     a = ap.parse_args(argv)
+    if isinstance(a.buckets, list) and a.buckets[-1] > a.max_bs:
+        ap.error(f"argument --buckets: bucket {a.buckets[-1]} > --max-bs {a.max_bs}")
+    if a.json:
+        folder = os.path.dirname(os.path.abspath(a.json))
+        if not os.path.isdir(folder):
+            ap.error(f"argument --json: folder {folder} does not exist")
+    try:
+        B = backend.get(a.backend)
+    except RuntimeError as e:
+        ap.error(f"argument --backend: {e}")
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 
-    B = backend.get(a.backend)
     dtype = getattr(torch, a.dtype) if a.dtype else None
     model = build_model(a.config, max_requests=a.max_bs, device=B.device, dtype=dtype,
                         seed=a.seed)
-    scheme = [int(x) for x in a.buckets.split(",")] if "," in a.buckets else a.buckets
-    runner = DecodeGraphRunner(model, B, max_bs=a.max_bs, buckets=scheme)
+    runner = DecodeGraphRunner(model, B, max_bs=a.max_bs, buckets=a.buckets)
     runner.capture()
     cap = runner.capture_report()
     wl = synthetic_workload(a.requests, arrival_rate=a.rate, vocab_size=model.args.vocab_size,
@@ -79,8 +132,11 @@ def main(argv=None) -> dict:
     if B.is_emulated:
         print("note: emulated backend — timings are CPU timings, not a GPU's.")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+        try:
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+        except OSError as e:
+            ap.exit(1, f"{ap.prog}: error: cannot write --json {a.json}: {e.strerror}\n")
     return out
 
 

@@ -65,11 +65,26 @@ class ModelArgs:
             self.n_local_heads = self.n_head
         if self.intermediate_size is None:
             self.intermediate_size = find_multiple(int(2 * 4 * self.dim / 3), 32)
-        assert self.dim % self.n_head == 0 and self.n_head % self.n_local_heads == 0
+        for name in ("vocab_size", "n_layer", "n_head", "dim", "n_local_heads",
+                     "intermediate_size", "max_seq_len"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"ModelArgs.{name} must be an int >= 1, got {v!r}")
+        if self.dim % self.n_head:
+            raise ValueError(f"ModelArgs: dim={self.dim} is not a multiple of n_head={self.n_head}")
+        if self.n_head % self.n_local_heads:
+            raise ValueError(f"ModelArgs: n_head={self.n_head} is not a multiple of "
+                             f"n_local_heads={self.n_local_heads} (KV heads)")
+        if (self.dim // self.n_head) % 2:
+            raise ValueError(f"ModelArgs: head_dim={self.dim // self.n_head} must be even "
+                             "(rotary embeddings rotate pairs)")
         self.head_dim = self.dim // self.n_head
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "ModelArgs":
+        if name not in CONFIGS:
+            raise ValueError(f"unknown model config {name!r}: choose one of "
+                             f"{', '.join(CONFIGS)} (or pass a ModelArgs)")
         return replace(CONFIGS[name], **overrides)
 
 
@@ -241,6 +256,9 @@ class Transformer(nn.Module):
         ``req_to_token`` is an identity layout here (a real server hands out pages on
         demand); all code still goes through the table, as SGLang's does.
         """
+        if not isinstance(max_requests, int) or isinstance(max_requests, bool) or max_requests < 1:
+            raise ValueError(f"max_requests must be an int >= 1 (live requests; slot 0 is the "
+                             f"dummy slot on top), got {max_requests!r}")
         a = self.args
         p = self.output.weight
         self.num_slots = max_requests + 1
@@ -281,9 +299,20 @@ def build_model(args: ModelArgs | str = "tiny", max_requests: int = 16, device=N
     """A seeded model with caches set up: fp32 on CPU, fp16 on CUDA unless told."""
     if isinstance(args, str):
         args = ModelArgs.from_name(args)
+    elif not isinstance(args, ModelArgs):
+        raise TypeError(f"build_model: args must be a config name ({', '.join(CONFIGS)}) or a "
+                        f"ModelArgs, got {type(args).__name__}")
     device = torch.device(device if device is not None else "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"build_model: device={device} but no CUDA GPU is available here; "
+                           "use device=B.device of B = labkit.backend.get('auto')")
     if dtype is None:
         dtype = torch.float16 if device.type == "cuda" else torch.float32
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"build_model: dtype must be a floating torch dtype (torch.float32, "
+                        f"torch.float16, torch.bfloat16), got {dtype!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"build_model: seed must be an int, got {seed!r}")
     g = torch.random.fork_rng(devices=[])
     with g:
         torch.manual_seed(seed)

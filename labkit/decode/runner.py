@@ -371,6 +371,9 @@ class DecodeGraphRunner(BaseGraphRunner):
         self.capture_forward_mode = forward_mode or (
             ForwardMode.DECODE if num_tokens_per_bs == 1 else ForwardMode.TARGET_VERIFY)
         self.fallback = fallback
+        if padding_override is not None and not isinstance(padding_override, dict):
+            raise TypeError("DecodeGraphRunner: padding_override must be a dict "
+                            f"{{buffer: policy}}, got {type(padding_override).__name__}")
         self.padding_override = dict(padding_override or {})
         self.compile_bs = compile_bs
         self.attn = make_attn_backend(attention, model)

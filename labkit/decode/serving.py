@@ -16,7 +16,10 @@ the generated tokens must be identical; the latencies are what differ.
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +57,17 @@ def synthetic_workload(num_requests: int = 32, arrival_rate: float = 1.0,
     """Seeded requests: exponential inter-arrival gaps (mean ``1 / arrival_rate`` steps),
     uniform prompt and output lengths (inclusive ranges), random prompt tokens. With
     ``max_seq_len`` the output length is clipped so every request fits its KV slot."""
+    _check_int("num_requests", num_requests, 0)
+    if (not isinstance(arrival_rate, numbers.Real) or isinstance(arrival_rate, bool)
+            or not math.isfinite(arrival_rate) or arrival_rate <= 0):
+        raise ValueError(f"arrival_rate must be a finite number > 0 (requests per decode step), "
+                         f"got {arrival_rate!r}")
+    _check_range("prompt_len", prompt_len)
+    _check_range("output_len", output_len)
+    _check_int("vocab_size", vocab_size, 1)
+    if max_seq_len is not None:
+        _check_int("max_seq_len", max_seq_len, 2)
+    _check_int("seed", seed, 0)
     rng = np.random.default_rng(seed)
     t = 0.0
     reqs = []
@@ -67,6 +81,22 @@ def synthetic_workload(num_requests: int = 32, arrival_rate: float = 1.0,
             n = min(n, max_seq_len - p + 1)  # the last token is sampled, never fed back
         reqs.append(Request(rid, int(t), rng.integers(0, vocab_size, p).tolist(), n))
     return reqs
+
+
+def _check_int(name: str, value, lo: int) -> None:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+
+
+def _check_range(name: str, rng) -> None:
+    """An inclusive (lo, hi) range of lengths, 1 <= lo <= hi."""
+    if (not isinstance(rng, (tuple, list)) or len(rng) != 2
+            or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in rng)):
+        raise TypeError(f"{name} must be a (min, max) pair of ints, got {rng!r}")
+    if not 1 <= rng[0] <= rng[1]:
+        raise ValueError(f"{name}=({rng[0]}, {rng[1]}): need 1 <= min <= max")
 
 
 @dataclass
@@ -113,15 +143,11 @@ def serve(model, workload: list[Request], runner=None, max_running: int | None =
     ``max_running``: live requests at once (default: every KV slot the model has).
     """
     runner = runner or EagerRunner(model)
+    _check_serve_args(model, workload, runner, max_running, max_steps)
     max_running = max_running or (model.num_slots - 1)
-    if max_running > model.num_slots - 1:
-        raise ValueError(f"max_running={max_running} > KV slots ({model.num_slots - 1})")
     cuda = model.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     pending = sorted(copy.deepcopy(workload), key=lambda r: (r.arrival_step, r.rid))
-    for r in pending:
-        if r.seq_len + r.max_new_tokens - 1 > model.args.max_seq_len:
-            raise ValueError(f"request {r.rid} needs more than max_seq_len positions")
     free = list(range(max_running, 0, -1))  # slot 0 is the dummy slot
     running: list[Request] = []
     finished: list[Request] = []
@@ -166,6 +192,10 @@ def serve(model, workload: list[Request], runner=None, max_running: int | None =
             continue
         step += 1
     wall = time.perf_counter() - t_start
+    if pending or running:
+        warnings.warn(f"serve stopped at max_steps={max_steps} with {len(pending) + len(running)} "
+                      "requests unfinished: their outputs are partial (raise max_steps)",
+                      RuntimeWarning, stacklevel=2)
     done = sorted(finished + running, key=lambda r: r.rid)
     return ServeResult(
         tokens={r.rid: r.output for r in done},
@@ -173,6 +203,49 @@ def serve(model, workload: list[Request], runner=None, max_running: int | None =
         wall_s=wall, generated_tokens=sum(len(r.output) for r in done),
         runner_stats={k: v - stats0.get(k, 0) for k, v in getattr(runner, "stats", {}).items()}
         or None)
+
+
+def _check_serve_args(model, workload, runner, max_running, max_steps) -> None:
+    """serve()'s arguments, each against what the loop needs."""
+    from .batch import _check_model
+    _check_model(model, "serve")
+    if not hasattr(runner, "forward"):
+        raise TypeError(f"serve: runner must be a DecodeGraphRunner or EagerRunner (or None), "
+                        f"got {type(runner).__name__}")
+    if getattr(runner, "model", model) is not model:
+        raise ValueError("serve: the runner was built for another model (its graphs read that "
+                         "model's weights and KV cache): pass the runner's own model")
+    slots = model.num_slots - 1
+    if max_running is not None:
+        _check_int("max_running", max_running, 1)
+        if max_running > slots:
+            raise ValueError(f"max_running={max_running} > KV slots ({slots})")
+    _check_int("max_steps", max_steps, 1)
+    if isinstance(workload, Request) or not hasattr(workload, "__iter__"):
+        raise TypeError("serve: workload must be a list of Request (synthetic_workload(...)), "
+                        f"got {type(workload).__name__}")
+    seen = set()
+    for i, r in enumerate(workload):
+        if not isinstance(r, Request):
+            raise TypeError(f"serve: workload[{i}] is a {type(r).__name__}, not a Request")
+        if r.rid in seen:
+            raise ValueError(f"serve: request id {r.rid} appears twice: results are keyed by rid")
+        seen.add(r.rid)
+        if not r.prompt:
+            raise ValueError(f"serve: request {r.rid} has an empty prompt")
+        if not isinstance(r.max_new_tokens, numbers.Integral) or r.max_new_tokens < 1:
+            raise ValueError(f"serve: request {r.rid} has max_new_tokens={r.max_new_tokens!r}; "
+                             "need an int >= 1 (the prefill already samples one token)")
+        if r.output:
+            raise ValueError(f"serve: request {r.rid} already has output {r.output[:4]}...: "
+                             "pass fresh requests (serve copies them and never writes back)")
+        if r.seq_len + r.max_new_tokens - 1 > model.args.max_seq_len:
+            raise ValueError(f"serve: request {r.rid} needs {r.seq_len + r.max_new_tokens - 1} "
+                             f"positions, more than max_seq_len={model.args.max_seq_len}")
+        bad = [t for t in r.prompt if not 0 <= t < model.args.vocab_size]
+        if bad:
+            raise ValueError(f"serve: request {r.rid}'s prompt has token id {bad[0]}, outside "
+                             f"the vocabulary 0..{model.args.vocab_size - 1}")
 
 
 def _retire(running: list[Request], finished: list[Request], free: list[int]) -> list[Request]:
