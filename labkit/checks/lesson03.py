@@ -1,6 +1,6 @@
 """Checkers for lesson 03 (constraint pitfalls).
 
-Two exercises, run on the backend of ``labkit.backend.get("auto")`` (or ``B=``):
+Three exercises, run on the backend of ``labkit.backend.get("auto")`` (or ``B=``):
 
 * ``capturable_clip(x)``: the capturable rewrite of
 
@@ -12,33 +12,110 @@ Two exercises, run on the backend of ``labkit.backend.get("auto")`` (or ``B=``):
               return x / m
           return x
 
-  The checker lints the learner's function with :func:`labkit.guards.lint_capture` (any
-  hazard that fails capture is reported with its line and fix), then captures it on the
-  backend and replays it on inputs from *both* regimes (``max |x|`` above and below 1):
-  a graph that baked in one branch gives wrong results for the other.
-* ``arg_mismatches(captured, received)``: Megatron-style argument checks as data. Return
-  every difference as a tuple ``(where, field, received, captured)``:
+  The checker runs the learner's function eagerly on inputs of both regimes
+  (``max |x|`` above and below 1, 1-D and 2-D, a large negative element included) and
+  names the wrong formula it sees (an identity, a division that is always done, a
+  per-element condition, a clamp, ``max(x)`` without ``abs``, a per-row maximum); then it
+  lints the function with :func:`labkit.guards.lint_capture` (a hazard that fails capture
+  is reported with its line); then it captures the function on the backend and replays it
+  on inputs of both regimes: a graph that baked in one branch gets the other one wrong.
+* ``arg_mismatches(captured, received)``: Megatron-style argument checks as data, the
+  logic of :func:`labkit.guards.get_mismatch_errors`. Every difference is one tuple
+  ``(where, field, captured_value, received_value)``: captured first, received second,
+  the order of the parameters:
 
-  - ``("args", "count", len(received), len(captured))`` when the counts differ (then
+  - ``("args", "count", len(captured), len(received))`` when the counts differ (then
     compare the positions both have);
-  - ``(f"args[{i}]", "type", type(r).__name__, type(c).__name__)`` when one is a tensor
-    and the other is not, or two non-tensors have different types;
-  - for two tensors, one tuple for EACH of ``"shape"`` (as tuples of ints), ``"dtype"``
-    and ``"device"`` that differs;
-  - for two non-tensors of the same type, ``(f"args[{i}]", "value", r, c)`` if ``r != c``.
+  - ``(f"args[{i}]", "type", type(c).__name__, type(r).__name__)`` when one is a tensor
+    and the other is not, or two non-tensors have different types (``2`` and ``2.0``
+    differ: ``int`` is not ``float``); nothing else is reported for that position;
+  - for two tensors, one tuple for EACH of ``"shape"`` (a tuple of ints), ``"dtype"`` (a
+    ``torch.dtype``) and ``"device"`` (a ``torch.device``) that differs; tensor *values*
+    are never compared (a replay reads new values, that is the point);
+  - for two non-tensors of the same type, ``(f"args[{i}]", "value", c, r)`` if ``c != r``.
 
-  Order does not matter. Checked on cases with several mismatches in one argument, a
-  count mismatch, a tensor-vs-number mismatch, a device mismatch and a clean call.
+  Order of the list does not matter. Eight trials, each aimed at one rule, with random
+  positions, shapes, dtypes and values: several fields of one tensor, a count mismatch, a
+  tensor against a number, a clean call whose tensors hold other values, a device
+  mismatch, ``int`` against ``float`` of equal value, a changed Python value, a random mix.
+* ``build_server(B)`` (diagnosis): the learner fixes a broken server that captures
+  ``softmax(logits / temperature)`` once and replays it per batch. The checker gives
+  ``build_server`` a backend that counts captures and replays, then calls the returned
+  ``serve(batches, temperatures)``: one graph captured in ``build_server``, none in
+  ``serve``, one replay per batch, results that are separate tensors equal to eager. A
+  wrong answer is told which pitfall it still has: results that share memory (section 6),
+  logits the graph never saw (section 1), a temperature stuck at its capture value
+  (section 7), results one batch behind.
+
+Every checker leaves a usable process after a learner's failed capture
+(:func:`labkit.backend.recover`), gives learner code a time budget
+(:func:`labkit.checks.call_learner`), and keeps further hints for
+:func:`labkit.checks.hint`.
 """
 
 from __future__ import annotations
 
+import linecache
+import math
+import os
+import traceback
+import types
+from collections import Counter
+from typing import Any, Callable
+
 import torch
 
 from labkit.backend import recover as _recover
-from labkit.checks import CheckResult, check, compare_outputs
+from labkit.checks import NOT_DONE, LearnerTimeout, call_learner, compare_outputs, fail, passed
 
-__all__ = ["check_capturable_clip", "check_arg_mismatches"]
+__all__ = ["check_capturable_clip", "check_arg_mismatches", "check_build_server"]
+
+
+class _Failure(Exception):
+    """One trial failed: ``message`` names the mistake, ``more_hints`` go further."""
+
+    def __init__(self, message: str, more_hints: list[str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.more_hints = list(more_hints or [])
+
+
+_LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def _learner_error(exc: BaseException) -> str:
+    """The root cause of ``exc`` (a failed capture raises twice), with the learner's line.
+
+    ``TypeError: message`` and ``at line N of your cell: code``: the first line of the
+    deepest error in the chain, at the deepest frame outside labkit and torch.
+    """
+    chain, e = [], exc
+    while e is not None and len(chain) < 6 and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    root = chain[-1]
+    first = str(root).splitlines()[0] if str(root) else ""
+    text = f"{type(root).__name__}: {first}" if first else type(root).__name__
+    pick = None
+    for tb_exc in (root, exc):
+        for fr in traceback.extract_tb(tb_exc.__traceback__):
+            path = os.path.abspath(fr.filename) if not fr.filename.startswith("<") \
+                else fr.filename
+            if not path.startswith((_LABKIT_DIR, _TORCH_DIR)):
+                pick = fr
+        if pick is not None:
+            break
+    if pick is None:
+        return text
+    cell = pick.filename.startswith(("<ipython-input", "<cell")) \
+        or "ipykernel_" in pick.filename
+    where = "your cell" if cell else os.path.basename(pick.filename)
+    loc = f"line {pick.lineno} of {where}"
+    if pick.name != "<module>":
+        loc += f" (in {pick.name})"
+    line = (pick.line or linecache.getline(pick.filename, pick.lineno)).strip()
+    return f"{text}\n   at {loc}: {line}" if line else f"{text}\n   at {loc}"
 
 
 def _backend(B):
@@ -49,164 +126,742 @@ def _backend(B):
     return backend.get("auto")
 
 
-# ---- exercise 1: capturable_clip --------------------------------------------------------
+def _generator(seed: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def _run(name: str, trials: int, one_trial: Callable[[int, torch.Generator], None], *,
+         quiet: bool, explain: Callable[[BaseException], _Failure] | None = None,
+         B=None):
+    """Run ``one_trial(trial, gen)`` for each trial; turn what goes wrong into one report."""
+    for trial in range(1, trials + 1):
+        gen = _generator(1000 * trial + 3)
+        torch.manual_seed(trial)
+        try:
+            one_trial(trial, gen)
+        except NotImplementedError as exc:
+            if str(exc):      # torch's own (an op a device lacks), not the blank's stub
+                return fail(name, f"trial {trial} of {trials}: your code raised "
+                            f"{_learner_error(exc)}", kind="exception", quiet=quiet,
+                            trials=trial - 1, failed_trial=trial)
+            return fail(name, NOT_DONE, kind="not_implemented", quiet=quiet,
+                        trials=trial - 1, failed_trial=trial)
+        except _Failure as f:
+            return fail(name, f"trial {trial} of {trials}: {f.message}",
+                        more_hints=f.more_hints, quiet=quiet, trials=trial - 1,
+                        failed_trial=trial)
+        except LearnerTimeout as exc:
+            if B is not None:
+                _recover(B)
+            return fail(name, f"trial {trial} of {trials}: {exc}", kind="timeout",
+                        quiet=quiet, trials=trial - 1, failed_trial=trial)
+        except Exception as exc:  # the learner's code raised
+            if B is not None:
+                _recover(B)
+            f = explain(exc) if explain is not None else None
+            if f is None:
+                f = _Failure(f"your code raised {_learner_error(exc)}")
+            return fail(name, f"trial {trial} of {trials}: {f.message}",
+                        more_hints=f.more_hints, kind="exception", quiet=quiet,
+                        trials=trial - 1, failed_trial=trial, details={"exception": exc})
+    plural = "trial" if trials == 1 else "trials"
+    return passed(name, f"passed {trials} random {plural}", quiet=quiet, trials=trials)
+
+
+# =========================================================================================
+# exercise 1: capturable_clip
+# =========================================================================================
 
 def _clip_reference(x: torch.Tensor) -> torch.Tensor:
     m = x.abs().max()
     return torch.where(m > 1, x / m, x)
 
 
-def check_capturable_clip(capturable_clip, *, B=None, trials: int = 3) -> CheckResult:
-    """``capturable_clip(x)`` must equal ``clip`` in both regimes AND capture on the backend."""
+def _clip_inputs(gen: torch.Generator, device) -> list[torch.Tensor]:
+    """Four inputs of one shape: max|x| above 1 (two elements beyond 1), at most 1, above
+    1 from a negative element (max(x) between 1 and max|x|), at most 1 from a negative
+    element."""
+    shape = ((int(torch.randint(4, 33, (), generator=gen)),)
+             if bool(torch.randint(0, 2, (), generator=gen))
+             else (int(torch.randint(2, 6, (), generator=gen)),
+                   int(torch.randint(3, 9, (), generator=gen))))
+    n = math.prod(shape)
+    xs = []
+    for k in range(4):
+        x = torch.rand(n, generator=gen) * 1.6 - 0.8          # values in (-0.8, 0.8)
+        i = int(torch.randint(0, n, (), generator=gen))
+        j = (i + 1 + int(torch.randint(0, n - 1, (), generator=gen))) % n
+        big = 2.0 + 2.0 * float(torch.rand((), generator=gen))
+        above = 1.1 + 0.5 * float(torch.rand((), generator=gen))   # in (1, big)
+        small = 0.5 + 0.4 * float(torch.rand((), generator=gen))
+        if k == 0:        # max |x| > 1, the largest element positive, another one above 1
+            x[i], x[j] = big, -above
+        elif k == 1:      # max |x| <= 1
+            x = x / x.abs().max() * small
+        elif k == 2:      # max |x| > 1 from a negative element; 1 < max(x) < max |x|
+            x[i], x[j] = -big, above
+        else:             # max |x| <= 1 from a negative element, a row maximum below it
+            x = x.clamp(-0.6, 0.3)
+            x[i] = -small
+        xs.append(x.reshape(shape).to(device))
+    return xs
+
+
+def _clip_variants(x: torch.Tensor) -> list[tuple[torch.Tensor, str, list[str]]]:
+    """Wrong formulas learners write, with what to say when one of them is seen."""
+    m = x.abs().max()
+    out = [
+        (x.clone(), "it returned x unchanged although max|x| > 1",
+         ["clip divides by max|x| when max|x| > 1; your function never divides."]),
+        (x / m, "it divided by max|x| although max|x| <= 1, where clip returns x as is",
+         ["The division must depend on a condition, decided on the device."]),
+        (torch.where(x.abs() > 1, x / m, x),
+         "it scaled only the elements with |x| > 1; clip makes ONE decision for the whole "
+         "tensor, from max|x|, and then divides every element",
+         ["The condition is on the scalar m = max|x|, not on each element."]),
+        (x.clamp(-1, 1),
+         "it clamped each element to [-1, 1]; clip divides the whole tensor by max|x|, so "
+         "the ratios between elements stay the same",
+         ["Clamping cuts the large elements only; dividing by max|x| scales them all."]),
+    ]
+    mx = x.max()
+    out.append((torch.where(mx > 1, x / mx, x),
+                "it used max(x) where clip uses max(|x|): a large negative element counts too",
+                ["x.abs().max(), not x.max()."]))
+    if x.dim() == 2:
+        for dim in (0, 1):
+            mr = x.abs().amax(dim=dim, keepdim=True)
+            out.append((torch.where(mr > 1, x / mr, x),
+                        f"it took max|x| along dim={dim} (one maximum per "
+                        f"{'column' if dim == 0 else 'row'}); clip uses one maximum over "
+                        f"the whole tensor, whatever its shape",
+                        ["x.abs().max() with no dim gives the maximum over all elements."]))
+    return out
+
+
+def _regime(x: torch.Tensor) -> str:
+    return "max|x| > 1" if bool(x.abs().max() > 1) else "max|x| <= 1"
+
+
+def _diagnose_clip(x: torch.Tensor, got: Any, where: str) -> _Failure | None:
+    want = _clip_reference(x)
+    msg = compare_outputs(want, got, rtol=1e-5, atol=1e-6, where="")
+    if msg is None:
+        return None
+    if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype:
+        for value, why, hints in _clip_variants(x):
+            if torch.allclose(got.detach().cpu().float(), value.cpu(), rtol=1e-5, atol=1e-6):
+                return _Failure(f"{where}, on an input with {_regime(x)} of shape "
+                                f"{tuple(x.shape)}: {why}. Compare with clip_if "
+                                f"(section 3).", hints)
+    return _Failure(f"{where}, on an input with {_regime(x)} of shape {tuple(x.shape)}: "
+                    f"{msg}. Compare your function with clip_if (section 3) on such an "
+                    f"input.",
+                    ["clip returns x / max|x| when max|x| > 1, else x itself.",
+                     "Compute m = x.abs().max() and choose between the two results with "
+                     "torch.where, on the device."])
+
+
+def check_capturable_clip(capturable_clip, *, B=None, trials: int = 3,
+                          quiet: bool = False, time_limit: float = 10.0):
+    """Check ``capturable_clip(x)``: ``clip``'s values, no hazard, and a graph that keeps
+    both regimes.
+
+    Args:
+        capturable_clip: the learner's function of one tensor.
+        B: the backend (default ``labkit.backend.get("auto")``).
+        trials: random input sets; each has four inputs of one random shape (1-D or 2-D).
+        quiet: do not print.
+        time_limit: seconds the learner's code may run per call.
+
+    .. warning::
+        The checker captures the learner's function for real. After a capture that raised,
+        it calls :func:`labkit.backend.recover` so the notebook stays usable.
+    """
     from labkit.capture import capture
     from labkit.guards import lint_capture
 
     B = _backend(B)
+    name = "capturable_clip"
+    if not callable(capturable_clip):
+        return fail(name, f"expected a function, got {type(capturable_clip).__name__}",
+                    quiet=quiet)
 
-    def make_inputs(gen: torch.Generator):
-        n = int(torch.randint(4, 33, (), generator=gen))
-        xs = []
-        for k in range(4):   # alternate: max |x| above 1, then at most 1
-            x = torch.randn(n, generator=gen)
-            x = x * 3.0 if k % 2 == 0 else x / (x.abs().max() * 1.25)
-            xs.append(x.to(B.device))
-        return (xs,)
+    def call(x):
+        return call_learner(capturable_clip, x, time_limit=time_limit)
 
-    def reference(xs):
-        return [_clip_reference(x) for x in xs]
-
-    def learner(xs):
+    def one_trial(trial, gen):
+        xs = _clip_inputs(gen, B.device)
+        # 1. eagerly: the right values, the input left alone
+        for k, x in enumerate(xs):
+            arg = x.clone()
+            got = call(arg)
+            if got is None:
+                raise _Failure("your function returned None (did you forget `return`?)")
+            if not torch.equal(arg, x):
+                raise _Failure("your function changed its input x in place (clip returns a "
+                               "new tensor and leaves x alone; in a graph the static input "
+                               "would be scaled again at every replay)",
+                               ["Use x / m, not x /= m or x.div_(m)."])
+            bad = _diagnose_clip(x, got, "run eagerly")
+            if bad is not None:
+                raise bad
+        # 2. the linter: hazards that fail capture, with the line
         report = lint_capture(capturable_clip, xs[0].clone(), B=B)
         fatal = [f for f in report.findings if f.severity == "fails capture"]
         if fatal:
-            return {"lint": fatal}
+            f = fatal[0]
+            more = f" (and {len(fatal) - 1} more)" if len(fatal) > 1 else ""
+            code = f": {f.code}" if f.code else ""
+            raise _Failure(
+                f"your function gives the right values eagerly but cannot be captured{more}: "
+                f"{f.title} ({f.op}) at {f.where()}{code}. Section 3 shows why and the "
+                f"device-side alternatives.",
+                [f"fix: {f.fix}",
+                 "Decide with a tensor condition, not a Python `if`: torch.where(cond, a, b) "
+                 "computes both a and b and picks on the device."])
+        # 3. capture once, replay on both regimes
         static_x = xs[0].clone()
         try:
-            g, static_out = capture(capturable_clip, static_x, B=B)
-        finally:
+            g, static_out = capture(lambda t: call(t), static_x, B=B)
+        except (NotImplementedError, LearnerTimeout):
+            raise
+        except Exception as exc:
             _recover(B)
-        outs = []
-        for x in xs:
-            static_x.copy_(x)
+            raise _Failure(f"capture of your function failed: {_learner_error(exc)}. "
+                           f"The linter found nothing: look for a host read it cannot see "
+                           f"(section 10 says which).") from exc
+        if not isinstance(static_out, torch.Tensor):
+            raise _Failure(f"the captured function returned {type(static_out).__name__}, "
+                           f"not a tensor")
+        for k in (1, 0, 3, 2):
+            static_x.copy_(xs[k])
             g.replay()
-            outs.append(static_out.clone() if isinstance(static_out, torch.Tensor)
-                        else static_out)
-        return {"outs": outs}
+            got = static_out.clone()
+            if compare_outputs(_clip_reference(xs[k]), got, rtol=1e-5, atol=1e-6):
+                raise _Failure(
+                    f"eagerly your function is right, but its graph (captured on an input "
+                    f"with {_regime(xs[0])}) is wrong on an input with {_regime(xs[k])}: "
+                    f"{compare_outputs(_clip_reference(xs[k]), got, where='')}. Something was "
+                    f"decided once, at capture: does your graph compute both cases?",
+                    ["Python runs once, at capture (sections 3 and 7): a Python value or "
+                     "branch computed from the input is frozen into the graph.",
+                     "Keep m and the condition as tensors: torch.where(m > 1, x / m, x)."])
 
-    def compare(expected, actual) -> str | None:
-        if "lint" in actual:
-            f = actual["lint"][0]
-            more = f" (and {len(actual['lint']) - 1} more)" if len(actual["lint"]) > 1 else ""
-            code = f": {f.code}" if f.code else ""
-            return (f"your function cannot be captured{more}: {f.title} ({f.op}) at "
-                    f"{f.where()}{code}\n   fix: {f.fix}")
-        msg = compare_outputs(expected, actual["outs"], rtol=1e-5, atol=1e-6,
-                              where="after capture + replay, input ")
-        if msg:
-            return msg + (" (inputs alternate between max |x| > 1 and <= 1: does your "
-                          "graph compute both cases?)")
-        return None
-
-    return check(
-        learner, reference, make_inputs, trials=trials, name="capturable_clip",
-        compare=compare,
-        hint="keep the decision on the device: m = x.abs().max(); "
-             "return torch.where(m > 1, x / m, x)",
-    )
+    return _run(name, trials, one_trial, quiet=quiet, B=B)
 
 
-# ---- exercise 2: arg_mismatches ---------------------------------------------------------
+# =========================================================================================
+# exercise 2: arg_mismatches
+# =========================================================================================
+
+FIELDS = ("count", "type", "shape", "dtype", "device", "value")
+
 
 def _arg_mismatches_reference(captured, received) -> list[tuple]:
     out = []
-    if len(received) != len(captured):
-        out.append(("args", "count", len(received), len(captured)))
-    for i, (r, c) in enumerate(zip(received, captured)):
+    if len(captured) != len(received):
+        out.append(("args", "count", len(captured), len(received)))
+    for i, (c, r) in enumerate(zip(captured, received)):
         where = f"args[{i}]"
-        rt, ct = isinstance(r, torch.Tensor), isinstance(c, torch.Tensor)
-        if rt != ct or (not rt and type(r) is not type(c)):
-            out.append((where, "type", type(r).__name__, type(c).__name__))
-        elif rt:
-            if tuple(r.shape) != tuple(c.shape):
-                out.append((where, "shape", tuple(r.shape), tuple(c.shape)))
-            if r.dtype != c.dtype:
-                out.append((where, "dtype", r.dtype, c.dtype))
-            if r.device != c.device:
-                out.append((where, "device", r.device, c.device))
-        elif r != c:
-            out.append((where, "value", r, c))
+        c_t, r_t = isinstance(c, torch.Tensor), isinstance(r, torch.Tensor)
+        if c_t != r_t or (not c_t and type(c) is not type(r)):
+            out.append((where, "type", type(c).__name__, type(r).__name__))
+        elif c_t:
+            if tuple(c.shape) != tuple(r.shape):
+                out.append((where, "shape", tuple(c.shape), tuple(r.shape)))
+            if c.dtype != r.dtype:
+                out.append((where, "dtype", c.dtype, r.dtype))
+            if c.device != r.device:
+                out.append((where, "device", c.device, r.device))
+        elif c != r:
+            out.append((where, "value", c, r))
     return out
 
 
-def _case(trial: int, gen: torch.Generator, device) -> tuple[list, list]:
-    rows = int(torch.randint(2, 9, (), generator=gen))
-    cols = int(torch.randint(2, 9, (), generator=gen))
-    scale = round(float(torch.rand((), generator=gen)) + 0.1, 3)
-    x = torch.randn(rows, cols, generator=gen).to(device)
-    m = torch.zeros(rows, device=device, dtype=torch.bool)
-    captured = [x, scale, m]
-    kind = trial % 6
-    if kind == 1:    # several mismatches in one argument, and a changed value
-        received = [torch.randn(rows + 1, cols, generator=gen).to(device).half(), scale * 2, m]
-    elif kind == 2:  # a count mismatch plus a shape mismatch
-        received = [x.clone(), scale, m[:-1], 7]
-    elif kind == 3:  # a tensor where a number was captured, and a number where a tensor was
-        received = [x.clone(), torch.tensor(scale).to(device), 1.0]
-    elif kind == 4:  # a clean call: nothing to report
-        received = [x.clone(), scale, m.clone()]
-    elif kind == 5:  # a device mismatch (meta exists on every machine) and an int for a float
-        received = [torch.empty(rows, cols, device="meta"), int(scale * 10) or 1, m]
-    else:            # one missing argument
-        received = [x.clone(), scale]
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int64)
+
+
+def _rand_int(gen, lo, hi) -> int:
+    return int(torch.randint(lo, hi + 1, (), generator=gen))
+
+
+def _rand_tensor(gen, device, dtype=None, shape=None) -> torch.Tensor:
+    if shape is None:
+        shape = tuple(_rand_int(gen, 2, 6) for _ in range(_rand_int(gen, 1, 3)))
+    if dtype is None:
+        dtype = _DTYPES[_rand_int(gen, 0, len(_DTYPES) - 1)]
+    return (torch.rand(shape, generator=gen) * 10).to(dtype).to(device)
+
+
+def _rand_value(gen, kind=None):
+    kind = kind or ("float", "int", "bool", "str")[_rand_int(gen, 0, 3)]
+    if kind == "float":
+        return round(float(torch.rand((), generator=gen)) * 4 + 0.05, 3)
+    if kind == "int":
+        return _rand_int(gen, 1, 64)
+    if kind == "bool":
+        return bool(_rand_int(gen, 0, 1))
+    return ("gelu", "relu", "silu", "tanh")[_rand_int(gen, 0, 3)]
+
+
+def _other_value(gen, v):
+    """A different value of the same type."""
+    if isinstance(v, bool):
+        return not v
+    if isinstance(v, int):
+        return v + _rand_int(gen, 1, 9)
+    if isinstance(v, float):
+        return round(v * 2 + 0.5, 3)
+    return v + "_new"
+
+
+def _other_dtype(gen, dtype):
+    choices = [d for d in _DTYPES if d != dtype]
+    return choices[_rand_int(gen, 0, len(choices) - 1)]
+
+
+def _other_shape(gen, shape):
+    shape = list(shape)
+    k = _rand_int(gen, 0, len(shape) - 1)
+    shape[k] += _rand_int(gen, 1, 3)
+    return tuple(shape)
+
+
+def _arg_case(trial: int, gen: torch.Generator, device) -> tuple[list, list]:
+    """(captured, received) for one trial; ``trial % 8`` picks the rule it is aimed at."""
+    n = _rand_int(gen, 2, 4)
+    captured: list = []
+    for _ in range(n):
+        captured.append(_rand_tensor(gen, device) if bool(_rand_int(gen, 0, 1))
+                        else _rand_value(gen))
+    t = _rand_int(gen, 0, n - 1)                  # one position holds a tensor for sure
+    captured[t] = _rand_tensor(gen, device)
+    received = [c.clone() if isinstance(c, torch.Tensor) else c for c in captured]
+    kind = trial % 8
+    c = captured[t]
+    if kind == 1:      # several fields of one tensor, sometimes a changed value elsewhere
+        shape = _other_shape(gen, c.shape)
+        dtype = _other_dtype(gen, c.dtype)
+        dev = "meta" if bool(_rand_int(gen, 0, 1)) else device
+        received[t] = torch.empty(shape, dtype=dtype, device=dev)
+    elif kind == 2:    # a count mismatch, and a shape mismatch at a position both have
+        received[t] = torch.zeros(_other_shape(gen, c.shape), dtype=c.dtype, device=device)
+        if bool(_rand_int(gen, 0, 1)):
+            received = received + [_rand_value(gen)] * _rand_int(gen, 1, 2)
+        else:
+            captured = captured + [_rand_tensor(gen, device)]
+    elif kind == 3:    # a tensor where a number was captured, and the other way round
+        v = _rand_value(gen, "float")
+        captured.insert(0, v)
+        received.insert(0, torch.tensor(v, device=device))
+        received[t + 1] = float(c.reshape(-1)[0])
+    elif kind == 4:    # a clean call: same metadata, other tensor values
+        received = [torch.rand(x.shape, generator=gen).to(x.dtype).to(device) + 1
+                    if isinstance(x, torch.Tensor) else x for x in captured]
+    elif kind == 5:    # a device mismatch (meta exists everywhere), an int for an equal float
+        received[t] = torch.empty(c.shape, dtype=c.dtype, device="meta")
+        v = float(_rand_int(gen, 1, 8))
+        captured.append(v)
+        received.append(int(v))
+    elif kind == 6:    # changed Python values of several kinds
+        for kind_ in ("float", "str", "bool"):
+            v = _rand_value(gen, kind_)
+            pos = _rand_int(gen, 0, len(captured))
+            captured.insert(pos, v)
+            received.insert(pos, _other_value(gen, v))
+    elif kind == 7:    # a random mix
+        for i, x in enumerate(captured):
+            roll = _rand_int(gen, 0, 5)
+            if isinstance(x, torch.Tensor):
+                if roll == 0:
+                    received[i] = x.to(_other_dtype(gen, x.dtype))
+                elif roll == 1:
+                    received[i] = torch.zeros(_other_shape(gen, x.shape), dtype=x.dtype,
+                                              device=device)
+                elif roll == 2:
+                    received[i] = None
+            elif roll <= 1:
+                received[i] = _other_value(gen, x)
+            elif roll == 2:
+                received[i] = _rand_tensor(gen, device)
+        captured.append(True)
+        received.append(1)
+    else:              # kind 0: one missing argument, and a None where a tensor was
+        received = received[:-1]
+        if t < len(received):
+            received[t] = None
     return captured, received
 
 
-def check_arg_mismatches(arg_mismatches, *, B=None, trials: int = 6) -> CheckResult:
-    """``arg_mismatches(captured, received)`` must list every mismatch as a tuple."""
+def _norm(v):
+    return tuple(v) if isinstance(v, torch.Size) else v
+
+
+def _key(t) -> str:
+    return repr(tuple(_norm(v) for v in t))
+
+
+class _Shown:
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _fmt(t) -> str:
+    """A learner's tuple for a message: tensors by shape and dtype, not by their values."""
+    return repr(tuple(_Shown(_describe_arg(v)) if isinstance(v, torch.Tensor) else _norm(v)
+                      for v in t))
+
+
+def _explain_arg_mismatches(exc: BaseException) -> _Failure | None:
+    text = str(exc)
+    desc = _learner_error(exc)
+    if isinstance(exc, RuntimeError) and ("Boolean value of Tensor" in text
+                                          or "must match the size of tensor" in text):
+        return _Failure(
+            f"your code raised {desc}\n   You compared two tensors with == or != (or used a "
+            f"tensor in an `if`): that compares their values element by element. Values are "
+            f"never compared; compare shape, dtype and device.",
+            ["Compare c.shape with r.shape, c.dtype with r.dtype, c.device with r.device."])
+    if isinstance(exc, AttributeError) and any(a in text for a in ("shape", "dtype", "device")):
+        return _Failure(
+            f"your code raised {desc}\n   At some position one side is a tensor and the "
+            f"other is not (or neither is): check the types first, and compare shapes only "
+            f"when both are tensors.",
+            ["isinstance(x, torch.Tensor) on both sides; when it differs, report a 'type' "
+             "mismatch and nothing else for that position."])
+    if isinstance(exc, IndexError):
+        return _Failure(
+            f"your code raised {desc}\n   The two lists can have different lengths: compare "
+            f"only the positions both have.",
+            ["zip(captured, received) stops at the shorter list."])
+    return None
+
+
+def _diagnose_arg_mismatches(captured, received, expected, actual) -> _Failure | None:
+    if actual is None:
+        return _Failure("your function returned None (did you forget `return`? A call that "
+                        "matches returns an empty list)")
+    if not isinstance(actual, (list, tuple)):
+        return _Failure(f"expected a list of tuples, got {type(actual).__name__}")
+    for a in actual:
+        if not isinstance(a, (tuple, list)) or len(a) != 4:
+            return _Failure(f"each mismatch must be a tuple of 4: (where, field, captured, "
+                            f"received); got {a!r}")
+    for a in actual:
+        if a[1] not in FIELDS:
+            return _Failure(f"unknown field {a[1]!r} in {_fmt(a)}: the field is one of "
+                            f"{', '.join(map(repr, FIELDS))}")
+        if not isinstance(a[0], str):
+            return _Failure(f"the place must be a string like 'args[0]' (or 'args' for the "
+                            f"count); got {a[0]!r} in {_fmt(a)}")
+    counts = Counter(_key(a) for a in actual)
+    twice = [k for k, n in counts.items() if n > 1]
+    if twice:
+        return _Failure(f"{twice[0]} is reported {counts[twice[0]]} times: report each "
+                        f"mismatch once")
+    want = {_key(e): e for e in expected}
+    got = {_key(a): a for a in actual}
+    missing = [want[k] for k in want if k not in got]
+    extra = [got[k] for k in got if k not in want]
+    if not missing and not extra:
+        return None
+    by_place = {(e[0], e[1]): e for e in expected}
+    tensors_at = {f"args[{i}]" for i, (c, r) in enumerate(zip(captured, received))
+                  if isinstance(c, torch.Tensor) and isinstance(r, torch.Tensor)}
+    # what the learner put in a tuple that exists in the reference, but with other values
+    for a in extra:
+        e = by_place.get((a[0], a[1]))
+        if e is None:
+            continue
+        where, field = a[0], a[1]
+        if _key((where, field, a[3], a[2])) == _key(e):
+            return _Failure(
+                f"{_fmt(a)} has its last two values swapped: at {where} the captured {field} "
+                f"is {_norm(e[2])!r} and the received one {_norm(e[3])!r}. The tuple is "
+                f"(where, field, captured, received), captured first, like the parameters "
+                f"arg_mismatches(captured, received).")
+        if field in ("dtype", "device") and any(isinstance(v, str) for v in a[2:]):
+            return _Failure(
+                f"{_fmt(a)} gives the {field} as a string; give the torch object itself "
+                f"({'c.dtype, a torch.dtype' if field == 'dtype' else 'c.device, a torch.device'}"
+                f"), as in {_fmt(e)}.")
+        if field == "shape" and any(isinstance(v, list) or isinstance(v, str) for v in a[2:]):
+            return _Failure(f"{_fmt(a)} gives the shape as a {type(a[2]).__name__}; give a "
+                            f"tuple of ints: tuple(c.shape).")
+        if field == "type" and any(isinstance(v, type) for v in a[2:]):
+            return _Failure(f"{_fmt(a)} gives the types themselves; give their names, "
+                            f"type(c).__name__ (a tensor's is 'Tensor').")
+        if field == "count":
+            return _Failure(f"{_fmt(a)} is not the count tuple: captured has "
+                            f"{len(captured)} arguments and received {len(received)}; the "
+                            f"tuple is ('args', 'count', len(captured), len(received)).")
+        return _Failure(f"{_fmt(a)}: the values are wrong for {where}'s {field}, whose "
+                        f"captured and received {field}s are not these.")
+    for a in extra:
+        where, field = a[0], a[1]
+        type_at = by_place.get((where, "type"))
+        if field == "value" and where in tensors_at:
+            return _Failure(
+                f"you reported {_fmt(a)}, but {where} is a tensor on both sides with the same "
+                f"shape, dtype and device: tensor VALUES are never compared. New values are "
+                f"what a replay is for; only the metadata is fixed at capture.")
+        if type_at is not None:
+            return _Failure(
+                f"you reported {_fmt(a)}, but at {where} the types differ "
+                f"({type_at[2]} captured, {type_at[3]} received): report only the 'type' "
+                f"tuple there, nothing else for that position.")
+        if where == "args" or field == "count":
+            return _Failure(f"you reported {_fmt(a)}, but both lists have {len(captured)} "
+                            f"arguments.")
+        return _Failure(f"you reported {_fmt(a)}, but {where}'s {field} is the same in the "
+                        f"captured and the received arguments.")
+    # only missing ones left
+    reported = {a[0] for a in actual}
+    for e in missing:
+        where, field = e[0], e[1]
+        if field == "count":
+            return _Failure(
+                f"captured has {len(captured)} arguments and received {len(received)}, and "
+                f"your list does not say so. Compare the number of arguments first, then the "
+                f"positions both lists have.",
+                ["('args', 'count', len(captured), len(received)), before the loop."])
+        if field == "type":
+            c, r = e[2], e[3]
+            ci, ri = int(where[5:-1]), int(where[5:-1])
+            cv, rv = captured[ci], received[ri]
+            if not isinstance(cv, torch.Tensor) and not isinstance(rv, torch.Tensor) \
+                    and cv == rv:
+                return _Failure(
+                    f"at {where} the captured {cv!r} ({c}) and the received {rv!r} ({r}) are "
+                    f"equal in Python, but their types differ and your list has nothing for "
+                    f"it. Compare types before values: a graph captured with {cv!r} baked in "
+                    f"a {c}.",
+                    ["type(c) is not type(r) (not isinstance: bool is a subclass of int)."])
+            return _Failure(
+                f"at {where} one argument is a {c} and the other a {r}, and your list has "
+                f"nothing for it: check whether each side is a tensor before comparing "
+                f"anything else.")
+        if where in reported:
+            others = sorted({a[1] for a in actual if a[0] == where})
+            return _Failure(
+                f"at {where} you reported {', '.join(others)} but not the {field}, which "
+                f"differs too. Report EVERY field that differs, not only the first one per "
+                f"argument: one message listing all mismatches is the point.",
+                ["Three separate `if`s (shape, dtype, device), not `if/elif`."])
+        return _Failure(f"at {where} the {field} differs and your list has nothing for it.",
+                        [f"Look at how your code compares the {field} of the two "
+                         f"arguments at {where}."])
+    return None
+
+
+def check_arg_mismatches(arg_mismatches, *, B=None, trials: int = 8, quiet: bool = False,
+                         time_limit: float = 10.0):
+    """Check ``arg_mismatches(captured, received)`` against the rules of
+    :func:`labkit.guards.get_mismatch_errors`, as tuples ``(where, field, captured,
+    received)``.
+
+    Args:
+        arg_mismatches: the learner's function of two lists.
+        B: the backend; its device holds the tensors (``meta`` is the other device).
+        trials: one rule per trial (``trial % 8``), random positions, shapes and values.
+        quiet: do not print.
+        time_limit: seconds the learner's code may run per call.
+    """
     B = _backend(B)
+    name = "arg_mismatches"
+    if not callable(arg_mismatches):
+        return fail(name, f"expected a function, got {type(arg_mismatches).__name__}",
+                    quiet=quiet)
 
-    def make_inputs(gen: torch.Generator):
-        return _case(gen.initial_seed(), gen, B.device)
+    def one_trial(trial, gen):
+        captured, received = _arg_case(trial, gen, B.device)
+        expected = _arg_mismatches_reference(captured, received)
+        snapshot = [x.clone() if isinstance(x, torch.Tensor) and x.device.type != "meta"
+                    else x for x in received]
+        actual = call_learner(arg_mismatches, list(captured), list(received),
+                              time_limit=time_limit)
+        for s, x in zip(snapshot, received):
+            if isinstance(s, torch.Tensor) and s is not x and not torch.equal(s, x):
+                raise _Failure("your function changed a received tensor in place: it must "
+                               "only look")
+        bad = _diagnose_arg_mismatches(captured, received, expected, actual)
+        if bad is not None:
+            shown = ", ".join(_describe_arg(x) for x in captured)
+            got = ", ".join(_describe_arg(x) for x in received)
+            raise _Failure(f"{bad.message}\n   captured: [{shown}]\n   received: [{got}]",
+                           bad.more_hints)
 
-    def norm(v):
-        return tuple(v) if isinstance(v, torch.Size) else v
+    return _run(name, trials, one_trial, quiet=quiet, explain=_explain_arg_mismatches)
 
-    def key(t) -> str:
-        return repr(tuple(norm(v) for v in t)) if isinstance(t, (tuple, list)) else repr(t)
 
-    def compare(expected, actual) -> str | None:
-        if not isinstance(actual, (list, tuple)):
-            hint = " (did you forget `return`?)" if actual is None else ""
-            return f"expected a list of tuples, got {type(actual).__name__}{hint}"
-        bad = [a for a in actual if not isinstance(a, (tuple, list)) or len(a) != 4]
-        if bad:
-            return (f"each mismatch must be a tuple (where, field, received, captured); "
-                    f"got {bad[0]!r}")
-        want = {key(e): e for e in expected}
-        got = {key(a): a for a in actual}
-        missing = [want[k] for k in want if k not in got]
-        extra = [got[k] for k in got if k not in want]
-        if not missing and not extra:
-            return None
-        lines = []
-        if missing:
-            lines.append("missing " + ", ".join(repr(tuple(m)) for m in missing[:3]))
-        if extra:
-            lines.append("unexpected " + ", ".join(repr(tuple(e)) for e in extra[:3]))
-        why = ""
-        same_where = {m[0] for m in missing} & {a[0] for a in actual}
-        if missing and same_where:
-            why = (" Report EVERY field that differs, not only the first one per argument: "
-                   "one message listing all mismatches is the point.")
-        elif missing and missing[0][1] == "count":
-            why = " Compare the number of arguments first (then the positions both have)."
-        elif not expected:
-            why = " This call matches the capture: return an empty list."
-        return "; ".join(lines) + "." + why
+def _describe_arg(x) -> str:
+    if isinstance(x, torch.Tensor):
+        dev = "" if x.device.type in ("cpu", "cuda") else f" {x.device}"
+        return f"Tensor{tuple(x.shape)} {str(x.dtype).replace('torch.', '')}{dev}"
+    return repr(x)
 
-    return check(
-        arg_mismatches, _arg_mismatches_reference, make_inputs, trials=trials,
-        name="arg_mismatches", compare=compare,
-        hint="loop over zip(received, captured) with enumerate; for tensors compare shape, "
-             "dtype and device separately (never `r == c` on tensors)",
-    )
+
+# =========================================================================================
+# exercise 3 (diagnosis): build_server
+# =========================================================================================
+
+SERVER_SHAPE = (4, 16)
+
+
+def _counting_backend(B):
+    """A copy of the backend namespace whose graphs count their captures and replays."""
+    stats = {"captures": 0, "replays": 0}
+
+    class CountingGraph(B.CUDAGraph):
+        def capture_begin(self, *args, **kwargs):
+            stats["captures"] += 1
+            return super().capture_begin(*args, **kwargs)
+
+        def replay(self):
+            stats["replays"] += 1
+            return super().replay()
+
+    counted = types.SimpleNamespace(**vars(B))
+    counted.CUDAGraph = CountingGraph
+    return counted, stats
+
+
+def _implied_temperature(probs: torch.Tensor, logits: torch.Tensor) -> float | None:
+    """The t with probs == softmax(logits / t), if probs is one (least squares on logs)."""
+    if bool((probs <= 0).any()):
+        return None
+    lp = probs.log()
+    lp = lp - lp.mean(dim=-1, keepdim=True)
+    lg = logits - logits.mean(dim=-1, keepdim=True)
+    denom = float((lp * lp).sum())
+    if denom < 1e-12:
+        return math.inf          # uniform: no logits seen at all
+    return float((lg * lp).sum()) / denom
+
+
+def check_build_server(build_server, *, B=None, trials: int = 2, quiet: bool = False,
+                       time_limit: float = 20.0):
+    """Check the fixed ``build_server(B)``: its ``serve(batches, temperatures)`` must
+    replay ONE graph, captured in ``build_server``, once per batch, and return
+    ``softmax(logits / t)`` for every batch as separate tensors.
+
+    Args:
+        build_server: the learner's function of a backend.
+        B: the backend (default ``labkit.backend.get("auto")``); the learner's function
+            gets a copy whose graphs count their captures and replays.
+        trials: each builds a server and serves 3 to 6 random batches.
+        quiet: do not print.
+        time_limit: seconds ``build_server`` and ``serve`` may each run.
+    """
+    B = _backend(B)
+    name = "build_server"
+    if not callable(build_server):
+        return fail(name, f"expected a function, got {type(build_server).__name__}",
+                    quiet=quiet)
+
+    def one_trial(trial, gen):
+        counted, stats = _counting_backend(B)
+        try:
+            serve = call_learner(build_server, counted, time_limit=time_limit)
+        except (NotImplementedError, LearnerTimeout, _Failure):
+            raise
+        except Exception as exc:
+            _recover(B)
+            raise _Failure(f"build_server raised {_learner_error(exc)}") from exc
+        if not callable(serve):
+            raise _Failure(f"build_server must return the function serve; it returned "
+                           f"{type(serve).__name__}")
+        if stats["captures"] == 0:
+            raise _Failure("build_server captured no graph: capture the softmax once there, "
+                           "with the B it is given (capture(..., B=B))")
+        built = stats["captures"]
+        n = _rand_int(gen, 3, 6)
+        batches = [(torch.randn(SERVER_SHAPE, generator=gen) * 3).to(B.device)
+                   for _ in range(n)]
+        temps = [round(0.4 + 2.0 * float(torch.rand((), generator=gen)), 2) for _ in range(n)]
+        while len(set(temps)) < n:
+            temps = [t + 0.01 * i for i, t in enumerate(temps)]
+        before = stats["replays"]
+        try:
+            results = call_learner(serve, [b.clone() for b in batches], list(temps),
+                                   time_limit=time_limit)
+        except (NotImplementedError, LearnerTimeout):
+            raise
+        except Exception as exc:
+            _recover(B)
+            raise _Failure(f"serve raised {_learner_error(exc)}") from exc
+        new_captures = stats["captures"] - built
+        replays = stats["replays"] - before
+        if new_captures:
+            raise _Failure(
+                f"serve captured {new_captures} new graph{'s' if new_captures > 1 else ''} "
+                f"for {n} batches: capture once, in build_server; serve only fills the static "
+                f"inputs and replays (a capture per call costs more than running eagerly).",
+                ["What changes from batch to batch must live in static tensors that serve "
+                 "fills in place (section 7)."])
+        if replays != n:
+            raise _Failure(
+                f"serve replayed the graph {replays} times for {n} batches: compute every "
+                f"batch by one replay of the captured graph (not eagerly).")
+        if not isinstance(results, (list, tuple)) or len(results) != n:
+            got = (f"{len(results)} items" if isinstance(results, (list, tuple))
+                   else type(results).__name__)
+            raise _Failure(f"serve must return a list of {n} results (one per batch); "
+                           f"got {got}")
+        for i, r in enumerate(results):
+            if not isinstance(r, torch.Tensor) or tuple(r.shape) != SERVER_SHAPE:
+                raise _Failure(f"result {i} is not a tensor of shape {SERVER_SHAPE}: "
+                               f"{type(r).__name__}"
+                               f"{tuple(r.shape) if isinstance(r, torch.Tensor) else ''}")
+        ptrs = [r.data_ptr() for r in results]
+        if len(set(ptrs)) < n:
+            i = next(i for i in range(n) if ptrs.index(ptrs[i]) != i)
+            j = ptrs.index(ptrs[i])
+            raise _Failure(
+                f"results {j} and {i} are the same memory: the graph's static output, which "
+                f"every replay overwrites, so all your results show the last batch "
+                f"(section 6).",
+                ["Keep a copy of the static output after each replay: .clone()."])
+        expected = [torch.softmax(b / t, dim=-1) for b, t in zip(batches, temps)]
+        wrong = [i for i in range(n)
+                 if not torch.allclose(results[i].float(), expected[i], rtol=1e-4, atol=1e-6)]
+        if not wrong:
+            return
+        implied = [_implied_temperature(results[i].detach().float().cpu(),
+                                        batches[i].cpu()) for i in range(n)]
+        uniform = torch.full(SERVER_SHAPE, 1.0 / SERVER_SHAPE[1])
+        if all(torch.allclose(results[i].float().cpu(), uniform, atol=1e-5) for i in wrong) \
+                or all(torch.allclose(results[i].float(), results[0].float()) for i in wrong):
+            raise _Failure(
+                "your results do not depend on the batches: the graph keeps reading the "
+                "logits it was captured with. Assigning a new tensor to a name does not "
+                "change the memory the graph reads (section 1).",
+                ["Fill the static input in place: static_logits.copy_(logits)."])
+        if any(i > 0 for i in wrong) and all(
+                i == 0 or torch.allclose(results[i].float(), expected[i - 1], rtol=1e-4,
+                                         atol=1e-6) for i in wrong):
+            raise _Failure(
+                "each result is the previous batch's: serve replays before it fills the "
+                "static inputs. Fill first, then replay, then read.")
+        finite = [t for t in implied if t is not None and math.isfinite(t)]
+        if len(finite) == n and max(finite) - min(finite) < 1e-3:
+            raise _Failure(
+                f"every result is softmax(logits / {finite[0]:.3g}): the temperature is the "
+                f"one the graph was captured with, whatever serve is given. A Python number "
+                f"read inside the captured function is baked in at capture (section 7).",
+                ["Keep the temperature in a static tensor the captured function divides by, "
+                 "and fill_ it before each replay (or divide the logits before copying them "
+                 "in)."])
+        i = wrong[0]
+        diff = compare_outputs(expected[i], results[i].float(), rtol=1e-4, atol=1e-6)
+        raise _Failure(f"result {i} (temperature {temps[i]}) is not softmax(logits / t): "
+                       f"{diff}. Compare your serve with the broken one step by step: which "
+                       f"pitfalls of sections 1, 6 and 7 does it still have?")
+
+    return _run(name, trials, one_trial, quiet=quiet, B=B)

@@ -1,0 +1,495 @@
+"""Lesson 03 checkers: each passes the reference (and other right answers) and rejects the
+mistakes learners make, with a message that names the mistake actually made."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labkit.capture import capture
+from labkit.checks import lesson03 as L
+from labkit.checks.lesson03 import (check_arg_mismatches, check_build_server,
+                                    check_capturable_clip)
+from labkit.guards import ArgMetadata, get_mismatch_errors
+
+
+def _blank(*args):
+    raise NotImplementedError()
+
+
+def _assert_rejects(res, *words):
+    assert not res, res.message
+    for w in words:
+        assert w in res.message, f"{w!r} not in:\n{res.message}"
+
+
+def _usable(B):
+    """The process is usable: default stream current, capture + replay + random op work."""
+    assert B.current_stream() == B.default_stream()
+    x = torch.ones(3, device=B.device)
+    g, y = capture(lambda t: t * 2, x, B=B)
+    x.fill_(4.0)
+    g.replay()
+    assert y.tolist() == [8.0, 8.0, 8.0]
+    assert torch.randn(2, device=B.device).shape == (2,)
+
+
+# ---- capturable_clip ------------------------------------------------------------------------
+
+def clip_where(x):
+    m = x.abs().max()
+    return torch.where(m > 1, x / m, x)
+
+
+def clip_clamp_min(x):
+    return x / torch.clamp(x.abs().max(), min=1.0)
+
+
+def clip_if(x):
+    m = x.abs().max()
+    if m > 1:
+        return x / m
+    return x
+
+
+def clip_item(x):
+    m = x.abs().max().item()
+    return x / m if m > 1 else x
+
+
+def clip_python_max(x):
+    return x / max(x.abs().max(), 1.0)
+
+
+def clip_always(x):
+    return x / x.abs().max()
+
+
+def clip_identity(x):
+    return x
+
+
+def clip_elementwise(x):
+    m = x.abs().max()
+    return torch.where(x.abs() > 1, x / m, x)
+
+
+def clip_clamp(x):
+    return x.clamp(-1, 1)
+
+
+def clip_no_abs(x):
+    m = x.max()
+    return torch.where(m > 1, x / m, x)
+
+
+def clip_per_row(x):
+    m = x.abs().amax(dim=-1, keepdim=True)
+    return torch.where(m > 1, x / m, x)
+
+
+def clip_in_place(x):
+    m = x.abs().max()
+    return x.div_(torch.where(m > 1, m, torch.ones_like(m)))
+
+
+def clip_no_return(x):
+    m = x.abs().max()
+    torch.where(m > 1, x / m, x)
+
+
+def test_capturable_clip_accepts_right_answers(B, capsys):
+    assert check_capturable_clip(clip_where, B=B)
+    assert check_capturable_clip(clip_clamp_min, B=B)
+    assert capsys.readouterr().out.count("✅ capturable_clip: passed 3 random trials") == 2
+
+
+def test_capturable_clip_blank_says_not_done(B):
+    res = check_capturable_clip(_blank, B=B)
+    assert not res and res.kind == "not_implemented"
+    assert "not done yet" in res.message and "captured" not in res.message
+
+
+@pytest.mark.parametrize("fn, words", [
+    (clip_if, ["cannot be captured", "Python branch on a tensor value", "if m > 1:"]),
+    (clip_item, ["cannot be captured", "CPU sync", ".item()"]),
+    (clip_python_max, ["cannot be captured", "Python branch on a tensor value"]),
+    (clip_always, ["divided by max|x| although max|x| <= 1"]),
+    (clip_identity, ["returned x unchanged"]),
+    (clip_elementwise, ["only the elements with |x| > 1", "ONE decision"]),
+    (clip_clamp, ["clamped each element"]),
+    (clip_no_abs, ["max(x) where clip uses max(|x|)"]),
+    (clip_in_place, ["changed its input x in place"]),
+    (clip_no_return, ["returned None", "return"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_capturable_clip_rejects(B, fn, words):
+    res = check_capturable_clip(fn, B=B)
+    _assert_rejects(res, *words)
+    assert "torch.where(m > 1, x / m, x)" not in res.message   # never the answer first
+    _usable(B)
+
+
+def test_capturable_clip_rejects_a_per_row_maximum(B):
+    # 2-D inputs come up in some trials: the per-row maximum is named there
+    res = check_capturable_clip(clip_per_row, B=B, trials=6)
+    _assert_rejects(res, "along dim=1", "one maximum over the whole tensor")
+
+
+def test_capturable_clip_rejects_a_graph_that_baked_a_branch_in(B):
+    state = {}
+
+    def remembers(x):          # decides once, from the first input it sees: eager is right
+        if "big" not in state:  # on the first call only, as a graph would be forever
+            state["big"] = torch.ones((), device=x.device)
+        m = x.abs().max()
+        return torch.where(m > 1, x / m, x) if not B.is_current_stream_capturing() \
+            else x / m
+
+    res = check_capturable_clip(remembers, B=B, trials=1)
+    _assert_rejects(res, "its graph", "both cases")
+    _usable(B)
+
+
+def test_capturable_clip_leaves_a_usable_process_after_a_failed_capture(B):
+    def syncs_only_in_capture(x):   # the linter runs eagerly and sees nothing
+        if B.is_current_stream_capturing():
+            x.sum().item()
+        return clip_where(x)
+
+    res = check_capturable_clip(syncs_only_in_capture, B=B, trials=1)
+    _assert_rejects(res, "capture of your function failed")
+    _usable(B)
+
+
+def test_capturable_clip_times_out_an_endless_loop(B):
+    def endless(x):
+        while True:
+            pass
+
+    res = check_capturable_clip(endless, B=B, time_limit=0.3)
+    assert not res and res.kind == "timeout" and "did not finish" in res.message
+    _usable(B)
+
+
+# ---- arg_mismatches -------------------------------------------------------------------------
+
+def arg_mismatches(captured, received):
+    out = []
+    if len(captured) != len(received):
+        out.append(("args", "count", len(captured), len(received)))
+    for i, (c, r) in enumerate(zip(captured, received)):
+        where = f"args[{i}]"
+        c_is_t, r_is_t = isinstance(c, torch.Tensor), isinstance(r, torch.Tensor)
+        if c_is_t != r_is_t or (not c_is_t and type(c) is not type(r)):
+            out.append((where, "type", type(c).__name__, type(r).__name__))
+        elif c_is_t:
+            for field in ("shape", "dtype", "device"):
+                a, b = getattr(c, field), getattr(r, field)
+                if a != b:
+                    out.append((where, field, a, b))     # torch.Size is a tuple of ints
+        elif c != r:
+            out.append((where, "value", c, r))
+    return out
+
+
+def _swapped(captured, received):           # the old (received, captured) order
+    return [(w, f, b, a) for w, f, a, b in arg_mismatches(captured, received)]
+
+
+def _strings(captured, received):           # dtype and device as strings
+    return [(w, f, str(a), str(b)) if f in ("dtype", "device") else (w, f, a, b)
+            for w, f, a, b in arg_mismatches(captured, received)]
+
+
+def _first_only(captured, received):        # if/elif: one field per argument
+    seen, out = set(), []
+    for m in arg_mismatches(captured, received):
+        if m[0] not in seen:
+            seen.add(m[0])
+            out.append(m)
+    return out
+
+
+def _no_count(captured, received):
+    return [m for m in arg_mismatches(captured, received) if m[1] != "count"]
+
+
+def _tensor_eq(captured, received):         # `c != r` on tensors
+    out = []
+    for i, (c, r) in enumerate(zip(captured, received)):
+        if c != r:
+            out.append((f"args[{i}]", "value", c, r))
+    return out
+
+
+def _values_too(captured, received):        # also compares tensor values
+    out = arg_mismatches(captured, received)
+    for i, (c, r) in enumerate(zip(captured, received)):
+        if isinstance(c, torch.Tensor) and isinstance(r, torch.Tensor) and \
+                c.shape == r.shape and c.dtype == r.dtype and c.device == r.device and \
+                c.device.type != "meta" and not torch.equal(c, r):
+            out.append((f"args[{i}]", "value", c, r))
+    return out
+
+
+def _no_type_check(captured, received):     # values of non-tensors only: 2 == 2.0
+    out = []
+    if len(captured) != len(received):
+        out.append(("args", "count", len(captured), len(received)))
+    for i, (c, r) in enumerate(zip(captured, received)):
+        where = f"args[{i}]"
+        if isinstance(c, torch.Tensor) != isinstance(r, torch.Tensor):
+            out.append((where, "type", type(c).__name__, type(r).__name__))
+        elif isinstance(c, torch.Tensor):
+            out += [(where,) + m[1:] for m in arg_mismatches([c], [r])]
+        elif c != r:
+            out.append((where, "value", c, r))
+    return out
+
+
+def _isinstance_types(captured, received):  # isinstance(r, type(c)): True passes for int
+    out = []
+    for m in arg_mismatches(captured, received):
+        if m[1] == "type" and m[2] == "int" and m[3] == "bool":
+            continue
+        if m[1] == "type" and m[2] == "bool" and m[3] == "int":
+            continue
+        out.append(m)
+    return out
+
+
+def _shape_lists(captured, received):
+    return [(w, f, list(a), list(b)) if f == "shape" else (w, f, a, b)
+            for w, f, a, b in arg_mismatches(captured, received)]
+
+
+def _type_objects(captured, received):
+    out = []
+    for w, f, a, b in arg_mismatches(captured, received):
+        if f == "type":
+            i = int(w[5:-1])
+            a, b = type(captured[i]), type(received[i])
+        out.append((w, f, a, b))
+    return out
+
+
+def _type_and_value(captured, received):    # reports the value too when the types differ
+    out = arg_mismatches(captured, received)
+    for w, f, a, b in list(out):
+        if f == "type":
+            i = int(w[5:-1])
+            out.append((w, "value", captured[i], received[i]))
+    return out
+
+
+def _range_len(captured, received):         # IndexError when the lengths differ
+    out = []
+    for i in range(len(captured)):
+        out += [(f"args[{i}]",) + m[1:] for m in arg_mismatches([captured[i]], [received[i]])]
+    return out
+
+
+def _no_tensor_check(captured, received):   # no type check: .shape of a float
+    out = []
+    if len(captured) != len(received):
+        out.append(("args", "count", len(captured), len(received)))
+    for i, (c, r) in enumerate(zip(captured, received)):
+        for field in ("shape", "dtype", "device"):
+            a, b = getattr(c, field), getattr(r, field)
+            if a != b:
+                out.append((f"args[{i}]", field, a, b))
+    return out
+
+
+def _none_when_clean(captured, received):
+    return arg_mismatches(captured, received) or None
+
+
+def test_arg_mismatches_accepts_the_reference(B, capsys):
+    assert check_arg_mismatches(arg_mismatches, B=B)
+    assert check_arg_mismatches(L._arg_mismatches_reference, B=B)
+    assert check_arg_mismatches(lambda c, r: tuple(arg_mismatches(c, r)[::-1]), B=B)
+    assert capsys.readouterr().out.count("✅ arg_mismatches: passed 8 random trials") == 3
+
+
+def test_arg_mismatches_blank_says_not_done(B):
+    res = check_arg_mismatches(_blank, B=B)
+    assert not res and res.kind == "not_implemented" and "not done yet" in res.message
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_swapped, ["last two values swapped", "(where, field, captured, received)"]),
+    (_strings, ["as a string", "torch.dtype"]),
+    (_first_only, ["Report EVERY field that differs", "but not the"]),
+    (_no_count, ["does not say so", "number of arguments"]),
+    (_tensor_eq, ["compared two tensors"]),
+    (_values_too, ["tensor VALUES are never compared"]),
+    (_no_type_check, ["equal in Python, but their types differ"]),
+    (_isinstance_types, ["equal in Python, but their types differ"]),
+    (_shape_lists, ["shape as a list", "tuple of ints"]),
+    (_type_objects, ["give their names", "type(c).__name__"]),
+    (_type_and_value, ["the types differ", "report only the 'type' tuple"]),
+    (_range_len, ["IndexError", "different lengths"]),
+    (_no_tensor_check, ["AttributeError", "check the types first"]),
+    (_none_when_clean, ["returned None", "empty list"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_arg_mismatches_rejects(B, fn, words):
+    res = check_arg_mismatches(fn, B=B)
+    _assert_rejects(res, *words)
+    # the wrong diagnosis of the old checker is not given to other mistakes
+    if fn is not _first_only:
+        assert "Report EVERY field" not in res.message
+
+
+def test_arg_mismatches_reference_agrees_with_the_guards():
+    """The checker's reference is labkit.guards' logic: one tuple per mismatch line."""
+    field_of = {"Count": "count", "Type": "type", "Value": "value"}
+    for trial in range(1, 41):
+        captured, received = L._arg_case(trial, L._generator(trial), torch.device("cpu"))
+        ref = L._arg_mismatches_reference(captured, received)
+        lines = get_mismatch_errors([ArgMetadata.of(c) for c in captured], received)
+        from_guards = []
+        for line in lines:
+            kind = line.split()[0]
+            if kind == "Count":
+                from_guards.append(("args", "count"))
+            elif kind == "Tensor":
+                where = line.split(" at ")[1].split(":")[0]
+                from_guards.append((where, line.split("received ")[1].split()[0]))
+            else:
+                where = line.split(" at ")[1].split(":")[0]
+                from_guards.append((where, field_of[kind]))
+        assert sorted(from_guards) == sorted((w, f) for w, f, *_ in ref), (trial, lines, ref)
+
+
+def test_arg_mismatches_cases_cover_every_rule():
+    fields = set()
+    equal_but_typed = clean = False
+    for trial in range(1, 9):
+        captured, received = L._arg_case(trial, L._generator(1000 * trial + 3),
+                                         torch.device("cpu"))
+        ref = L._arg_mismatches_reference(captured, received)
+        fields |= {f for _, f, *_ in ref}
+        clean |= not ref
+        equal_but_typed |= any(f == "type" and captured[int(w[5:-1])] == received[int(w[5:-1])]
+                               for w, f, *_ in ref if w != "args")
+        per_arg = [w for w, *_ in ref]
+        if trial == 1:
+            assert max(per_arg.count(w) for w in per_arg) >= 2   # several fields of one tensor
+    assert fields == set(L.FIELDS) and clean and equal_but_typed
+
+
+# ---- build_server (diagnosis) ---------------------------------------------------------------
+
+def _server(*, copy=True, clone=True, temp="tensor", replay_first=False, eager=False,
+            recapture=False):
+    def build_server(B):
+        static_logits = torch.zeros(4, 16, device=B.device)
+        settings = {"temperature": 1.0, "t": torch.ones((), device=B.device)}
+
+        def probs(logits):
+            if temp == "tensor" or temp == "new_tensor":
+                return torch.softmax(logits / settings["t"], dim=-1)
+            return torch.softmax(logits / settings["temperature"], dim=-1)
+
+        graph = {}
+        graph["g"], graph["out"] = capture(probs, static_logits, B=B)
+
+        def serve(batches, temperatures):
+            results = []
+            for logits, t in zip(batches, temperatures):
+                if eager:
+                    results.append(torch.softmax(logits / t, dim=-1))
+                    continue
+                if replay_first:
+                    graph["g"].replay()
+                if copy:
+                    static_logits.copy_(logits)
+                else:
+                    static_logits_ = logits   # noqa: F841 - rebinding: the graph never sees it
+                if temp == "tensor":
+                    settings["t"].fill_(t)
+                elif temp == "new_tensor":
+                    settings["t"] = torch.tensor(t, device=B.device)
+                else:
+                    settings["temperature"] = t
+                if recapture:
+                    graph["g"], graph["out"] = capture(probs, static_logits, B=B)
+                if not replay_first:
+                    graph["g"].replay()
+                results.append(graph["out"].clone() if clone else graph["out"])
+            return results
+
+        return serve
+
+    return build_server
+
+
+def _server_divides_first(B):
+    static_logits = torch.zeros(4, 16, device=B.device)
+    g, out = capture(lambda x: torch.softmax(x, dim=-1), static_logits, B=B)
+
+    def serve(batches, temperatures):
+        results = []
+        for logits, t in zip(batches, temperatures):
+            static_logits.copy_(logits / t)       # the temperature applied before copying in
+            g.replay()
+            results.append(out.clone())
+        return results
+
+    return serve
+
+
+def _server_lazy(B):
+    state = {}
+
+    def serve(batches, temperatures):
+        return [torch.softmax(b / t, dim=-1) for b, t in zip(batches, temperatures)]
+
+    return serve
+
+
+def _server_item(B):
+    static_logits = torch.zeros(4, 16, device=B.device)
+
+    def probs(x):
+        return torch.softmax(x / x.abs().max().item(), dim=-1)
+
+    g, out = capture(probs, static_logits, B=B)
+    return lambda batches, temperatures: []
+
+
+def test_build_server_accepts_right_answers(B, capsys):
+    assert check_build_server(_server(), B=B)
+    assert check_build_server(_server_divides_first, B=B)
+    assert capsys.readouterr().out.count("✅ build_server: passed 2 random trials") == 2
+
+
+def test_build_server_blank_says_not_done(B):
+    res = check_build_server(_blank, B=B)
+    assert not res and res.kind == "not_implemented" and "not done yet" in res.message
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(copy=False, clone=False, temp="python"), ["same memory", "section 6"]),  # as given
+    (dict(copy=False, temp="python"), ["do not depend on the batches", "section 1"]),
+    (dict(copy=False), ["do not depend on the batches", "section 1"]),
+    (dict(temp="python"), ["temperature is the one the graph was captured with",
+                           "section 7"]),
+    (dict(temp="new_tensor"), ["temperature is the one the graph was captured with"]),
+    (dict(clone=False), ["same memory"]),
+    (dict(replay_first=True), ["previous batch's", "Fill first, then replay"]),
+    (dict(eager=True), ["replayed the graph 0 times"]),
+    (dict(recapture=True), ["serve captured", "capture once, in build_server"]),
+], ids=lambda v: ",".join(f"{k}={v}" for k, v in v.items()) if isinstance(v, dict) else "")
+def test_build_server_rejects(B, kw, words):
+    res = check_build_server(_server(**kw), B=B)
+    _assert_rejects(res, *words)
+    _usable(B)
+
+
+def test_build_server_rejects_no_capture_and_a_failed_capture(B):
+    _assert_rejects(check_build_server(_server_lazy, B=B), "captured no graph")
+    res = check_build_server(_server_item, B=B)
+    _assert_rejects(res, "build_server raised", ".item()")
+    _usable(B)
