@@ -54,7 +54,7 @@ def test_make_buckets_sorts_and_dedups_a_custom_list():
 
 def test_unknown_scheme_lists_the_choices():
     with pytest.raises(ValueError, match="unknown bucket scheme 'pow4': use one of 'sglang', "
-                                         "'every', 'pow2'"):
+                                         "'sglang_spec', 'every', 'pow2'"):
         make_buckets(16, "pow4")
 
 
@@ -106,3 +106,12 @@ def test_explore_buckets_rejects_bad_workloads(workload, words):
 def test_explore_buckets_rejects_negative_memory_model():
     with pytest.raises(ValueError, match="activation_bytes_per_row must be a whole number"):
         explore_buckets(16, [1, 2], activation_bytes_per_row=-1)
+
+
+def test_speculative_list_is_finer():
+    spec = default_buckets(300, speculative=True)
+    assert spec[:12] == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16]
+    assert spec[-4:] == [256, 272, 288, 300]
+    assert make_buckets(300, "sglang_spec") == spec
+    plain = default_buckets(300)
+    assert len(spec) > len(plain) and set(plain) - set(spec) == {1, 2, 4, 8, 12} - set(spec)

@@ -25,7 +25,7 @@ __all__ = ["default_buckets", "pow2_buckets", "make_buckets", "pad_to_bucket",
            "BatchTooLargeError", "BucketReport", "explore_buckets", "SCHEMES"]
 
 #: the bucket schemes :func:`make_buckets` knows by name ("disable_padding" = "every")
-SCHEMES = ("sglang", "every", "pow2")
+SCHEMES = ("sglang", "sglang_spec", "every", "pow2")
 
 
 class BatchTooLargeError(ValueError):
@@ -75,19 +75,32 @@ def _check_bucket_list(buckets, *, sorted_required: bool) -> list[int]:
     return [int(b) for b in out]
 
 
-def default_buckets(max_bs: int, disable_padding: bool = False) -> list[int]:
-    """SGLang's capture list for ``max_bs`` (no spec decode), sorted ascending.
+def default_buckets(max_bs: int, disable_padding: bool = False,
+                    speculative: bool = False) -> list[int]:
+    """SGLang's capture list for ``max_bs``, sorted ascending.
 
     Args:
         max_bs: the largest batch a graph is captured for (an int >= 1; it is always in).
         disable_padding: one graph per batch size, ``1..max_bs``
             (SGLang's ``--disable-cuda-graph-padding``).
+        speculative: the finer list SGLang uses with speculative decoding
+            (``ServerArgs._generate_cuda_graph_batch_sizes``)::
+
+                list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4))
+                + list(range(72, 257, 8)) + list(range(272, max_bs + 1, 16))
+
+            Every batch of a verify step carries ``k`` tokens per request, so a padded
+            request costs ``k`` padded rows: the buckets sit closer together.
     """
     max_bs = _check_max_bs(max_bs)
     if disable_padding:
         return list(range(1, max_bs + 1))
-    bs = ([1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16))
-          + list(range(512, max_bs + 1, 32)))
+    if speculative:
+        bs = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4))
+              + list(range(72, 257, 8)) + list(range(272, max_bs + 1, 16)))
+    else:
+        bs = ([1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16))
+              + list(range(512, max_bs + 1, 32)))
     return sorted({b for b in bs if b <= max_bs} | {max_bs})
 
 
@@ -103,9 +116,10 @@ def make_buckets(max_bs: int, scheme: str | Iterable[int] = "sglang") -> list[in
 
     Args:
         max_bs: the largest batch a graph is captured for (an int >= 1).
-        scheme: "sglang" (default list), "every" (no padding; "disable_padding" is the
-            same), "pow2", or the sizes themselves (ints in ``1..max_bs``, any order;
-            repeats are dropped).
+        scheme: "sglang" (default list), "sglang_spec" (the finer list used with
+            speculative decoding), "every" (no padding; "disable_padding" is the same),
+            "pow2", or the sizes themselves (ints in ``1..max_bs``, any order; repeats
+            are dropped).
 
     Raises ``TypeError``/``ValueError`` naming the bad value: a non-integer size, an empty
     list, a size < 1 or > ``max_bs``, an unknown scheme name.
@@ -120,6 +134,8 @@ def make_buckets(max_bs: int, scheme: str | Iterable[int] = "sglang") -> list[in
         return out
     if scheme == "sglang":
         return default_buckets(max_bs)
+    if scheme == "sglang_spec":
+        return default_buckets(max_bs, speculative=True)
     if scheme in ("every", "disable_padding"):
         return default_buckets(max_bs, disable_padding=True)
     if scheme == "pow2":

@@ -54,7 +54,7 @@ def plot_serving(results: Mapping[str, object], note: str = "", axes=None):
     import matplotlib.pyplot as plt
 
     if axes is None:
-        fig, axes = plt.subplots(1, 2, figsize=(12, 3.8),
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.2),
                                  gridspec_kw={"width_ratios": [2.2, 1]})
     else:
         fig = axes[0].figure
@@ -68,15 +68,26 @@ def plot_serving(results: Mapping[str, object], note: str = "", axes=None):
     twin.tick_params(axis="y", colors="0.45")
     ax.set_zorder(twin.get_zorder() + 1)
     ax.patch.set_visible(False)
+    all_ms = []
     for i, name in enumerate(names):
         r = results[name]
-        ax.plot(np.array(r.decode_latency_s) * 1e3, lw=1.2, color=_color(name, i),
-                label=f"{name} (p50 {np.median(r.decode_latency_s) * 1e3:.2f} ms)")
+        ms = np.array(r.decode_latency_s) * 1e3
+        all_ms.append(ms)
+        ax.plot(ms, lw=1.2, color=_color(name, i),
+                label=f"{name} (p50 {np.median(r.decode_latency_s) * 1e3:.2f} ms, "
+                      f"max {ms.max():.2f} ms)" if len(ms) else name)
     ax.set_yscale("log")
+    ms = np.concatenate(all_ms) if all_ms else np.array([])
+    ms = ms[ms > 0]
+    if len(ms):
+        # every step in view, the slowest included (a one-off spike is the story on a GPU),
+        # with room above it; the legend sits outside the curves
+        ax.set_ylim(ms.min() / 1.5, ms.max() * 1.8)
     ax.set_xlabel("decode step")
     ax.set_ylabel("step latency (ms, log)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.2), ncol=len(names),
+              frameon=False, borderaxespad=0)
     ax.set_title("per-step decode latency", fontsize=10)
 
     tps = [results[n].decode_tokens_per_s for n in names]
@@ -89,7 +100,7 @@ def plot_serving(results: Mapping[str, object], note: str = "", axes=None):
     bx.margins(y=0.15)
     if note:
         fig.suptitle(note, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(w_pad=3)
     return fig
 
 
