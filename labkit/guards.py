@@ -956,6 +956,16 @@ def _patched_synchronize(lint: _Linter, B):
     return saved
 
 
+def _check_lint_args(fn, kwargs, calls) -> None:
+    from labkit.capture import _check_callable, _check_count
+
+    _check_callable(fn, "lint_capture(fn, ...)")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"lint_capture(kwargs=...) takes a dict of keyword arguments for fn, "
+                        f"got {type(kwargs).__name__}")
+    _check_count(calls, "calls (how many times fn runs under the linter)", minimum=1)
+
+
 def lint_capture(fn: Callable, *args, kwargs: dict | None = None, B=None,
                  generators: Iterable[torch.Generator] = (), calls: int = 2) -> LintReport:
     """Report every capture hazard in ``fn(*args, **kwargs)`` before any real capture.
@@ -988,6 +998,7 @@ def lint_capture(fn: Callable, *args, kwargs: dict | None = None, B=None,
         on the next call are invisible here), and hazards in code paths not taken by
         these arguments are not seen.
     """
+    _check_lint_args(fn, kwargs, calls)
     kwargs = dict(kwargs or {})
     name = getattr(fn, "__name__", None) or type(fn).__name__
     lint = _Linter(generators)
@@ -1005,7 +1016,7 @@ def lint_capture(fn: Callable, *args, kwargs: dict | None = None, B=None,
                      f"with {_short(a)}, and every replay uses that value", frame=def_frame)
     saved = _patched_synchronize(lint, B)
     try:
-        for _ in range(max(1, calls)):
+        for _ in range(calls):
             lint.start_call()
             try:
                 with _LintFunctionMode(lint), _LintDispatchMode(lint):

@@ -142,8 +142,8 @@ def _check_te_slots(stages, orders) -> None:
             if slots is not None and len(slots) < need:
                 raise ValueError(
                     f"stage {s} holds up to {need} microbatches in flight under this "
-                    f"schedule, but its TE-style layers have num_slots={len(slots)} graph "
-                    f"slots: slot m % {len(slots)} would be replayed for a new microbatch "
+                    f"schedule, but its TE-style layers have num_slots={len(slots)}: "
+                    f"graph slot m % {len(slots)} would be replayed for a new microbatch "
                     f"before its backward ran, and the gradients would be wrong. Build them "
                     f"with num_slots >= max_in_flight(order) = {need} "
                     f"(make_te_style_layers(..., num_slots={need})).")

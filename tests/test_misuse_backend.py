@@ -1,0 +1,224 @@
+"""Misuse of the backend, the emulator and the capture helpers (issue 11).
+
+Each case is what a careless user types; each test asserts the error type and the words
+that make the message clear (what was given, what was expected, what to do). The
+"usable after a failure" tests take the ``B`` fixture, so they also run on a GPU
+(``pytest -m cuda``).
+"""
+
+import re
+
+import pytest
+import torch
+
+from labkit import backend
+from labkit.capture import (
+    StaticGraph,
+    capture,
+    format_pool_stats,
+    recorded_kernels,
+    side_stream_warmup,
+)
+from labkit.guards import GuardedGraph, error_text, lint_capture
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def assert_usable(B, stream_before):
+    """After a failed capture: the stream that was current is current again, and a new
+    capture, its replay and a random op outside any capture all work."""
+    assert B.current_stream() == stream_before
+    assert not B.is_current_stream_capturing()
+    x = torch.ones(4, device=B.device)
+    g, y = capture(lambda t: t * 3, x, B=B, warmup=1)
+    g.replay()
+    assert y.tolist() == [3.0] * 4
+    torch.rand(2, device=B.device)           # raises if the generator is left in capture mode
+
+
+def _host_read(t):
+    return t * float(t.sum().item())         # fine eagerly, refused inside a capture
+
+
+# ---- B.graph / CUDAGraph arguments (emulated: torch.cuda's own objects are not wrapped) ----
+
+@pytest.mark.parametrize("pool, words", [
+    ("shared", ["got str 'shared'", "B.graph_pool_handle()", "g.pool()",
+                "options of labkit's GlobalRecord.create_cudagraphs"]),
+    ((1,), ["got tuple (1,)", "(id, 0) pair"]),
+    ((-1, 0), ["got tuple (-1, 0)"]),
+    (True, ["got bool True"]),
+])
+def test_graph_refuses_a_pool_that_is_not_a_handle(E, pool, words):
+    g = E.CUDAGraph()
+    with pytest.raises(TypeError) as err:
+        with E.graph(g, pool=pool):
+            pass
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+    assert E.current_stream() == E.default_stream()     # refused before the stream switch
+    with pytest.raises(TypeError, match="got str 'x'"):
+        g.capture_begin(pool="x")
+
+
+def test_pool_handles_that_torch_accepts_still_work(E):
+    pool = E.graph_pool_handle()
+    x = torch.ones(3)
+    for handle in (pool, list(pool)):                    # torch takes a 2-sequence too
+        g = E.CUDAGraph()
+        with E.graph(g, pool=handle):
+            y = x + 1
+        g.replay()
+        assert y.tolist() == [2.0] * 3
+
+
+def test_graph_refuses_a_stream_that_is_not_a_stream(E):
+    with pytest.raises(TypeError, match=r"graph\(stream=...\): expected a stream made by "
+                                        r"B.Stream\(\) \(or None\), got str 'side'"):
+        E.graph(E.CUDAGraph(), stream="side")
+    with pytest.raises(TypeError, match=r"stream\(s\): expected .* got int 3"):
+        E.stream(3)
+    with pytest.raises(TypeError, match=r"set_stream\(s\): expected a stream made by "
+                                        r"B.Stream\(\), got NoneType"):
+        E.set_stream(None)
+    with pytest.raises(TypeError, match=r"wait_stream\(other\).*got str"):
+        E.Stream().wait_stream("default")
+    assert E.current_stream() == E.default_stream()
+
+
+def test_graph_refuses_an_unknown_capture_error_mode(E):
+    # torch's own message for an unknown string, a TypeError for a non-string
+    with pytest.raises(RuntimeError, match="Expected `global`, `thread_local`, or `relaxed`, "
+                                           "got Global"):
+        E.graph(E.CUDAGraph(), capture_error_mode="Global")
+    with pytest.raises(TypeError, match="one of the strings 'global', 'thread_local', "
+                                        "'relaxed', got NoneType"):
+        E.graph(E.CUDAGraph(), capture_error_mode=None)
+    assert E.current_stream() == E.default_stream()
+
+
+def test_graph_needs_a_cudagraph(E):
+    with pytest.raises(TypeError, match=r"needs a B.CUDAGraph\(\).*got str.*g = B.CUDAGraph\(\)"):
+        E.graph("g")
+
+
+def test_pool_stats_refuses_a_bad_handle(E):
+    with pytest.raises(TypeError, match="pool_stats: pool must be a memory-pool handle"):
+        E.pool_stats("shared")
+    assert E.pool_stats(E.graph_pool_handle())["reserved_bytes"] == 0
+
+
+def test_backend_names_are_a_fixed_set():
+    with pytest.raises(ValueError, match="unknown backend 'CUDA': choose one of auto, cuda, "
+                                         "emulated"):
+        backend.get("CUDA")
+
+
+# ---- capture helpers -------------------------------------------------------------------------
+
+def test_capture_refuses_a_result_instead_of_a_function(E):
+    x = torch.ones(3)
+    with pytest.raises(TypeError, match=r"fn must be a function or module.*got Tensor.*"
+                                        r"\(fn, not fn\(x\)\)"):
+        capture(x * 2, x, B=E)
+    with pytest.raises(TypeError, match="fn must be a function"):
+        side_stream_warmup(None, x, B=E)
+    with pytest.raises(TypeError, match="fn must be a function"):
+        StaticGraph(42, B=E)
+
+
+@pytest.mark.parametrize("value, exc, words", [
+    (-1, ValueError, "warmup must be >= 0, got -1"),
+    ("3", TypeError, "warmup must be an int >= 0, got str '3'"),
+    (2.0, TypeError, "got float 2.0"),
+])
+def test_warmup_counts_are_checked(E, value, exc, words):
+    x = torch.ones(3)
+    with pytest.raises(exc, match=re.escape(words)):
+        capture(lambda t: t * 2, x, B=E, warmup=value)
+    with pytest.raises(exc, match=re.escape(words)):
+        StaticGraph(lambda t: t * 2, B=E, warmup=value)
+    with pytest.raises(exc, match=re.escape(words.replace("warmup", "iters"))):
+        side_stream_warmup(lambda t: t * 2, x, B=E, iters=value)
+
+
+def test_static_graph_names_keyword_arguments(E):
+    sg = StaticGraph(lambda t, scale=1.0: t * scale, B=E, warmup=1)
+    with pytest.raises(TypeError, match="positional arguments only, got keyword argument"
+                                        r"\(s\) scale in capture.*GuardedGraph"):
+        sg.capture(torch.ones(2), scale=2.0)
+    sg.capture(torch.ones(2))
+    with pytest.raises(TypeError, match=r"keyword argument\(s\) scale in call"):
+        sg(torch.ones(2), scale=2.0)
+    assert sg(torch.full((2,), 2.0)).tolist() == [2.0, 2.0]
+
+
+def test_recorded_kernels_of_nothing(E):
+    with pytest.raises(RuntimeError, match="has not been captured.*Capture it first"):
+        recorded_kernels(E.CUDAGraph(), E)
+    with pytest.raises(TypeError, match="needs a emulated CUDAGraph .*got str"):
+        recorded_kernels("g", E)
+    sg = StaticGraph(lambda t: t + 1, B=E, warmup=1)
+    with pytest.raises(RuntimeError, match=r"has not been captured yet.*\.capture\(\*sample_args\)"):
+        recorded_kernels(sg, E)
+    sg.capture(torch.ones(2))
+    assert recorded_kernels(sg, E) == ["aten.add.Tensor"]
+
+
+def test_format_pool_stats_needs_the_dict(E):
+    with pytest.raises(TypeError, match=r"needs the dict B.pool_stats\(handle\) returns, got "
+                                        "tuple"):
+        format_pool_stats(E.graph_pool_handle())
+
+
+def test_guarded_graph_options_are_a_fixed_set(E):
+    with pytest.raises(ValueError, match="inputs must be 'copy' or 'static', got 'Copy'"):
+        GuardedGraph(lambda t: t, B=E, inputs="Copy")
+    with pytest.raises(ValueError, match="outputs must be 'static' or 'clone', got 'cloned'"):
+        GuardedGraph(lambda t: t, B=E, outputs="cloned")
+
+
+def test_lint_capture_arguments(E):
+    x = torch.ones(2)
+    with pytest.raises(ValueError, match=r"calls \(how many times fn runs under the linter\) "
+                                         "must be >= 1, got 0"):
+        lint_capture(lambda t: t * 2, x, B=E, calls=0)
+    with pytest.raises(TypeError, match="takes a dict of keyword arguments for fn, got tuple"):
+        lint_capture(lambda t: t * 2, x, B=E, kwargs=(1,))
+    with pytest.raises(TypeError, match="fn must be a function"):
+        lint_capture(x, B=E)
+
+
+# ---- a failed capture leaves a usable process (both backends) ------------------------------
+
+@pytest.mark.parametrize("entry", ["capture", "StaticGraph", "GuardedGraph"])
+def test_failed_capture_leaves_a_usable_process(B, entry):
+    x = torch.ones(4, device=B.device)
+    before = B.current_stream()
+    with pytest.raises(RuntimeError) as err:
+        if entry == "capture":
+            capture(_host_read, x, B=B, warmup=1)
+        elif entry == "StaticGraph":
+            StaticGraph(_host_read, B=B, warmup=1).capture(x)
+        else:
+            GuardedGraph(_host_read, B=B, warmup=1).capture(x)
+    assert "operation not permitted when stream is capturing" in error_text(err.value)
+    assert_usable(B, before)
+
+
+def test_failed_capture_on_a_side_stream_restores_that_stream(B):
+    side = B.Stream()
+    x = torch.ones(4, device=B.device)
+    with B.stream(side):
+        with pytest.raises(RuntimeError):
+            capture(_host_read, x, B=B, warmup=1)
+        assert_usable(B, side)
+
+
+def test_a_refused_static_graph_can_capture_again(B):
+    sg = StaticGraph(lambda t: _host_read(t) if t.shape[0] == 3 else t * 2, B=B, warmup=1)
+    with pytest.raises(RuntimeError):
+        sg.capture(torch.ones(3, device=B.device))
+    assert not sg.captured
+    assert sg.capture(torch.ones(2, device=B.device))(torch.ones(2, device=B.device)).tolist() \
+        == [2.0, 2.0]
