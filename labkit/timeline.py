@@ -51,6 +51,7 @@ import os
 import statistics
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -58,7 +59,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from labkit.capture import side_stream_warmup
-from labkit.widgets import figure_png, mimebundle, widgets_wanted
+from labkit.widgets import column, figure_png, image_widget, mimebundle, set_image, widgets_wanted
 
 __all__ = [
     "Span", "Timeline", "GPUPreset", "GPU_PRESETS", "REFERENCE_H200", "CPU", "GPU", "OPS",
@@ -655,13 +656,18 @@ def profile_timeline(fn: Callable[[], Any], B, label: str = "", warmup: int = 2,
         trace_path = Path(tmpdir.name) / "trace.json"
     trace_path = Path(trace_path)
     try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                     schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
-                     on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path))) as prof:
-            for _ in range(2):
-                fn()
-                B.synchronize()
-                prof.step()
+        with warnings.catch_warnings():
+            # torch.profiler warns once that a schedule's cycle clears its events (our one
+            # cycle is the whole recording: nothing is lost); keep that out of a lesson
+            warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                         schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
+                         on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path))
+                         ) as prof:
+                for _ in range(2):
+                    fn()
+                    B.synchronize()
+                    prof.step()
         if not trace_path.exists():
             raise RuntimeError(f"torch.profiler wrote no trace to {trace_path}")
         return timeline_from_chrome_trace(trace_path, label=label, device=_device_name(B),
@@ -856,17 +862,17 @@ class TimelinePanel:
                                         description="kernel time µs", style=style, layout=layout)
         self._n = w.IntSlider(value=self.n_kernels, min=1, max=100, description="kernels",
                               style=style, layout=layout)
-        self._image = w.Image(value=figure_png(self.figure()), format="png")
+        self._image = image_widget(figure_png(self.figure()))
         self._label = w.HTML(self.text())
         for s in (self._launch, self._kernel, self._n):
             s.observe(self._redraw, names="value")
-        return w.VBox([w.HBox([w.VBox([self._launch, self._kernel, self._n]), self._label]),
+        return column([w.HBox([w.VBox([self._launch, self._kernel, self._n]), self._label]),
                        self._image])
 
     def _redraw(self, _change=None):
         self.launch_us, self.kernel_us = self._launch.value, self._kernel.value
         self.n_kernels = self._n.value
-        self._image.value = figure_png(self.figure())
+        set_image(self._image, figure_png(self.figure()))
         self._label.value = self.text()
 
     def _repr_mimebundle_(self, include=None, exclude=None):

@@ -4,12 +4,21 @@ A panel is displayed as one bundle that carries both its widget view and a stati
 (a PNG, maybe an HTML table). Jupyter with ipywidgets renders the widget; nbconvert HTML,
 GitHub, a terminal, or ``LABKIT_WIDGETS=0`` fall back to the picture, so a notebook never
 depends on widgets to show something (nor under nbval).
+
+The picture in a widget is shown at its own size, never stretched: an ``ipywidgets.Image``
+in a ``VBox`` is stretched to the box's full width by default (flexbox), so an 800 px
+figure showed blurred at the cell's ~1150 px. :func:`image_widget` pins the image to its
+pixel width (shrinking with ``max-width: 100%`` in a narrower cell) and :func:`column`
+stacks widgets without stretching them.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import struct
+
+FIGURE_DPI = 100  # a 10-inch figure is 1000 px: about a JupyterLab cell's width
 
 
 def widgets_wanted(widgets: bool | None) -> bool:
@@ -24,9 +33,47 @@ def figure_png(fig) -> bytes:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
+    fig.savefig(buf, format="png", dpi=FIGURE_DPI)
     plt.close(fig)
     return buf.getvalue()
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    """(width, height) in pixels of PNG bytes, read from the IHDR chunk.
+
+    Raises ValueError when ``png`` does not start with the PNG signature.
+    """
+    if len(png) < 24 or png[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError(f"expected PNG bytes (from figure_png), got {len(png)} bytes "
+                         f"starting {png[:8]!r}")
+    return struct.unpack(">II", png[16:24])
+
+
+def image_widget(png: bytes):
+    """An ``ipywidgets.Image`` of ``png`` shown at its own pixel width, at most the cell's.
+
+    .. warning::
+        Put it in :func:`column`, not a bare ``VBox``: a ``VBox`` stretches its children
+        to its full width, which scales the picture up (blurred) past its pixel size.
+    """
+    import ipywidgets as w
+
+    width, _ = png_size(png)
+    return w.Image(value=png, format="png",
+                   layout=w.Layout(width=f"{width}px", max_width="100%", height="auto"))
+
+
+def set_image(image, png: bytes) -> None:
+    """Show new ``png`` bytes in an :func:`image_widget`, keeping it at its own size."""
+    image.value = png
+    image.layout.width = f"{png_size(png)[0]}px"
+
+
+def column(children):
+    """A ``VBox`` of ``children`` that keeps each at its own width (no stretching)."""
+    import ipywidgets as w
+
+    return w.VBox(children, layout=w.Layout(align_items="flex-start", width="100%"))
 
 
 def mimebundle(static: dict, widget) -> dict:

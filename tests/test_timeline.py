@@ -242,6 +242,25 @@ def test_panel_static_fallback_and_widgets():
     before = live.text()
     live._kernel.value = 50.0  # moving a slider redraws
     assert live.text() != before and live.kernel_us == 50.0
+    # the picture is shown at its own pixel size (at most the cell's), never stretched
+    from labkit.widgets import png_size
+
+    width, _ = png_size(live._image.value)
+    assert live._image.layout.width == f"{width}px" and live._image.layout.max_width == "100%"
+    assert live.widget.layout.align_items == "flex-start"
+    live._n.value = 30
+    assert live._image.layout.width == f"{png_size(live._image.value)[0]}px"
+
+
+def test_png_size_reads_the_header_and_refuses_other_bytes():
+    import matplotlib.pyplot as plt
+
+    from labkit.widgets import FIGURE_DPI, figure_png, png_size
+
+    fig = plt.figure(figsize=(4, 2))
+    assert png_size(figure_png(fig)) == (4 * FIGURE_DPI, 2 * FIGURE_DPI)
+    with pytest.raises(ValueError, match="expected PNG bytes"):
+        png_size(b"GIF89a....")
 
 
 # --------------------------------------------------------------------------- measurement
