@@ -623,3 +623,57 @@ def test_compiled_capture_prints_no_autotune_tables_cuda(capfd):
     out = capfd.readouterr()
     assert "AUTOTUNE" not in out.err and "Autotune Choices Stats" not in out.err, out.err[-2000:]
     assert "TypedStorage is deprecated" not in out.err
+
+
+# ---- model / attention called directly, out of order -------------------------------------------
+
+
+def test_model_called_without_an_attention_backend():
+    m, state = _model(backend.get("emulated"))
+    b = _batch(m, state, [1, 2])
+    with pytest.raises(RuntimeError, match=r"batch has none: run batches through EagerRunner"):
+        m(b.input_ids, b.positions, b)
+
+
+def test_setup_caches_after_the_runner_was_built():
+    B = backend.get("emulated")
+    m = build_model("tiny", max_requests=4)
+    r = DecodeGraphRunner(m, B, max_bs=4, progress=False)
+    r.capture()
+    eager = EagerRunner(m)
+    m.setup_caches(4)                              # new KV pools: the graphs read the old ones
+    b = make_decode_batch(m, [1, 2], [3, 4], [0, 0])
+    for call in (r.forward, r.replay, eager.forward):
+        with pytest.raises(RuntimeError, match=r"setup_caches\(\) ran after this runner was built"):
+            call(b)
+
+
+def test_attention_backend_misuse():
+    from labkit.decode import TorchNativeAttnBackend
+    m, state = _model(backend.get("emulated"))
+    with pytest.raises(TypeError, match=r"needs a labkit.decode Transformer with caches"):
+        TorchNativeAttnBackend(torch.nn.Linear(2, 2))
+    a = TorchNativeAttnBackend(m)
+    with pytest.raises(RuntimeError, match=r"before init_cuda_graph_state"):
+        a.init_forward_metadata_out_graph(_batch(m, state, [1]))
+    with pytest.raises(ValueError, match=r"max_num_tokens a multiple of it"):
+        a.init_cuda_graph_state(4, 6)
+
+
+@pytest.mark.parametrize("change,err,match", [
+    ({"q": torch.zeros(2, 4, 16)[:, :, :8]}, ValueError, r"kv_pool heads 2 x dim 16 do not fit"),
+    ({"q": torch.zeros(2, 16)}, ValueError, r"q must be \(bs, Hq, D\)"),
+    ({"page_table": torch.zeros(3, 8, dtype=torch.int64)}, ValueError, r"page_table must be \(bs=2, W\)"),
+    ({"seq_lens": torch.zeros(2)}, TypeError, r"integer tensors"),
+    ({"kv_pool": torch.zeros(10, 2, 2, 16, dtype=torch.float16)}, TypeError, r"q is torch.float32 but kv_pool is torch.float16"),
+    ({"num_splits": 3}, ValueError, r"num_splits \(3\) must be powers of two"),
+    ({"block_n": 8}, ValueError, r"block_n must be a power of two >= 16"),
+])
+def test_decode_attention_arguments(change, err, match):
+    from labkit.decode.triton_attention import decode_attention
+    kw = dict(q=torch.zeros(2, 4, 16), kv_pool=torch.zeros(10, 2, 2, 16),
+              page_table=torch.zeros(2, 8, dtype=torch.int64),
+              seq_lens=torch.ones(2, dtype=torch.int32))
+    kw.update(change)
+    with pytest.raises(err, match=match):
+        decode_attention(**kw)

@@ -66,6 +66,10 @@ class TorchNativeAttnBackend:
     name = "torch_native"
 
     def __init__(self, model):
+        if getattr(model, "num_slots", 0) == 0 or not hasattr(model, "req_to_token"):
+            raise TypeError("an attention backend needs a labkit.decode Transformer with caches "
+                            f"set up (build_model(...)), got {type(model).__name__}")
+        self.model = model
         self.req_to_token = model.req_to_token
         self.max_seq_len = model.args.max_seq_len
         self.dtype = model.output.weight.dtype  # the attention bias is in the model's dtype
@@ -115,6 +119,11 @@ class TorchNativeAttnBackend:
 
     # ---- CUDA graph --------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        if not (isinstance(max_bs, int) and isinstance(max_num_tokens, int) and max_bs >= 1
+                and max_num_tokens >= max_bs and max_num_tokens % max_bs == 0):
+            raise ValueError(f"init_cuda_graph_state: need ints max_bs >= 1 and max_num_tokens a "
+                             f"multiple of it (k tokens per request), got {max_bs!r}, "
+                             f"{max_num_tokens!r}")
         dev = self.req_to_token.device
         k = max_num_tokens // max_bs
         self.cuda_graph_state = {
@@ -137,6 +146,10 @@ class TorchNativeAttnBackend:
         One kernel: ``index_select`` of the first ``width`` columns of each request's
         ``req_to_token`` row, written straight into the page table (``out=``)."""
         st = self.cuda_graph_state
+        if st is None:
+            raise RuntimeError("init_forward_metadata_out_graph before init_cuda_graph_state"
+                               "(max_bs, max_num_tokens): the graph's metadata tensors do not "
+                               "exist yet (DecodeGraphRunner calls both, in that order)")
         bs = batch.req_pool_indices.numel()
         width = max(batch.seq_lens_cpu)  # a Python int that changes every step
         src = self._src_cols.get(width)

@@ -279,6 +279,10 @@ class Transformer(nn.Module):
         """input_ids, positions: (num_tokens,) → logits (num_tokens, vocab), fp32."""
         if self.num_slots == 0:
             raise RuntimeError("call model.setup_caches(max_requests) before running it")
+        if getattr(batch, "attn_backend", None) is None:
+            raise RuntimeError("the model reads K/V through batch.attn_backend, and this batch "
+                               "has none: run batches through EagerRunner(model).forward(batch) "
+                               "or a DecodeGraphRunner, which set it")
         # index_select, not freqs_cis[positions]: the same static-shape gather, and an
         # out-of-range position raises (CPU) / faults (GPU) instead of being clamped.
         freqs_cis = self.freqs_cis.index_select(0, positions)

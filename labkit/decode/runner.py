@@ -252,6 +252,15 @@ def _check_backend(model, B) -> None:
                          f"{B.device}: build the model with device=B.device")
 
 
+def _check_same_caches(attn, model, fn: str) -> None:
+    """The KV cache this runner was built over is still the model's: setup_caches() again
+    allocates new pools, and graphs (and page tables) would keep reading the old ones."""
+    if attn.req_to_token is not model.req_to_token:
+        raise RuntimeError(f"{fn}: model.setup_caches() ran after this runner was built, so "
+                           "its graphs and attention backend still point at the old KV cache: "
+                           "build (and capture) a new runner after setup_caches")
+
+
 def _check_count(name: str, value, lo: int, hi: int | None = None, why: str = "") -> None:
     """An int option in ``lo..hi``, or an error naming it, its value and the range."""
     if not _is_int(value):
@@ -320,6 +329,7 @@ class EagerRunner:
         """Run ``batch`` eagerly (any mode) and return its logits, (num_tokens, vocab).
         The batch is checked first (:func:`~labkit.decode.batch.check_batch_values`)."""
         check_batch_layout(batch, self.model, "EagerRunner.forward")
+        _check_same_caches(self.attn, self.model, "EagerRunner.forward")
         check_batch_values(batch, self.model, "EagerRunner.forward")
         if batch.num_tokens == 0:  # IDLE: nothing to run
             return torch.empty(0, self.model.args.vocab_size, device=self.model.device)
@@ -507,6 +517,7 @@ class DecodeGraphRunner(BaseGraphRunner):
         """Layout (types, dtypes, devices, shapes) and values (ids, positions, slots,
         lengths, cache locations) before anything reaches a static buffer."""
         check_batch_layout(batch, self.model, fn)
+        _check_same_caches(self.attn, self.model, fn)
         self._check_graphable(batch)
         if batch.batch_size > self.max_bucket:
             pad_to_bucket(batch.batch_size, self.buckets)  # raises BatchTooLargeError

@@ -28,6 +28,12 @@ Limits, on purpose: decode only (one query token per request) and CUDA only. Ver
 blocks (several tokens per request), prefill, CPUs and ``torch.compile`` use the torch
 path. ``triton_available()`` says whether this machine can run it.
 
+No autotuner: both kernels are plain ``@triton.jit`` with a fixed ``BLOCK_N`` (chosen by
+measurement, see :func:`decode_attention`), so nothing here benchmarks configurations or
+prints autotune logs. (The ``AUTOTUNE mm(...)`` tables a compiled capture used to print
+come from torch.compile's max-autotune in :class:`~labkit.decode.runner.DecodeGraphRunner`
+with ``compile_bs``; the runner turns those prints off.)
+
 Warning: the kernel trusts ``seq_lens`` and ``page_table``. A stale padded row with a
 huge ``seq_len`` reads past its page-table row: on a GPU an illegal memory access. The
 runner's padding policy (``seq_lens`` filled with a sentinel) is what prevents it.
@@ -150,15 +156,12 @@ def decode_attention(q: torch.Tensor, kv_pool: torch.Tensor, page_table: torch.T
 
     Returns (bs, Hq, D) in ``q``'s dtype. Every shape depends on ``bs`` only.
     """
+    _check_decode_attention_args(q, kv_pool, page_table, seq_lens, num_splits, block_n)
     if triton is None:
         raise RuntimeError("decode_attention needs Triton (a CUDA build of torch); "
                            "use TorchNativeAttnBackend on this machine")
     bs, hq, d = q.shape
     hkv = kv_pool.size(2)
-    if q.stride(-1) != 1 or kv_pool.stride(-1) != 1 or page_table.stride(-1) != 1:
-        raise ValueError("decode_attention needs unit stride in the last dimension")
-    if d & (d - 1) or num_splits & (num_splits - 1):
-        raise ValueError(f"head_dim ({d}) and num_splits ({num_splits}) must be powers of two")
     if block_n is None:
         block_n = 128 if num_splits == 1 else 64
     out = torch.empty((bs, hq, d), dtype=q.dtype, device=q.device)
@@ -180,6 +183,44 @@ def decode_attention(q: torch.Tensor, kv_pool: torch.Tensor, page_table: torch.T
                               out.stride(0), out.stride(1), HEAD_DIM=d,
                               NUM_SPLITS=num_splits, num_warps=1)
     return out
+
+
+def _pow2(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 1 and not n & (n - 1)
+
+
+def _check_decode_attention_args(q, kv_pool, page_table, seq_lens, num_splits, block_n) -> None:
+    """Shapes, dtypes, devices and strides: a kernel reads raw pointers, so a wrong shape
+    here is a wrong read there (or an illegal address), never an error."""
+    for name, t in (("q", q), ("kv_pool", kv_pool), ("page_table", page_table),
+                    ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"decode_attention: {name} must be a tensor, got {type(t).__name__}")
+    if q.dim() != 3 or kv_pool.dim() != 4 or kv_pool.size(1) != 2:
+        raise ValueError(f"decode_attention: q must be (bs, Hq, D) and kv_pool (num_locs, 2, "
+                         f"Hkv, D), got {tuple(q.shape)} and {tuple(kv_pool.shape)}")
+    bs, hq, d = q.shape
+    hkv = kv_pool.size(2)
+    if kv_pool.size(3) != d or hq % hkv:
+        raise ValueError(f"decode_attention: kv_pool heads {hkv} x dim {kv_pool.size(3)} do not "
+                         f"fit q's {hq} heads x dim {d} (Hq must be a multiple of Hkv)")
+    if page_table.dim() != 2 or page_table.size(0) != bs or seq_lens.shape != (bs,):
+        raise ValueError(f"decode_attention: page_table must be (bs={bs}, W) and seq_lens "
+                         f"({bs},), got {tuple(page_table.shape)} and {tuple(seq_lens.shape)}")
+    if page_table.dtype.is_floating_point or seq_lens.dtype.is_floating_point:
+        raise TypeError("decode_attention: page_table and seq_lens must be integer tensors, "
+                        f"got {page_table.dtype} and {seq_lens.dtype}")
+    if q.dtype != kv_pool.dtype:
+        raise TypeError(f"decode_attention: q is {q.dtype} but kv_pool is {kv_pool.dtype}")
+    devices = {t.device for t in (q, kv_pool, page_table, seq_lens)}
+    if len(devices) > 1:
+        raise ValueError(f"decode_attention: all inputs on one device, got {sorted(map(str, devices))}")
+    if q.stride(-1) != 1 or kv_pool.stride(-1) != 1 or page_table.stride(-1) != 1:
+        raise ValueError("decode_attention needs unit stride in the last dimension")
+    if not _pow2(d) or not _pow2(num_splits):
+        raise ValueError(f"head_dim ({d}) and num_splits ({num_splits}) must be powers of two")
+    if block_n is not None and not (_pow2(block_n) and block_n >= 16):
+        raise ValueError(f"decode_attention: block_n must be a power of two >= 16, got {block_n!r}")
 
 
 class TritonAttnBackend(TorchNativeAttnBackend):
