@@ -115,3 +115,51 @@ def test_speculative_list_is_finer():
     assert make_buckets(300, "sglang_spec") == spec
     plain = default_buckets(300)
     assert len(spec) > len(plain) and set(plain) - set(spec) == {1, 2, 4, 8, 12} - set(spec)
+
+
+# ---- static buffers (labkit.decode.buffers) -------------------------------------------------
+
+import types  # noqa: E402
+
+import torch  # noqa: E402
+
+from labkit.decode import Pad, StaticBuffers  # noqa: E402
+
+
+def _batch(raw, k=1, base=10):
+    n = raw * k
+    return types.SimpleNamespace(
+        input_ids=torch.arange(base, base + n), req_pool_indices=torch.arange(1, raw + 1),
+        seq_lens=torch.full((raw,), 7), out_cache_loc=torch.arange(100, 100 + n),
+        positions=torch.arange(n), mrope_positions=torch.arange(3 * n).view(3, n) + 1)
+
+
+def test_mrope_positions_is_one_more_static_buffer():
+    buf = StaticBuffers(max_bs=8, num_tokens_per_bs=2)
+    mrope = torch.full((3, buf.max_num_token), 99, dtype=torch.int64)
+    buf.register("mrope_positions", mrope, Pad.ZERO_TAIL, per_token=True, row_dim=1)
+    b = _batch(3, k=2)
+    buf.fill_from(b, 3, 4)                      # 6 real token columns, 2 padded ones
+    assert torch.equal(mrope[:, :6], b.mrope_positions)
+    assert mrope[:, 6:8].eq(0).all()            # the tail: zeros, like positions
+    assert mrope[:, 8:].eq(99).all()            # past the bucket: untouched
+    assert buf.view(4)["mrope_positions"].shape == (3, 8)
+    assert buf.view(4)["mrope_positions"].data_ptr() == mrope.data_ptr()
+
+
+def test_register_rejects_buffers_that_cannot_hold_a_bucket():
+    buf = StaticBuffers(max_bs=8)
+    with pytest.raises(ValueError, match=r"row_dim=2 but the tensor has 2 dimension"):
+        buf.register("m", torch.zeros(3, 8), Pad.ZERO_TAIL, per_token=True, row_dim=2)
+    with pytest.raises(ValueError, match="4 rows along dim 1, but a full bucket needs 8"):
+        buf.register("m", torch.zeros(3, 4), Pad.ZERO_TAIL, per_token=True, row_dim=1)
+    with pytest.raises(TypeError, match="expected a tensor, got list"):
+        buf.register("m", [0] * 8, Pad.ZERO_TAIL, per_token=False)
+
+
+def test_fill_from_names_a_batch_of_the_wrong_shape():
+    buf = StaticBuffers(max_bs=8)
+    b = _batch(3)
+    b.positions = torch.arange(4)
+    with pytest.raises(ValueError, match=r"positions: batch has shape \(4,\), expected \(3,\)"):
+        buf.fill_from(b, 3, 4)

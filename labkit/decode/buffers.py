@@ -9,7 +9,9 @@ input once, at the largest shape (SGLang's ``decode_cuda_graph_runner.py``)::
     out_cache_loc    = zeros(max_num_token)           int64
     positions        = zeros(max_num_token)           int64
 
-and before each replay copies the real batch into the *head* of each buffer. What to do
+(a multimodal model adds ``mrope_positions = zeros(3, max_num_token)``, the three rotary
+position ids of each token: rows along dim 1, see :class:`GraphSlot`), and before each
+replay copies the real batch into the *head* of each buffer. What to do
 with the *tail* — the padding rows between the real batch and the bucket size — is a
 per-buffer decision (SGLang's ``CudaGraphBufferRegistry`` / ``GraphSlot``):
 
@@ -53,16 +55,27 @@ class Pad(str, enum.Enum):
 @dataclass
 class GraphSlot:
     """One static buffer: its tensor, its padding policy, and whether it has a row per
-    request (``per_token=False``) or per token (``per_token=True``)."""
+    request (``per_token=False``) or per token (``per_token=True``).
+
+    ``row_dim`` is the dimension that holds the rows: 0 for every buffer above, 1 for a
+    buffer such as SGLang's multimodal rotary positions ``mrope_positions``, shaped
+    ``(3, max_num_token)`` (three position ids per token: time, height, width), whose
+    head and tail are ``tensor[:, :raw]`` and ``tensor[:, raw:padded]``.
+    """
 
     name: str
     tensor: torch.Tensor
     pad: Pad
     per_token: bool
     fill_value: int = 0
+    row_dim: int = 0
 
     def rows(self, bs: int, tokens_per_bs: int) -> int:
         return bs * tokens_per_bs if self.per_token else bs
+
+    def part(self, lo: int, hi: int) -> torch.Tensor:
+        """Rows ``lo..hi`` along ``row_dim`` (a view: same storage as the buffer)."""
+        return self.tensor.narrow(self.row_dim, lo, hi - lo)
 
 
 class StaticBuffers:
@@ -88,8 +101,20 @@ class StaticBuffers:
         self.register("positions", torch.zeros(n, **i64), Pad.ZERO_TAIL, per_token=True)
 
     def register(self, name: str, tensor: torch.Tensor, pad: Pad | str, per_token: bool,
-                 fill_value: int = 0) -> GraphSlot:
-        slot = GraphSlot(name, tensor, Pad(pad), per_token, fill_value)
+                 fill_value: int = 0, row_dim: int = 0) -> GraphSlot:
+        """Add a static buffer (allocated once, at its largest shape) with its padding
+        policy. ``row_dim``: the dimension of its rows (see :class:`GraphSlot`)."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"register({name!r}): expected a tensor, got {type(tensor).__name__}")
+        if not 0 <= row_dim < tensor.dim():
+            raise ValueError(f"register({name!r}): row_dim={row_dim} but the tensor has "
+                             f"{tensor.dim()} dimension(s), shape {tuple(tensor.shape)}")
+        need = self.max_num_token if per_token else self.max_bs
+        if tensor.shape[row_dim] < need:
+            raise ValueError(f"register({name!r}): {tensor.shape[row_dim]} rows along dim "
+                             f"{row_dim}, but a full bucket needs {need} "
+                             f"({'max_bs x tokens per request' if per_token else 'max_bs'})")
+        slot = GraphSlot(name, tensor, Pad(pad), per_token, fill_value, row_dim)
         self.slots[name] = slot
         self._plans.clear()  # cached fill plans (see fill_from) no longer cover every slot
         return slot
@@ -132,8 +157,9 @@ class StaticBuffers:
         srcs = []
         for name, n, dst in zip(names, rows, dsts):
             src = getattr(batch, name)
-            if src.numel() != n:
-                raise ValueError(f"{name}: batch has {src.numel()} rows, expected {n}")
+            if tuple(src.shape) != tuple(dst.shape):
+                raise ValueError(f"{name}: batch has shape {tuple(src.shape)}, expected "
+                                 f"{tuple(dst.shape)} ({n} rows)")
             srcs.append(src if src.dtype == dst.dtype else src.to(dst.dtype))
         torch._foreach_copy_(dsts, srcs)  # all heads in one call
 
@@ -145,19 +171,19 @@ class StaticBuffers:
             lo, hi = slot.rows(raw_bs, k), slot.rows(padded_bs, k)
             pad = override.get(name, slot.pad)
             if hi > lo and pad is Pad.ZERO_TAIL:
-                zero_tails.append(slot.tensor[lo:hi])
+                zero_tails.append(slot.part(lo, hi))
             elif hi > lo and pad is Pad.SENTINEL:
-                fill_tails.append((slot.tensor[lo:hi], slot.fill_value))
+                fill_tails.append((slot.part(lo, hi), slot.fill_value))
             names.append(name)
             rows.append(lo)
-            dsts.append(slot.tensor[:lo])
+            dsts.append(slot.part(0, lo))
         return names, rows, dsts, zero_tails, fill_tails
 
     def view(self, bs: int) -> dict[str, torch.Tensor]:
         """The first rows of every buffer for a bucket of ``bs`` requests (views, same
         addresses as the full buffers: what a graph captured for ``bs`` reads)."""
         k = self.num_tokens_per_bs
-        return {n: s.tensor[: s.rows(bs, k)] for n, s in self.slots.items()}
+        return {n: s.part(0, s.rows(bs, k)) for n, s in self.slots.items()}
 
     def nbytes(self) -> int:
         return sum(s.tensor.numel() * s.tensor.element_size() for s in self.slots.values())
