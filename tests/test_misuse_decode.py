@@ -677,3 +677,23 @@ def test_decode_attention_arguments(change, err, match):
     kw.update(change)
     with pytest.raises(err, match=match):
         decode_attention(**kw)
+
+
+def test_serve_with_a_runner_that_cannot_take_every_step():
+    B = backend.get("emulated")
+    m, _ = _model(B)
+    wl = synthetic_workload(3, vocab_size=m.args.vocab_size, max_seq_len=m.args.max_seq_len)
+    with pytest.raises(RuntimeError, match=r"runner has no graphs yet: call runner.capture\(\)"):
+        serve(m, wl, runner=DecodeGraphRunner(m, B, max_bs=4, progress=False))
+    small = _runner(B, max_bs=4)
+    with pytest.raises(ValueError, match=r"up to 8 requests run at once but the runner's largest "
+                                         r"graph is 4 and fallback='error'"):
+        serve(m, wl, runner=small)
+    assert serve(m, wl, runner=small, max_running=4).tokens == serve(m, wl).tokens
+
+
+def test_buckets_from_a_generator_are_read_once():
+    m, _ = _model(backend.get("emulated"))
+    r = DecodeGraphRunner(m, backend.get("emulated"), max_bs=8, buckets=(b for b in (1, 2, 8)),
+                          progress=False)
+    assert r.buckets == [1, 2, 8]

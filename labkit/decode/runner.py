@@ -271,8 +271,9 @@ def _check_count(name: str, value, lo: int, hi: int | None = None, why: str = ""
 
 
 def _check_options(model, *, max_bs, buckets, disable_padding, num_tokens_per_bs, forward_mode,
-                   fallback, num_warmups, compile_bs, progress) -> None:
-    """DecodeGraphRunner's options, each against its type and range (or fixed set)."""
+                   fallback, num_warmups, compile_bs, progress):
+    """DecodeGraphRunner's options, each against its type and range (or fixed set).
+    Returns ``buckets`` as given, or as a list when it was another iterable (read once)."""
     slots = model.num_slots - 1
     _check_count("max_bs", max_bs, 1, slots,
                  f"the model has {slots} request slots (build_model(max_requests=...)), so no "
@@ -285,7 +286,7 @@ def _check_options(model, *, max_bs, buckets, disable_padding, num_tokens_per_bs
         if not hasattr(buckets, "__iter__"):
             raise TypeError(f"buckets must be a scheme name ({', '.join(_SCHEMES)}) or a list "
                             f"of batch sizes, got {type(buckets).__name__}")
-        sizes = list(buckets)
+        sizes = buckets = list(buckets)
         if not sizes:
             raise ValueError("buckets is an empty list: give at least one batch size")
         for b in sizes:
@@ -308,6 +309,7 @@ def _check_options(model, *, max_bs, buckets, disable_padding, num_tokens_per_bs
     _check_count("num_warmups", num_warmups, 1, None,
                  "first-call work (lazy init, autotuning) must happen before capture")
     _check_count("compile_bs", compile_bs, 0, None)
+    return buckets
 
 
 class EagerRunner:
@@ -366,7 +368,7 @@ class DecodeGraphRunner(BaseGraphRunner):
         _check_model(model, "DecodeGraphRunner")
         _check_backend(model, B)
         max_bs = model.num_slots - 1 if max_bs is None else max_bs
-        _check_options(model, max_bs=max_bs, buckets=buckets, disable_padding=disable_padding,
+        buckets = _check_options(model, max_bs=max_bs, buckets=buckets, disable_padding=disable_padding,
                        num_tokens_per_bs=num_tokens_per_bs, forward_mode=forward_mode,
                        fallback=fallback, num_warmups=num_warmups, compile_bs=compile_bs,
                        progress=progress)

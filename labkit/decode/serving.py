@@ -220,6 +220,15 @@ def _check_serve_args(model, workload, runner, max_running, max_steps) -> None:
         _check_int("max_running", max_running, 1)
         if max_running > slots:
             raise ValueError(f"max_running={max_running} > KV slots ({slots})")
+    if hasattr(runner, "captured") and not runner.captured:
+        raise RuntimeError("serve: the runner has no graphs yet: call runner.capture() first")
+    largest = getattr(runner, "max_bucket", None)
+    running = max_running or slots
+    if largest is not None and getattr(runner, "fallback", "eager") == "error" and running > largest:
+        raise ValueError(f"serve: up to {running} requests run at once but the runner's largest "
+                         f"graph is {largest} and fallback='error', so a large step would fail "
+                         f"mid-run: pass max_running={largest}, capture with max_bs={running}, "
+                         "or build the runner with fallback='eager'")
     _check_int("max_steps", max_steps, 1)
     if isinstance(workload, Request) or not hasattr(workload, "__iter__"):
         raise TypeError("serve: workload must be a list of Request (synthetic_workload(...)), "
