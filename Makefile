@@ -1,38 +1,56 @@
 # CUDA Graphs Lab. Two commands are all a learner needs:
 #
 #   make lab     create .venv if missing, install, open JupyterLab at lesson 00
-#   make test    create/refresh .venv, install, run the unit tests and the notebooks
+#   make test    create/refresh .venv, install the test tools too, run the unit tests and notebooks
 #
-# Torch policy: a plain `pip install torch` can pull a multi-GB CUDA build. So:
+# Torch policy: a plain `pip install torch` on Linux pulls the CUDA build from PyPI (GBs of
+# CUDA libraries). So:
 #   * if $(PYTHON) can already `import torch` (your CUDA build, Colab, a conda env),
 #     .venv is created with --system-site-packages and that torch is used, never replaced;
-#   * otherwise $(TORCH_SPEC) is installed into .venv first (override it, e.g.
-#     `make lab TORCH_SPEC='torch --index-url <your wheel index>'`).
+#   * otherwise the CPU build torch==$(TORCH_VERSION)+cpu is installed into .venv: from a
+#     wheel pip already finds here (find-links, a local index), else from PyTorch's CPU
+#     wheel index $(TORCH_INDEX) (--extra-index-url: torch's dependencies still come from
+#     your usual index). On macOS the PyPI wheel is the CPU build: torch==$(TORCH_VERSION).
+#   * TORCH_SPEC overrides all of that, e.g. `make lab TORCH_SPEC='torch --index-url <your
+#     wheel index>'`.
 # An installed torch is never upgraded: the project install runs under a constraint that
 # pins torch to the version already in .venv.
+#
+# The learner's JupyterLab holds only what learning needs: `make lab` installs labkit's
+# runtime dependencies (no test or authoring tools) and starts the server with nbgrader's
+# server and lab extensions disabled, in case an older .venv still has nbgrader installed.
 
-PYTHON     ?= python3
-VENV       ?= .venv
-TORCH_SPEC ?= torch==2.13.0
-LAB_ARGS   ?=
-PYTEST_ARGS ?=
+PYTHON        ?= python3
+VENV          ?= .venv
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX   ?= https://download.pytorch.org/whl/cpu
+TORCH_SPEC    ?=
+LAB_ARGS      ?=
+PYTEST_ARGS   ?=
+LESSON00      := notebooks/00_start_here.ipynb
 
-VPY    := $(VENV)/bin/python
-PIP    := $(VPY) -m pip
-STAMP  := $(VENV)/.installed
+VPY        := $(VENV)/bin/python
+PIP        := $(VPY) -m pip
+STAMP      := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+LAB_CONFIG := $(VENV)/labkit-jupyter-config
+NBGRADER_OFF := "nbgrader.server_extensions.formgrader": false, \
+  "nbgrader.server_extensions.validate_assignment": false, \
+  "nbgrader.server_extensions.assignment_list": false, \
+  "nbgrader.server_extensions.course_list": false
 
 .DEFAULT_GOAL := help
 .PHONY: help lab test test-unit test-notebooks exercises exercises-check doctor lint \
-        execute-notebooks venv clean distclean
+        execute-notebooks venv venv-test clean distclean
 
 help:
-	@echo "make lab          open JupyterLab at notebooks/00_start_here.ipynb (LAB_ARGS=... passed on)"
+	@echo "make lab          open JupyterLab at $(LESSON00) (LAB_ARGS=... passed on)"
 	@echo "make test         unit tests + notebooks (nbval), creating/refreshing .venv first"
-	@echo "make exercises    regenerate exercises/*.ipynb from solutions/*.ipynb"
+	@echo "make exercises    regenerate exercises/*.ipynb from solutions/*.ipynb (keeps your edits)"
 	@echo "make doctor       print what this machine has (python -m labkit doctor)"
 	@echo "make execute-notebooks  re-run notebooks/ and solutions/ in place (refresh outputs)"
 	@echo "make lint         ruff check"
-	@echo "vars: PYTHON=$(PYTHON) TORCH_SPEC=$(TORCH_SPEC) VENV=$(VENV)"
+	@echo "vars: PYTHON=$(PYTHON) TORCH_VERSION=$(TORCH_VERSION) TORCH_INDEX=$(TORCH_INDEX) VENV=$(VENV)"
 
 # --- environment --------------------------------------------------------------------
 
@@ -47,39 +65,62 @@ $(VPY):
 	    echo "$$site" > "$$($(VPY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_labkit_parent_env.pth"; \
 	  fi; \
 	else \
-	  echo ">> creating $(VENV) (no torch in $(PYTHON); $(TORCH_SPEC) will be installed)"; \
+	  echo ">> creating $(VENV) (no torch in $(PYTHON); a CPU build of torch $(TORCH_VERSION) will be installed)"; \
 	  $(PYTHON) -m venv $(VENV); \
 	fi
 
 $(STAMP): pyproject.toml | $(VPY)
-	@if $(VPY) -c 'import torch' >/dev/null 2>&1; then \
+	@set -e; if $(VPY) -c 'import torch' >/dev/null 2>&1; then \
 	  echo ">> keeping torch $$($(VPY) -c 'import torch; print(torch.__version__)')"; \
-	else \
-	  echo ">> installing $(TORCH_SPEC)"; \
+	elif [ -n "$(TORCH_SPEC)" ]; then \
+	  echo ">> installing $(TORCH_SPEC) (TORCH_SPEC)"; \
 	  $(PIP) install $(TORCH_SPEC); \
+	elif [ "$$(uname -s)" = Darwin ]; then \
+	  echo ">> installing torch==$(TORCH_VERSION) (on macOS the PyPI wheel is the CPU build)"; \
+	  $(PIP) install "torch==$(TORCH_VERSION)"; \
+	elif $(PIP) install -q "torch==$(TORCH_VERSION)+cpu" >/dev/null 2>&1; then \
+	  echo ">> installed torch==$(TORCH_VERSION)+cpu (CPU build) from a wheel pip finds on this machine"; \
+	else \
+	  echo ">> installing the CPU build torch==$(TORCH_VERSION)+cpu from $(TORCH_INDEX)"; \
+	  $(PIP) install "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_INDEX); \
 	fi
 	@$(VPY) -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' \
 	  > $(VENV)/torch-constraint.txt 2>/dev/null || : > $(VENV)/torch-constraint.txt
-	$(PIP) install -c $(VENV)/torch-constraint.txt -e '.[dev]'
+	$(PIP) install -c $(VENV)/torch-constraint.txt -e .
+	@rm -f $(TEST_STAMP)
+	@touch $@
+
+$(TEST_STAMP): $(STAMP)
+	$(PIP) install -c $(VENV)/torch-constraint.txt -e '.[test]'
 	@touch $@
 
 venv: $(STAMP)
+venv-test: $(TEST_STAMP)
 
 # --- the two commands ---------------------------------------------------------------
 
+# `--allow-root` when run as root (GPU containers usually are); the printed URL opens
+# lesson 00 (LabApp.default_url); nbgrader's extensions are switched off through a config
+# dir put first on JUPYTER_CONFIG_PATH.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. notebooks/00_start_here.ipynb $(LAB_ARGS)
+	@mkdir -p $(LAB_CONFIG)/labconfig
+	@echo '{"disabledExtensions": {"@jupyter/nbgrader": true}}' > $(LAB_CONFIG)/labconfig/page_config.json
+	@echo '{"ServerApp": {"jpserver_extensions": {$(NBGRADER_OFF)}}}' > $(LAB_CONFIG)/jupyter_server_config.json
+	JUPYTER_CONFIG_PATH="$(abspath $(LAB_CONFIG))$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+	  $(VENV)/bin/jupyter lab --ServerApp.root_dir=. \
+	  --LabApp.default_url=/lab/tree/$(LESSON00) \
+	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	@status=0; \
 	$(VPY) -m pytest tests $(PYTEST_ARGS) || status=$$?; \
 	$(VPY) -m pytest --nbval-lax --nbval-current-env notebooks solutions $(PYTEST_ARGS) || status=$$?; \
 	exit $$status
 
-test-unit: $(STAMP)
+test-unit: $(TEST_STAMP)
 	$(VPY) -m pytest tests $(PYTEST_ARGS)
 
-test-notebooks: $(STAMP)
+test-notebooks: $(TEST_STAMP)
 	$(VPY) -m pytest --nbval-lax --nbval-current-env notebooks solutions $(PYTEST_ARGS)
 
 # --- authoring ----------------------------------------------------------------------
@@ -98,7 +139,7 @@ execute-notebooks: $(STAMP)
 	  --ExecutePreprocessor.kernel_name=python3 \
 	  --ExecutePreprocessor.record_timing=False notebooks/*.ipynb solutions/*.ipynb
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VPY) -m ruff check labkit tests
 
 clean:

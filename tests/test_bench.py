@@ -95,10 +95,33 @@ def test_render_tables_and_plots_in_a_tmp_dir(tmp_path):
     assert after == before                            # docs/ untouched
 
 
-def test_render_empty(tmp_path):
-    written = report.render(tmp_path / "none.json", tmp_path)
-    assert written == [tmp_path / "README.md"]
-    assert "No results yet" in written[0].read_text()
+def test_render_refuses_a_missing_or_empty_results_file(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("| the committed tables |\n")
+    with pytest.raises(report.ResultsError, match="none.json does not exist"):
+        report.render(tmp_path / "none.json", tmp_path)
+    (tmp_path / "empty.json").write_text("[]")
+    with pytest.raises(report.ResultsError, match="empty.json holds no rows"):
+        report.render(tmp_path / "empty.json", tmp_path)
+    assert readme.read_text() == "| the committed tables |\n"     # never replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "empty.json"]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{ not json", "is not valid JSON (line 1"),
+    ('{"suite": "train"}', "must hold a JSON list of rows, not a dict"),
+    ('[{"suite": "train"}]', "row 0: benchmark row lacks"),
+    ('[1]', "row 0: a benchmark row must be an object"),
+])
+def test_load_results_names_the_file_and_the_problem(tmp_path, text, words):
+    path = tmp_path / "results.json"
+    path.write_text(text)
+    with pytest.raises(report.ResultsError) as info:
+        report.load_results(path)
+    assert str(path) in str(info.value) and words in str(info.value)
+    with pytest.raises(report.ResultsError):     # appending does not overwrite it either
+        report.append_results(synthetic_rows()[:1], path)
+    assert path.read_text() == text
 
 
 def test_cli_render_only(tmp_path, capsys):
@@ -119,8 +142,11 @@ def test_cli_without_gpu_says_so_and_exits_0(tmp_path, capsys):
 
 
 def test_cli_unknown_suite(capsys):
-    assert main(["nope"]) == 2
-    assert "unknown suite" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["nope"])
+    assert info.value.code == 2
+    assert "unknown suite(s) 'nope': choose from launch, decode, train, capture" in \
+        capsys.readouterr().err
 
 
 def test_make_row_schema():

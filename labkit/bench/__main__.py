@@ -19,7 +19,10 @@ do, not how fast a GPU runs them, so it has nothing to benchmark.
       python -m labkit.bench --render"""
 
 
-def parse(argv):
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m labkit.bench",
                                 description="GPU benchmarks: eager vs CUDA graphs vs "
                                             "torch.compile; results appended to "
@@ -30,30 +33,44 @@ def parse(argv):
                    help="re-render README.md and the plots from the results file (no GPU "
                         "needed); with suites, render after running them (the default)")
     p.add_argument("--quick", action="store_true", help="fewer repeats and batch sizes")
-    p.add_argument("--results", type=Path, default=None,
-                   help="results file (default: docs/benchmarks/results.json)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--results", type=Path, default=None, metavar="FILE",
+                   help="results file (default: docs/benchmarks/results.json); --render "
+                        "needs it to exist")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="where README.md and the plots go (default: beside the results)")
     p.add_argument("--no-save", action="store_true",
                    help="print the rows, write nothing")
-    p.add_argument("--decode-compile-mode", default="default",
+    p.add_argument("--decode-compile-mode", default="default", choices=COMPILE_MODES,
                    help="torch.compile mode for the decode suite's labkit_graph_compiled "
                         "row (default: 'default'; the runner's own is "
                         "'max-autotune-no-cudagraphs', minutes of autotuning)")
-    return p.parse_args(argv)
+    return p
+
+
+def parse(argv):
+    p = parser()
+    args = p.parse_args(argv)
+    unknown = [s for s in args.suites if s not in SUITES]
+    if unknown:
+        p.error(f"unknown suite(s) {', '.join(map(repr, unknown))}: choose from "
+                f"{', '.join(SUITES)}")
+    return args
 
 
 def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
-    unknown = [s for s in args.suites if s not in SUITES]
-    if unknown:
-        print(f"unknown suite(s) {unknown}: choose from {', '.join(SUITES)}", file=sys.stderr)
-        return 2
     results = args.results or report.default_results_path()
-    if args.render and not args.suites:
-        for path in report.render(results, args.out):
-            print("wrote", path)
-        return 0
+    try:
+        if args.render and not args.suites:
+            for path in report.render(results, args.out):
+                print("wrote", path)
+            return 0
+        # read the results file before measuring anything: a corrupt one is reported now,
+        # not after minutes of benchmarks whose rows then could not be appended
+        report.load_results(results)
+    except report.ResultsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     suites = args.suites or list(SUITES)
     if not torch.cuda.is_available():
         print(NO_GPU.format(torch=torch.__version__,
@@ -72,12 +89,19 @@ def main(argv=None) -> int:
     if args.no_save:
         print(report.markdown_table(report.latest(rows)))
         return 0
-    path = report.append_results(rows, results)
-    print(f"appended {len(rows)} rows to {path}")
-    for p in report.render(results, args.out):
-        print("wrote", p)
+    try:
+        path = report.append_results(rows, results)
+        print(f"appended {len(rows)} rows to {path}")
+        for p in report.render(results, args.out):
+            print("wrote", p)
+    except report.ResultsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -26,7 +26,8 @@ import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
-__all__ = ["REQUIRED_KEYS", "SUITE_ORDER", "default_results_path", "load_results",
+__all__ = ["REQUIRED_KEYS", "SUITE_ORDER", "ResultsError", "default_results_path",
+           "load_results",
            "append_results", "validate_row", "latest", "speedups", "markdown_table",
            "render", "format_us"]
 
@@ -87,26 +88,73 @@ def default_results_path() -> Path:
     return Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "results.json"
 
 
-def load_results(path: str | Path | None = None) -> list[dict]:
-    """All rows of a results file (``[]`` if it does not exist yet)."""
+class ResultsError(ValueError):
+    """A results file that is missing, unreadable or malformed; the message names it."""
+
+
+def load_results(path: str | Path | None = None, *, missing_ok: bool = True) -> list[dict]:
+    """All rows of a results file, each checked by :func:`validate_row`.
+
+    Args:
+        path: the results file (default: ``docs/benchmarks/results.json``).
+        missing_ok: return ``[]`` for a file that does not exist yet (appending creates
+            it); with ``False`` a missing file raises :class:`ResultsError`.
+
+    Raises :class:`ResultsError` naming the file (and the row) when it cannot be read,
+    is not JSON, is not a list of rows, or a row is malformed.
+
+    .. warning::
+        An unreadable file is never taken as "no results": appending to it or rendering
+        from it would replace the history or the committed tables with nothing.
+    """
     path = Path(path) if path is not None else default_results_path()
+    if path.is_dir():
+        raise ResultsError(f"results file {path} is a directory; give the results.json "
+                           f"file itself")
     if not path.exists():
-        return []
-    rows = json.loads(path.read_text(encoding="utf-8") or "[]")
+        if missing_ok:
+            return []
+        raise ResultsError(f"results file {path} does not exist (a typo? the default is "
+                           f"{default_results_path()})")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"results file {path} cannot be read: {exc}") from None
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"results file {path} is not valid JSON (line {exc.lineno}, "
+                           f"column {exc.colno}: {exc.msg}); restore it from git") from None
     if not isinstance(rows, list):
-        raise ValueError(f"{path} must hold a JSON list of rows")
+        raise ResultsError(f"results file {path} must hold a JSON list of rows, not a "
+                           f"{type(rows).__name__}")
+    for i, r in enumerate(rows):
+        try:
+            validate_row(r)
+        except ValueError as exc:
+            raise ResultsError(f"results file {path}: row {i}: {exc}") from None
     return rows
 
 
 def validate_row(row: dict) -> None:
     """Raise ValueError if ``row`` lacks a required key or has a wrong type."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a benchmark row must be an object with keys "
+                         f"{', '.join(REQUIRED_KEYS)}, got {type(row).__name__}: {row!r}")
     missing = [k for k in REQUIRED_KEYS if k not in row]
     if missing:
         raise ValueError(f"benchmark row lacks {missing}: {row}")
-    if row["median_us"] is not None and not isinstance(row["median_us"], (int, float)):
+    if row["median_us"] is not None and (isinstance(row["median_us"], bool) or
+                                         not isinstance(row["median_us"], (int, float))):
         raise ValueError(f"median_us must be a number or null: {row}")
     if row["median_us"] is None and not row.get("note"):
         raise ValueError(f"a row without a number needs a note saying why: {row}")
+    for key in ("suite", "config_name", "variant", "device", "torch", "date"):
+        if not isinstance(row[key], str):
+            raise ValueError(f"{key} must be a string, got {row[key]!r}: {row}")
+    if row["batch_size"] is not None and (isinstance(row["batch_size"], bool) or
+                                          not isinstance(row["batch_size"], int)):
+        raise ValueError(f"batch_size must be an integer or null, got {row['batch_size']!r}")
 
 
 def append_results(rows: Iterable[dict], path: str | Path | None = None) -> Path:
@@ -250,11 +298,25 @@ def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
 
 def render(results_path: str | Path | None = None, out_dir: str | Path | None = None) -> list[Path]:
     """Write ``README.md`` and one PNG per suite and device into ``out_dir`` (default: the
-    results file's folder) from the newest rows; return the paths written."""
+    results file's folder) from the newest rows; return the paths written.
+
+    Raises :class:`ResultsError` (writing nothing) when the results file is missing,
+    malformed or holds no rows.
+
+    .. warning::
+        Rendering never replaces the tables with nothing: a mistyped ``results_path``
+        used to render "No results yet" over the README beside it.
+    """
     results_path = Path(results_path) if results_path is not None else default_results_path()
     out_dir = Path(out_dir) if out_dir is not None else results_path.parent
+    rows = latest(load_results(results_path, missing_ok=False))
+    if not rows:
+        raise ResultsError(f"results file {results_path} holds no rows: nothing to render "
+                           f"(the tables in {out_dir / 'README.md'} are left as they are)")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ResultsError(f"output folder {out_dir} is a file; give a folder for README.md "
+                           f"and the plots")
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = latest(load_results(results_path))
     written: list[Path] = []
     md = ["# Benchmarks", "",
           "Generated by `python -m labkit.bench --render` from `results.json` (do not edit "
@@ -265,8 +327,6 @@ def render(results_path: str | Path | None = None, out_dir: str | Path | None = 
           "*GPU busy* = the sum of kernel (and memcpy/memset) times of one call from "
           "`torch.profiler`; *median − GPU busy* is the time the GPU sat idle. *vs eager* = "
           "eager median ÷ this median.", ""]
-    if not rows:
-        md += ["No results yet.", ""]
     suites = sorted(set(SUITE_ORDER) | {r["suite"] for r in rows},
                     key=lambda s: _order(SUITE_ORDER, s))
     for suite in suites:
