@@ -493,3 +493,19 @@ def test_build_server_rejects_no_capture_and_a_failed_capture(B):
     res = check_build_server(_server_item, B=B)
     _assert_rejects(res, "build_server raised", ".item()")
     _usable(B)
+
+
+def test_hints_come_in_steps_after_a_failure(B, capsys):
+    import labkit.checks
+
+    res = check_arg_mismatches(_first_only, B=B)
+    assert not res and "labkit.checks.hint()" in res.message
+    assert "if/elif" not in res.message                     # the next step is not shown first
+    capsys.readouterr()
+    labkit.checks.hint()
+    assert "hint 1 of 1 for arg_mismatches" in capsys.readouterr().out
+    res = check_capturable_clip(clip_if, B=B)
+    labkit.checks.hint()
+    labkit.checks.hint()
+    out = capsys.readouterr().out
+    assert "hint 1 of 2 for capturable_clip: fix:" in out and "hint 2 of 2" in out
