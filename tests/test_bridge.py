@@ -58,9 +58,16 @@ def test_gradient_accumulation_needs_cloned_wgrads(B):
     torch.testing.assert_close(_train(B, "bridge", micro=2), eager)
     no_clone = _train(B, "bridge", micro=2, clone_wgrads=False)
     assert _diff(no_clone, eager) > 1e-4
-    theirs = _train(B, "torch", micro=2)
-    # torch's graphed callables behave like the no-clone bridge (until torch fixes it)
-    assert _diff(theirs, no_clone) < 1e-6 or _diff(theirs, eager) < 1e-6
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "pytorch/pytorch#181723 (open): torch.cuda.make_graphed_callables returns its static "
+    "wgrad buffers uncloned, so with .grad = None AccumulateGrad steals one and the next "
+    "microbatch's replay overwrites it. An XPASS means torch fixed it: update lesson 04 "
+    "and the zero_grads_in_place note of labkit.pipeline.te_style."))
+def test_torchs_graphed_callables_accumulate_like_eager(B):
+    eager = _train(B, "eager", micro=2)
+    torch.testing.assert_close(_train(B, "torch", micro=2), eager)
 
 
 def _fused_run(B, graphed, *, steps=2, micro=2, **kw):

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.emulator import pool as P
 
@@ -154,10 +155,42 @@ def test_foreach_copy_and_index_put_recorded(E):
     assert dst[0].tolist() == [9.0, 1.0, 9.0] and dst[1].tolist() == [5.0, 5.0]
 
 
+class _ReplayedOps(TorchDispatchMode):
+    """The ATen ops that run while it is active (what a replay executes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
 def test_out_variant_used_for_functional_ops(E):
+    """A functional op replays as its ``.out`` overload, writing straight into the static
+    output: no temporary result and no ``copy_`` (the fallback)."""
     x = torch.randn(5)
     g, y = capture(E, lambda: torch.sin(x))
-    g.replay()
+    ptr = y.data_ptr()
+    with _ReplayedOps() as seen:
+        g.replay()
+    assert seen.ops == [torch.ops.aten.sin.out]
+    assert y.data_ptr() == ptr
+    torch.testing.assert_close(y, torch.sin(x))
+
+
+
+def test_without_an_out_variant_replay_copies(E, monkeypatch):
+    """The fallback the test above rules out: the functional op, then ``copy_``."""
+    from labkit.emulator import recorder
+
+    monkeypatch.setattr(recorder, "_out_variant", lambda func: None)
+    x = torch.randn(5)
+    g, y = capture(E, lambda: torch.sin(x))
+    with _ReplayedOps() as seen:
+        g.replay()
+    assert seen.ops == [torch.ops.aten.sin.default, torch.ops.aten.copy_.default]
     torch.testing.assert_close(y, torch.sin(x))
 
 

@@ -222,3 +222,8 @@ def test_a_refused_static_graph_can_capture_again(B):
     assert not sg.captured
     assert sg.capture(torch.ones(2, device=B.device))(torch.ones(2, device=B.device)).tolist() \
         == [2.0, 2.0]
+
+
+def test_register_generator_state_needs_a_generator(E):
+    with pytest.raises(TypeError, match="takes a torch.Generator .*got int"):
+        E.CUDAGraph().register_generator_state(0)

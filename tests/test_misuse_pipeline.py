@@ -348,3 +348,51 @@ def test_failed_te_style_capture_leaves_a_usable_process(B):
                              B, 1, num_warmup_iters=1)
     assert "operation not permitted when stream is capturing" in error_text(err.value)
     assert_usable(B, before)
+
+
+# ---- the rest of the package ------------------------------------------------------------------
+
+def test_a_stage_that_cuts_the_graph_is_named(B):
+    """A layer that detaches its input: the stages before it would never train."""
+    blocks = _blocks(B, 2)
+    stages = [Stage([blocks[0]]), Stage([lambda x: x.detach(), blocks[1]])]
+    with pytest.raises(RuntimeError, match=re.escape("stage 1 computed no gradient for its "
+                                                     "input of microbatch 0, so stages 0..0 "
+                                                     "would never train")):
+        train_step(stages, *_data(B, 2))
+
+
+@pytest.mark.parametrize("kw, exc, words", [
+    ({"P": 3, "layers": 2}, ValueError, "layers=2 cannot fill P=3 stages"),
+    ({"M": 0}, ValueError, "PipelineConfig.M must be at least 1, got 0"),
+    ({"hidden": 30}, ValueError, "hidden=30 must be a multiple of the 4 attention heads"),
+    ({"lr": 0}, ValueError, "lr must be a positive number, got 0"),
+    ({"backend": "gpu"}, ValueError, "unknown backend 'gpu': choose one of 'auto', 'cuda', "
+                                     "'emulated'"),
+    ({"steps": "3"}, TypeError, "PipelineConfig.steps must be an int, got str"),
+    ({"graphs": "no"}, TypeError, "graphs must be True or False, got 'no'"),
+])
+def test_pipeline_config(kw, exc, words):
+    from labkit.pipeline.distributed import PipelineConfig
+
+    with pytest.raises(exc, match=re.escape(words)):
+        PipelineConfig(**kw)
+
+
+def test_run_pipeline_arguments():
+    from labkit.pipeline.distributed import PipelineConfig, run_pipeline
+
+    with pytest.raises(TypeError, match="run_pipeline takes a PipelineConfig, got dict"):
+        run_pipeline({"P": 2})
+    with pytest.raises(ValueError, match="unknown dist_backend 'mpi': choose 'gloo', 'nccl'"):
+        run_pipeline(PipelineConfig(backend="emulated"), dist_backend="mpi")
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+        run_pipeline(PipelineConfig(backend="emulated"), timeout=0)
+
+
+def test_partially_graphed_moe_arguments(B):
+    from labkit.pipeline.moe import PartiallyGraphedMoE
+
+    with pytest.raises(TypeError, match=r"needs a module with route\(\) \(graphed\) and "
+                                        r"dispatch\(\) \(eager\), like ToyMoE; got Linear"):
+        PartiallyGraphedMoE(torch.nn.Linear(16, 16), B, torch.zeros(SHAPE, device=B.device))

@@ -160,7 +160,7 @@ def test_te_style_graphs_per_microbatch(B):
     assert stages[0].layers[0].log == [0, 1, 0, 1] * 2        # microbatch % 2
     # fewer slots than microbatches in flight used to give gradients up to 0.148 off eager,
     # silently; now refused before anything runs (tests/test_misuse_pipeline.py has more)
-    with pytest.raises(ValueError, match=r"num_slots=1 .*max_in_flight\(order\) = 2"):
+    with pytest.raises(ValueError, match=r"num_slots=1: .*max_in_flight\(order\) = 2"):
         run(lambda s: 1)
 
 

@@ -135,6 +135,9 @@ class CUDAGraph:
         capture without this raises, as PyTorch does on a GPU. On replay, registered
         generators advance, so random ops give new numbers on every replay.
         """
+        if not isinstance(state, torch.Generator):
+            raise TypeError(f"register_generator_state takes a torch.Generator (the one your "
+                            f"random ops pass as generator=), got {type(state).__name__}")
         self._generators.append(state)
 
     # ---- replay -----------------------------------------------------------------------

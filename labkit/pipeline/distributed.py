@@ -48,6 +48,35 @@ class PipelineConfig:
     backend: str = "auto"      # labkit backend: "auto", "emulated" or "cuda"
     num_warmup: int = 1
 
+    def __post_init__(self):
+        _check_config(self)
+
+
+HEADS = 4                      # attention heads of make_problem's blocks
+
+
+def _check_config(cfg: "PipelineConfig") -> None:
+    """Refuse a configuration in this process, before ranks start and fail one by one."""
+    from labkit.backend import NAMES
+    from labkit.pipeline.schedule import _check_int
+
+    for name, minimum in (("P", 1), ("M", 1), ("layers", 1), ("steps", 1), ("batch", 1),
+                          ("seq", 1), ("hidden", 1), ("seed", 0), ("num_warmup", 0)):
+        _check_int(getattr(cfg, name), f"PipelineConfig.{name}", minimum)
+    if cfg.layers < cfg.P:
+        raise ValueError(f"PipelineConfig: layers={cfg.layers} cannot fill P={cfg.P} stages "
+                         f"(each stage needs a layer): use layers >= P")
+    if cfg.hidden % HEADS:
+        raise ValueError(f"PipelineConfig.hidden={cfg.hidden} must be a multiple of the "
+                         f"{HEADS} attention heads")
+    if isinstance(cfg.lr, bool) or not isinstance(cfg.lr, (int, float)) or not cfg.lr > 0:
+        raise ValueError(f"PipelineConfig.lr must be a positive number, got {cfg.lr!r}")
+    if not isinstance(cfg.graphs, bool):
+        raise TypeError(f"PipelineConfig.graphs must be True or False, got {cfg.graphs!r}")
+    if cfg.backend not in NAMES:
+        raise ValueError(f"PipelineConfig.backend: unknown backend {cfg.backend!r}: choose one "
+                         f"of {', '.join(map(repr, NAMES))}")
+
 
 def find_free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -60,7 +89,7 @@ def make_problem(cfg: PipelineConfig, device=None):
     """The full model and the data of every step, identical in every process."""
     from labkit.pipeline.models import make_blocks
 
-    layers = make_blocks(cfg.layers, seed=cfg.seed, hidden=cfg.hidden, heads=4,
+    layers = make_blocks(cfg.layers, seed=cfg.seed, hidden=cfg.hidden, heads=HEADS,
                          ffn=2 * cfg.hidden)
     if device is not None:
         layers = layers.to(device)
@@ -236,6 +265,13 @@ def run_pipeline(cfg: PipelineConfig, *, timeout: float = 60.0,
 
     from labkit import backend
 
+    if not isinstance(cfg, PipelineConfig):
+        raise TypeError(f"run_pipeline takes a PipelineConfig, got {type(cfg).__name__}")
+    if dist_backend not in (None, "gloo", "nccl"):
+        raise ValueError(f"unknown dist_backend {dist_backend!r}: choose 'gloo', 'nccl' or "
+                         f"None (NCCL on the cuda backend, gloo otherwise)")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     name = backend.resolve(cfg.backend)
     cfg = PipelineConfig(**{**asdict(cfg), "backend": name})
     if dist_backend is None:

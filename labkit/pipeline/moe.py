@@ -73,6 +73,13 @@ class PartiallyGraphedMoE(nn.Module):
 
     def __init__(self, moe: ToyMoE, B, sample_input: torch.Tensor, **runner_kw):
         super().__init__()
+        if not (isinstance(moe, nn.Module) and hasattr(moe, "route")
+                and hasattr(moe, "dispatch")):
+            raise TypeError(f"PartiallyGraphedMoE needs a module with route() (graphed) and "
+                            f"dispatch() (eager), like ToyMoE; got {type(moe).__name__}")
+        if not isinstance(sample_input, torch.Tensor):
+            raise TypeError(f"sample_input must be a tensor shaped like the layer's input, got "
+                            f"{type(sample_input).__name__}")
         self.moe = moe
         self.router_graph = GraphRunner(moe, B, func=moe.route, name="moe_router",
                                         **runner_kw)

@@ -149,6 +149,16 @@ def _check_te_slots(stages, orders) -> None:
                     f"(make_te_style_layers(..., num_slots={need})).")
 
 
+def _check_input_grad(x: torch.Tensor, s: int, m: int) -> None:
+    """A stage's input must get a gradient, or the stages before it never train."""
+    if x.grad is None:
+        raise RuntimeError(
+            f"stage {s} computed no gradient for its input of microbatch {m}, so stages "
+            f"0..{s - 1} would never train: a layer of stage {s} cut the autograd graph "
+            f"(a detach(), a torch.no_grad() region, or a graphed callable captured from a "
+            f"sample that did not require grad).")
+
+
 def train_step(stages: Sequence[Stage], inputs: Sequence[torch.Tensor],
                targets: Sequence[torch.Tensor], *, loss_fn: Callable = mse_loss,
                schedule: str = "1f1b", record=None, B=None, create_graphs: dict | None = None,
@@ -198,6 +208,7 @@ def train_step(stages: Sequence[Stage], inputs: Sequence[torch.Tensor],
                 torch.autograd.backward(y, grads.pop((s, m)))
             x = ins.pop((s, m))
             if s > 0:                               # send_backward
+                _check_input_grad(x, s, m)
                 grads[(s - 1, m)] = x.grad.detach().clone()
     result = [losses[m].item() for m in range(M)]
     if record is not None and not record.created:
