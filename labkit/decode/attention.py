@@ -70,6 +70,7 @@ class TorchNativeAttnBackend:
             raise TypeError("an attention backend needs a labkit.decode Transformer with caches "
                             f"set up (build_model(...)), got {type(model).__name__}")
         self.model = model
+        self.cache_generation = getattr(model, "cache_generation", 0)  # the KV cache it reads
         self.req_to_token = model.req_to_token
         self.max_seq_len = model.args.max_seq_len
         self.dtype = model.output.weight.dtype  # the attention bias is in the model's dtype

@@ -50,14 +50,21 @@ def _record(batch: "ForwardBatch", names: Sequence[str]) -> tuple:
     identity: its id can never be reused by a new tensor) and its version counter (bumped
     by every in-place write: ``add_``, ``copy_``, ``t[i] = v``), plus the host lists."""
     tensors = tuple(getattr(batch, n) for n in names)
-    return (tensors, tuple(t._version for t in tensors), tuple(batch.seq_lens_cpu),
-            tuple(batch.extend_lens) if batch.extend_lens is not None else None,
-            batch.forward_mode)
+    return (names, tensors, tuple(t._version for t in tensors), list(batch.seq_lens_cpu),
+            None if batch.extend_lens is None else list(batch.extend_lens), batch.forward_mode)
 
 
-def _same_record(a: tuple | None, b: tuple) -> bool:
-    return (a is not None and len(a[0]) == len(b[0])
-            and all(x is y for x, y in zip(a[0], b[0])) and a[1:] == b[1:])
+def _unchanged(record: tuple | None, batch: "ForwardBatch") -> bool:
+    """Is ``batch`` still what ``record`` saw? Attribute reads only (a few µs per step)."""
+    if record is None:
+        return False
+    names, tensors, versions, lens, ext, mode = record
+    for name, t, v in zip(names, tensors, versions):
+        now = getattr(batch, name)
+        if now is not t or now._version != v:
+            return False
+    return (batch.forward_mode is mode and batch.seq_lens_cpu == lens
+            and (batch.extend_lens == ext if ext is not None else batch.extend_lens is None))
 
 
 @dataclass
@@ -120,8 +127,7 @@ class ForwardBatch:
         the fields the plan was made from (slots, ``seq_lens``, ``seq_lens_cpu``, cache
         locations, mode) changed since: a batch reused for the next step is re-planned,
         never replayed with the previous step's lengths."""
-        return not (self.metadata_ready
-                    and _same_record(self._plan_record, _record(self, METADATA_FIELDS)))
+        return not (self.metadata_ready and _unchanged(self._plan_record, self))
 
     def mark_values_checked(self) -> None:
         """Record that every value was checked on the host (the constructors call it)."""
@@ -129,7 +135,7 @@ class ForwardBatch:
 
     def values_unchanged_since_check(self) -> bool:
         """True while no tensor or host list changed since :meth:`mark_values_checked`."""
-        return _same_record(self._checked_record, _record(self, METADATA_FIELDS + INPUT_FIELDS))
+        return _unchanged(self._checked_record, self)
 
 
 # ---- checks on host values (no device work) ----------------------------------------------
@@ -320,6 +326,23 @@ def make_extend_batch(model, slots: Sequence[int], prompts: Sequence[Sequence[in
 _INT_DTYPES = (torch.int32, torch.int64)
 
 
+def check_batch(batch, model, fn: str) -> None:
+    """Everything about a batch a runner is given: its layout, then its values.
+
+    A batch from :func:`make_decode_batch` / :func:`make_extend_batch` that nobody changed
+    since costs one record comparison (identity and version of its tensors, its host
+    lists): the constructor already checked it all on the host. Anything else is checked
+    in full (:func:`check_batch_layout`, :func:`check_batch_values`).
+    """
+    if not isinstance(batch, ForwardBatch):
+        raise TypeError(f"{fn}: expected a ForwardBatch (make_decode_batch / make_extend_batch), "
+                        f"got {type(batch).__name__}")
+    if batch.values_unchanged_since_check():
+        return
+    check_batch_layout(batch, model, fn)
+    check_batch_values(batch, model, fn)
+
+
 def check_batch_layout(batch, model, fn: str) -> None:
     """Type, dtypes, devices and shapes: attribute reads only, no device work.
 
@@ -379,7 +402,7 @@ def check_batch_values(batch, model, fn: str) -> None:
     the price of keeping a bad id away from the static buffers and the embedding, where
     on a GPU it is a device-side assert that ends the process.
     """
-    if batch.forward_mode is ForwardMode.IDLE or batch.values_unchanged_since_check():
+    if batch.forward_mode is ForwardMode.IDLE:
         return
     vocab = model.args.vocab_size
     num_rows, width = model.req_to_token.shape

@@ -244,6 +244,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.num_slots = 0
+        self.cache_generation = 0  # bumped by every setup_caches: runners built before see it
         self.register_buffer(
             "freqs_cis", precompute_freqs_cis(args.max_seq_len, args.head_dim, args.rope_base),
             persistent=False)
@@ -261,6 +262,7 @@ class Transformer(nn.Module):
                              f"dummy slot on top), got {max_requests!r}")
         a = self.args
         p = self.output.weight
+        self.cache_generation += 1
         self.num_slots = max_requests + 1
         num_locs = self.num_slots * a.max_seq_len
         for layer in self.layers:

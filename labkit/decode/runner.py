@@ -37,8 +37,7 @@ from typing import Callable, Iterable
 import torch
 
 from .attention import TorchNativeAttnBackend, make_attn_backend
-from .batch import (ForwardBatch, ForwardMode, _check_model, _is_int, check_batch_layout,
-                    check_batch_values)
+from .batch import ForwardBatch, ForwardMode, _check_model, _is_int, check_batch
 from .buckets import make_buckets, pad_to_bucket
 from .buffers import Pad, StaticBuffers
 
@@ -255,7 +254,7 @@ def _check_backend(model, B) -> None:
 def _check_same_caches(attn, model, fn: str) -> None:
     """The KV cache this runner was built over is still the model's: setup_caches() again
     allocates new pools, and graphs (and page tables) would keep reading the old ones."""
-    if attn.req_to_token is not model.req_to_token:
+    if getattr(attn, "cache_generation", 0) != getattr(model, "cache_generation", 0):
         raise RuntimeError(f"{fn}: model.setup_caches() ran after this runner was built, so "
                            "its graphs and attention backend still point at the old KV cache: "
                            "build (and capture) a new runner after setup_caches")
@@ -329,10 +328,9 @@ class EagerRunner:
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Run ``batch`` eagerly (any mode) and return its logits, (num_tokens, vocab).
-        The batch is checked first (:func:`~labkit.decode.batch.check_batch_values`)."""
-        check_batch_layout(batch, self.model, "EagerRunner.forward")
+        The batch is checked first (:func:`~labkit.decode.batch.check_batch`)."""
+        check_batch(batch, self.model, "EagerRunner.forward")
         _check_same_caches(self.attn, self.model, "EagerRunner.forward")
-        check_batch_values(batch, self.model, "EagerRunner.forward")
         if batch.num_tokens == 0:  # IDLE: nothing to run
             return torch.empty(0, self.model.args.vocab_size, device=self.model.device)
         batch.attn_backend = self.attn
@@ -471,6 +469,7 @@ class DecodeGraphRunner(BaseGraphRunner):
         locations) is detected and planned again at replay, never replayed stale.
         """
         self._check_batch(batch, "plan", padding_override)
+        self._check_graphable(batch)
         bs = self._load(batch, padding_override)
         batch.mark_forward_metadata_ready()  # SGLang's mark, right next to the planning
         return bs
@@ -508,6 +507,7 @@ class DecodeGraphRunner(BaseGraphRunner):
         """
         self._check_captured("replay")
         self._check_batch(batch, "replay", padding_override)
+        self._check_graphable(batch)
         return self._replay(batch, padding_override)
 
     # ---- checks (small helpers, so replay reads like SGLang's) ---------------------------
@@ -518,16 +518,15 @@ class DecodeGraphRunner(BaseGraphRunner):
     def _check_batch(self, batch, fn: str, padding_override: dict | None = None) -> None:
         """Layout (types, dtypes, devices, shapes) and values (ids, positions, slots,
         lengths, cache locations) before anything reaches a static buffer."""
-        check_batch_layout(batch, self.model, fn)
+        check_batch(batch, self.model, fn)
         _check_same_caches(self.attn, self.model, fn)
-        self._check_graphable(batch)
-        if batch.batch_size > self.max_bucket:
-            pad_to_bucket(batch.batch_size, self.buckets)  # raises BatchTooLargeError
-        check_batch_values(batch, self.model, fn)
         if padding_override:
             self._check_padding_override(padding_override, fn)
 
     def _check_graphable(self, batch: ForwardBatch) -> None:
+        """The mode and tokens per request this runner captured, and a bucket that fits."""
+        if batch.batch_size > self.max_bucket:
+            pad_to_bucket(batch.batch_size, self.buckets)  # raises BatchTooLargeError
         k = self.num_tokens_per_bs
         if batch.num_tokens_per_bs != k or batch.forward_mode is not self.capture_forward_mode:
             raise ValueError(f"runner captured {self.capture_forward_mode.name} with {k} "
@@ -592,8 +591,8 @@ class DecodeGraphRunner(BaseGraphRunner):
             raise TypeError(f"forward: expected a ForwardBatch, got {type(batch).__name__}")
         if batch.forward_mode is self.capture_forward_mode:
             self._check_captured("forward")  # a forgotten capture() would silently run eagerly
-        if self.can_run(batch):
-            self._check_batch(batch, "forward")
+        if self.can_run(batch):                 # mode, tokens per request, size: graphable
+            self._check_batch(batch, "forward")  # and its contents are sound
             return self._replay(batch, None)
         if (self.captured and batch.forward_mode is self.capture_forward_mode
                 and batch.batch_size > self.max_bucket):
@@ -626,6 +625,7 @@ def demo_stale_tail(runner: DecodeGraphRunner, batch: ForwardBatch, buffer: str 
                         f"{type(runner).__name__}")
     runner._check_captured("demo_stale_tail")
     runner._check_batch(batch, "demo_stale_tail")
+    runner._check_graphable(batch)
     raw = batch.batch_size
     bs = pad_to_bucket(raw, runner.buckets)
     if bs == raw:
