@@ -697,3 +697,16 @@ def test_buckets_from_a_generator_are_read_once():
     r = DecodeGraphRunner(m, backend.get("emulated"), max_bs=8, buckets=(b for b in (1, 2, 8)),
                           progress=False)
     assert r.buckets == [1, 2, 8]
+
+
+def test_graph_backend_and_base_runner_misuse(B):
+    from labkit.decode import BaseGraphRunner, FullGraphBackend
+    with pytest.raises(ValueError, match=r"num_warmups must be >= 1, got 0"):
+        FullGraphBackend(B, num_warmups=0)
+    with pytest.raises(ValueError, match=r"non-empty ascending list of distinct batch sizes, got \[4, 2\]"):
+        BaseGraphRunner(B, [4, 2])
+    with pytest.raises(ValueError, match=r"got \[\]"):
+        BaseGraphRunner(B, [])
+    r = _runner(B)
+    with pytest.raises(KeyError, match=r"no graph captured for 3; captured: \[1, 2, 4, 8\]"):
+        r.backend.replay(3)

@@ -106,6 +106,8 @@ class FullGraphBackend:
     """One full CUDA graph per shape key, all in one memory pool, one capture stream."""
 
     def __init__(self, B, num_warmups: int = 2):
+        _check_count("num_warmups", num_warmups, 1, None,
+                     "first-call work (lazy init, autotuning) must happen before capture")
         self.B = B
         self.num_warmups = num_warmups
         self.graphs: dict = {}
@@ -140,7 +142,11 @@ class FullGraphBackend:
         return out
 
     def replay(self, key) -> torch.Tensor:
-        self.graphs[key].replay()
+        g = self.graphs.get(key)
+        if g is None:
+            raise KeyError(f"no graph captured for {key!r}; captured: {sorted(self.graphs)} "
+                           "(a runner pads a batch to its bucket first: runner.replay(batch))")
+        g.replay()
         return self.outputs[key]
 
     def cleanup(self) -> None:
@@ -164,6 +170,9 @@ class BaseGraphRunner:
                  progress: bool = True):
         self.B = B
         self.buckets = list(buckets)
+        if not self.buckets or self.buckets != sorted(set(self.buckets)):
+            raise ValueError(f"buckets must be a non-empty ascending list of distinct batch "
+                             f"sizes, got {self.buckets}")
         self.backend = backend or FullGraphBackend(B)
         self.progress = progress
         self.capture_log: list[dict] = []
