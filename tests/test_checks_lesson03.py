@@ -8,8 +8,7 @@ import torch
 
 from labkit.capture import capture
 from labkit.checks import lesson03 as L
-from labkit.checks.lesson03 import (check_arg_mismatches, check_build_server,
-                                    check_capturable_clip)
+from labkit.checks.lesson03 import check_arg_mismatches, check_build_server, check_capturable_clip
 from labkit.guards import ArgMetadata, get_mismatch_errors
 
 
@@ -136,16 +135,13 @@ def test_capturable_clip_rejects_a_per_row_maximum(B):
 
 
 def test_capturable_clip_rejects_a_graph_that_baked_a_branch_in(B):
-    state = {}
-
-    def remembers(x):          # decides once, from the first input it sees: eager is right
-        if "big" not in state:  # on the first call only, as a graph would be forever
-            state["big"] = torch.ones((), device=x.device)
+    def decided_at_capture(x):   # right eagerly; what capture records always divides
         m = x.abs().max()
-        return torch.where(m > 1, x / m, x) if not B.is_current_stream_capturing() \
-            else x / m
+        if B.is_current_stream_capturing():
+            return x / m
+        return torch.where(m > 1, x / m, x)
 
-    res = check_capturable_clip(remembers, B=B, trials=1)
+    res = check_capturable_clip(decided_at_capture, B=B, trials=1)
     _assert_rejects(res, "its graph", "both cases")
     _usable(B)
 
@@ -441,8 +437,6 @@ def _server_divides_first(B):
 
 
 def _server_lazy(B):
-    state = {}
-
     def serve(batches, temperatures):
         return [torch.softmax(b / t, dim=-1) for b, t in zip(batches, temperatures)]
 
