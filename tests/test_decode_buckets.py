@@ -163,3 +163,22 @@ def test_fill_from_names_a_batch_of_the_wrong_shape():
     b.positions = torch.arange(4)
     with pytest.raises(ValueError, match=r"positions: batch has shape \(4,\), expected \(3,\)"):
         buf.fill_from(b, 3, 4)
+
+
+# ---- the bucket panel (labkit.decode.plots) -------------------------------------------------
+
+
+def test_bucket_panel_redraws_and_keeps_its_picture_at_its_own_size():
+    pytest.importorskip("ipywidgets")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from labkit.decode import plots
+    from labkit.widgets import png_size
+
+    panel = plots.bucket_panel([1, 2, 3, 5, 8, 13, 16] * 3, max_bs=16, widgets=True)
+    before = panel._image.value
+    assert panel._image.layout.width == f"{png_size(before)[0]}px"
+    panel._slider.value = 8
+    assert "max_bs 8" in panel.text() and "6 of 21 steps too large" in panel.text()
+    assert panel._image.value != before and "max_bs 8" in panel._label.value

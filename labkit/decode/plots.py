@@ -25,7 +25,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from labkit.widgets import figure_png, mimebundle, widgets_wanted
+from labkit.widgets import column, figure_png, image_widget, mimebundle, set_image, widgets_wanted
 
 from .buckets import BatchTooLargeError, BucketReport, explore_buckets, make_buckets, pad_to_bucket
 
@@ -249,15 +249,15 @@ class BucketPanel:
                                    layout=w.Layout(width="420px"))
         self._dropdown = w.Dropdown(options=list(SCHEMES), value=self.scheme,
                                     description="buckets", style=style)
-        self._image = w.Image(value=figure_png(self.figure()), format="png")
+        self._image = image_widget(figure_png(self.figure()))  # at its own size, not stretched
         self._label = w.HTML(self.table_html())
         self._slider.observe(self._redraw, names="value")
         self._dropdown.observe(self._redraw, names="value")
-        return w.VBox([w.HBox([self._slider, self._dropdown]), self._label, self._image])
+        return column([w.HBox([self._slider, self._dropdown]), self._label, self._image])
 
     def _redraw(self, _change=None):
         self.max_bs, self.scheme = self._slider.value, self._dropdown.value
-        self._image.value = figure_png(self.figure())
+        set_image(self._image, figure_png(self.figure()))
         self._label.value = self.table_html()
 
     def _repr_mimebundle_(self, include=None, exclude=None):
