@@ -172,3 +172,14 @@ def test_trace_rejects_the_wrapper_and_missing_events():
 def test_trace_first_hint_is_not_the_answer():
     msg = _msg(check_chrome_trace_events(_with(pid=0, tid=0)))
     assert '"ph": "X"' not in msg and "{'CPU': 1" not in msg
+
+
+def test_endless_loop_gets_a_verdict():
+    def endless(n, L, K):
+        i = 0
+        while i < n:
+            i = i * 1                          # never grows
+        return 0.0
+
+    res = check_simulate_launch_bound(endless, time_limit=0.3)
+    assert not res and res.kind == "timeout" and "did not finish within 0.3 s" in res.message

@@ -148,6 +148,55 @@ def test_graphed_run_print_in_capture_is_reported_at_the_learners_line(B):
     assert y.tolist() == [2.0, 2.0, 2.0]
 
 
+def test_graphed_run_rejects_capturing_another_tensor(B):
+    def on_first_batch(fn, static_input, batches):
+        side_stream_warmup(fn, static_input, B=B, iters=3)
+        g = B.CUDAGraph()
+        with B.graph(g):
+            out = fn(batches[0])              # captured on a batch, not on static_input
+        res = []
+        for b in batches:
+            static_input.copy_(b)
+            g.replay()
+            res.append(out.clone())
+        return res
+
+    msg = _msg(check_graphed_run(on_first_batch, B=B))
+    assert "captured on a tensor that is not static_input" in msg
+
+
+def test_graphed_run_endless_loop_gets_a_verdict(B):
+    def endless(fn, static_input, batches):
+        g = B.CUDAGraph()
+        with B.graph(g):
+            out = fn(static_input)
+            while True:                       # inside the capture
+                out = out + 0
+        return [out]
+
+    res = check_graphed_run(endless, B=B, time_limit=0.5)
+    assert not res and res.kind == "timeout" and "did not finish within 0.5 s" in res.message
+    x = torch.ones(2, device=B.device)       # the process is usable afterwards
+    g = B.CUDAGraph()
+    with B.graph(g):
+        y = x + 1
+    g.replay()
+    torch.rand(1, device=B.device)
+    assert y.tolist() == [2.0, 2.0]
+
+
+def test_graphed_run_hints_come_one_step_at_a_time(B, capsys):
+    from labkit.checks import hint
+
+    msg = _msg(check_graphed_run(_graphed_run(B, warmups=0), B=B))
+    assert "labkit.checks.hint()" in msg
+    capsys.readouterr()
+    first = hint()
+    assert first.startswith("hint 1 of 3 for graphed_run") and "wait_stream" in first
+    assert hint().startswith("hint 2 of 3") and hint().startswith("hint 3 of 3")
+    assert "No more hints" in hint()
+
+
 def test_graphed_run_returns_none_and_stub():
     from labkit import backend
 

@@ -15,7 +15,6 @@ Two exercises, each checked against :mod:`labkit.timeline`:
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from numbers import Real
@@ -23,18 +22,11 @@ from numbers import Real
 import torch
 
 from labkit import timeline as T
-from labkit.checks import CheckResult, check
+from labkit.checks import DEFAULT_TIME_LIMIT, CheckResult, check
 
 __all__ = ["check_simulate_launch_bound", "check_chrome_trace_events"]
 
 LESSON_GAP_US = 0.1  # T.simulate's default gap between two kernels (the exercise has none)
-
-
-def _check(*args, more_hints=None, **kwargs) -> CheckResult:
-    """:func:`labkit.checks.check`, with ``more_hints`` where that version takes it."""
-    if more_hints is not None and "more_hints" in inspect.signature(check).parameters:
-        kwargs["more_hints"] = more_hints
-    return check(*args, **kwargs)
 
 
 def _uniform(gen: torch.Generator, lo: float, hi: float) -> float:
@@ -45,7 +37,8 @@ def _idle_reference(n: int, launch_us: float, kernel_us: float) -> float:
     return T.gpu_idle_us(T.simulate(n, launch_us, kernel_us, gap_us=0.0))
 
 
-def check_simulate_launch_bound(fn, *, trials: int = 6) -> CheckResult:
+def check_simulate_launch_bound(fn, *, trials: int = 6,
+                                time_limit: float | None = DEFAULT_TIME_LIMIT) -> CheckResult:
     """``fn(n, launch_us, kernel_us)`` must return the GPU idle time (µs) of an eager chain.
 
     Trials alternate between launch-bound (kernel shorter than a launch) and GPU-bound
@@ -106,9 +99,9 @@ def check_simulate_launch_bound(fn, *, trials: int = 6) -> CheckResult:
         return (f"for {case} ({regime}) the GPU idles {expected:g} µs, you returned "
                 f"{actual:g}.{why}")
 
-    return _check(
+    return check(
         fn, _idle_reference, make_inputs, trials=trials, name="simulate_launch_bound",
-        compare=compare,
+        compare=compare, time_limit=time_limit,
         hint="work the failing case by hand on section 2's two-lane picture, in both regimes "
              "(kernel_us < launch_us and kernel_us > launch_us)",
         more_hints=[
@@ -204,7 +197,8 @@ def _trace_problem(spans: list[T.Span], events) -> str | None:
     return None
 
 
-def check_chrome_trace_events(fn, *, trials: int = 4) -> CheckResult:
+def check_chrome_trace_events(fn, *, trials: int = 4,
+                              time_limit: float | None = DEFAULT_TIME_LIMIT) -> CheckResult:
     """``fn(spans)`` must return one ``ph: "X"`` event per span (any order), µs units,
     a distinct (pid, tid) per lane. Metadata events (``ph: "M"``) may be added."""
     last: dict = {}
@@ -217,9 +211,9 @@ def check_chrome_trace_events(fn, *, trials: int = 4) -> CheckResult:
     def compare(expected, actual) -> str | None:
         return _trace_problem(last["spans"], actual)
 
-    return _check(
+    return check(
         fn, T.chrome_trace_events, make_inputs, trials=trials, name="chrome_trace_events",
-        compare=compare,
+        compare=compare, time_limit=time_limit,
         hint="compare your events with the two printed in section 6 of the lesson",
         more_hints=[
             'one dict per span: {"name", "ph": "X", "ts", "dur", "pid", "tid"}; ts and dur '

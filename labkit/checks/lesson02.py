@@ -26,14 +26,13 @@ ends, which names no line of the learner's code.
 
 from __future__ import annotations
 
-import inspect
 import os
 import traceback
 
 import torch
 
 from labkit.backend import recover as _recover
-from labkit.checks import CheckResult, check, compare_outputs
+from labkit.checks import DEFAULT_TIME_LIMIT, CheckResult, check, compare_outputs
 
 __all__ = ["check_graphed_run", "check_capture_chain", "check_serve", "WARMUP_ITERS"]
 
@@ -41,13 +40,6 @@ WARMUP_ITERS = 3  # what the exercise text asks for
 
 _LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
-
-
-def _check(*args, more_hints=None, **kwargs) -> CheckResult:
-    """:func:`labkit.checks.check`, with ``more_hints`` where that version takes it."""
-    if more_hints is not None and "more_hints" in inspect.signature(check).parameters:
-        kwargs["more_hints"] = more_hints
-    return check(*args, **kwargs)
 
 
 def _backend(B):
@@ -143,6 +135,7 @@ class _Counted:
         self.captured = 0
         self.after = 0
         self.static_out: torch.Tensor | None = None
+        self.captured_on: int | None = None  # data_ptr of the tensor fn was captured on
         self.__name__ = "fn"
 
     def compute(self, x: torch.Tensor) -> torch.Tensor:
@@ -152,6 +145,7 @@ class _Counted:
         B = self.B
         if B.is_current_stream_capturing():
             self.captured += 1
+            self.captured_on = x.data_ptr() if isinstance(x, torch.Tensor) else None
             out = self.compute(x)
             self.static_out = out
             return out
@@ -178,7 +172,8 @@ def _make_fn_inputs(B, gen: torch.Generator):
 
 
 def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
-                 what: str = "fn", static: str = "static_out") -> str | None:
+                 what: str = "fn", static: str = "static_out",
+                 static_input_ptr: int | None = None) -> str | None:
     """What is wrong with a graphed loop's results and ``fn``'s call counts, or None."""
     if fn.captured == 0:
         return (f"{what} was never called during a capture, so nothing was graphed: "
@@ -186,6 +181,10 @@ def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
     if fn.captured > 1:
         return (f"{what} was captured {fn.captured} times for {n} batches: capture ONE graph "
                 "before the loop (section 3) and only replay it inside the loop")
+    if static_input_ptr is not None and fn.captured_on != static_input_ptr:
+        return (f"{what} was captured on a tensor that is not static_input: the graph reads "
+                "the memory it was captured on, so what you copy into static_input never "
+                "reaches it (section 3 captures fn(static_input))")
     if fn.after:
         return (f"{what} ran eagerly {fn.after} time(s) after the capture, for {n} batches: "
                 "after capture, a batch needs only copy_ + g.replay() (section 4); the "
@@ -198,7 +197,8 @@ def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
     if len(out) == n and len(tensors) == n and n > 1:
         if len({t.data_ptr() for t in tensors}) == 1:
             return (f"all {n} results are the same tensor, the graph's static output, which "
-                    "every replay overwrites in place (section 5): keep a copy (.clone()) per batch")
+                    "every replay overwrites in place (section 5): keep a copy (.clone()) per "
+                    "batch")
     if len(out) == n and len(tensors) == n and fn.static_out is not None:
         ptr = fn.static_out.data_ptr()
         aliased = [i for i, t in enumerate(tensors) if t.data_ptr() == ptr]
@@ -233,7 +233,8 @@ def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
     return None
 
 
-def check_graphed_run(graphed_run, *, B=None, trials: int = 3) -> CheckResult:
+def check_graphed_run(graphed_run, *, B=None, trials: int = 3,
+                      time_limit: float | None = DEFAULT_TIME_LIMIT) -> CheckResult:
     """``graphed_run(fn, static_input, batches)`` must return clones of fn(batch), via one graph.
 
     Probed: one capture, no eager call after it, exactly :data:`WARMUP_ITERS` warm-up runs,
@@ -255,16 +256,17 @@ def check_graphed_run(graphed_run, *, B=None, trials: int = 3) -> CheckResult:
             out = _call(B, graphed_run, fn, static_input, batches)
         except _Reported as rep:
             return {"bad": str(rep)}
-        return {"outputs": out, "fn": fn, "n": len(batches)}
+        return {"outputs": out, "fn": fn, "n": len(batches), "ptr": static_input.data_ptr()}
 
     def compare(expected, actual) -> str | None:
         if "bad" in actual:
             return actual["bad"]
         return _run_problem(actual["fn"], actual["outputs"], actual["n"], expected["outputs"],
-                            warmups=WARMUP_ITERS)
+                            warmups=WARMUP_ITERS, static_input_ptr=actual["ptr"])
 
-    return _check(
+    return check(
         learner, reference, make_inputs, trials=trials, name="graphed_run", compare=compare,
+        time_limit=time_limit,
         hint="the exercise's three steps are sections 2 (warm-up), 3 (capture) and 4-5 "
              "(replay, keep results) of the lesson",
         more_hints=[
@@ -280,7 +282,8 @@ def check_graphed_run(graphed_run, *, B=None, trials: int = 3) -> CheckResult:
 
 # ---- exercise 3 (diagnosis): serve ------------------------------------------------------
 
-def check_serve(serve, *, B=None, trials: int = 3) -> CheckResult:
+def check_serve(serve, *, B=None, trials: int = 3,
+                time_limit: float | None = DEFAULT_TIME_LIMIT) -> CheckResult:
     """``serve(model, requests)`` must return clones of model(request), via one graph."""
     B = _backend(B)
 
@@ -304,8 +307,9 @@ def check_serve(serve, *, B=None, trials: int = 3) -> CheckResult:
         return _run_problem(actual["fn"], actual["outputs"], actual["n"], expected["outputs"],
                             warmups=None, what="model", static="static_y")
 
-    return _check(
+    return check(
         learner, reference, make_inputs, trials=trials, name="serve", compare=compare,
+        time_limit=time_limit,
         hint="compare what broken_serve printed with sections 4 and 5 of the lesson",
         more_hints=[
             "one bug makes every output come from the same input: how does a new request "
@@ -337,7 +341,8 @@ def _pick(table: dict, gen: torch.Generator):
     return fn
 
 
-def check_capture_chain(capture_chain, *, B=None, trials: int = 3) -> CheckResult:
+def check_capture_chain(capture_chain, *, B=None, trials: int = 3,
+                        time_limit: float | None = DEFAULT_TIME_LIMIT) -> CheckResult:
     """``capture_chain(f1, f2, static_input)``: ``(g1, g2, static_mid, static_out)``, one pool.
 
     Probed: two distinct graphs; replaying g1 then g2 gives f1(x) and f2(f1(x)); g1 alone
@@ -443,8 +448,9 @@ def check_capture_chain(capture_chain, *, B=None, trials: int = 3) -> CheckResul
                     "B.graph_pool_handle() to both (section 7)")
         return None
 
-    return _check(
+    return check(
         learner, reference, make_inputs, trials=trials, name="capture_chain", compare=compare,
+        time_limit=time_limit,
         hint="section 7 of the lesson captures two graphs into one pool, the second reading "
              "the first's static output",
         more_hints=[
