@@ -165,8 +165,13 @@ def recover(B) -> None:
       ends well.
 
     ``recover`` makes the default stream current and runs one tiny capture that ends well.
+    labkit's own capture helpers call it themselves when a capture fails.
     """
     import torch
+
+    if not (hasattr(B, "CUDAGraph") and hasattr(B, "set_stream")):
+        raise TypeError(f"recover takes the backend namespace that get() returns (B = "
+                        f"labkit.backend.get('auto')), got {type(B).__name__} {B!r:.40}")
 
     B.set_stream(B.default_stream())
     s = B.Stream()

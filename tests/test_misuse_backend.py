@@ -227,3 +227,9 @@ def test_a_refused_static_graph_can_capture_again(B):
 def test_register_generator_state_needs_a_generator(E):
     with pytest.raises(TypeError, match="takes a torch.Generator .*got int"):
         E.CUDAGraph().register_generator_state(0)
+
+
+def test_recover_takes_the_namespace():
+    with pytest.raises(TypeError, match=re.escape("recover takes the backend namespace that "
+                                                  "get() returns")):
+        backend.recover("emulated")

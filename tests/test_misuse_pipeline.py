@@ -396,3 +396,38 @@ def test_partially_graphed_moe_arguments(B):
     with pytest.raises(TypeError, match=r"needs a module with route\(\) \(graphed\) and "
                                         r"dispatch\(\) \(eager\), like ToyMoE; got Linear"):
         PartiallyGraphedMoE(torch.nn.Linear(16, 16), B, torch.zeros(SHAPE, device=B.device))
+
+
+def _recorded_run(B, Ms, *, P, reuse, graphs=True):
+    blocks = _blocks(B, 4)
+    rec = GlobalRecord()
+    calls = graph_layers(blocks, B, rec, reuse=reuse, num_warmup=1) if graphs else list(blocks)
+    stages = split_stages(calls, P)
+    opt = torch.optim.SGD(blocks.parameters(), lr=0.1)
+    for M in Ms:
+        opt.zero_grad()
+        train_step(stages, *_data(B, M), record=rec if graphs else None, B=B)
+        opt.step()
+    return [p.detach().clone() for p in blocks.parameters()]
+
+
+def test_a_later_step_of_another_shape_is_refused(B):
+    """With one runner per microbatch (PP > 1) in one shared pool, a step with fewer
+    microbatches used to replay the graphs out of their recorded order: parameters 0.005
+    off eager after the next step, silently."""
+    with pytest.raises(ValueError, match=re.escape(
+            "recorded from a step of P=2 stages, M=4 microbatches, schedule '1f1b'; this "
+            "step has P=2, M=2") + ".*" + re.escape("record again with a new GlobalRecord")):
+        _recorded_run(B, [4, 2], P=2, reuse=False)
+
+
+def test_pp1_steps_may_change_the_microbatch_count(B):
+    """One runner per layer (reuse=True): each microbatch replays fwd then bwd, in order."""
+    torch.testing.assert_close(_recorded_run(B, [3, 2, 3], P=1, reuse=True),
+                               _recorded_run(B, [3, 2, 3], P=1, reuse=True, graphs=False))
+
+
+def test_graph_layers_takes_a_list(B):
+    with pytest.raises(TypeError, match=re.escape("got one TransformerBlock: write "
+                                                  "graph_layers([layer], ...)")):
+        graph_layers(_blocks(B, 1)[0], B, GlobalRecord(), reuse=True)

@@ -41,6 +41,9 @@ class GlobalRecord:
         self.entries: list[tuple] = []
         self.created = False
         self.pools: list = []          # the pool handles the graphs were created in
+        # (P, M, schedule) of the step that recorded (set by train_step): later steps must
+        # replay the graphs in the same order, so they must run the same step shape
+        self.step_signature: tuple | None = None
 
     def record_fwd(self, runner: GraphRunner, arg_metas: list[ArgMeta]) -> None:
         self.entries.append((runner, "fwd", arg_metas))

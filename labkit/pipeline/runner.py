@@ -186,5 +186,9 @@ class CudaGraphManager(torch.nn.Module):
 def graph_layers(layers: Iterable[torch.nn.Module], B, record: GlobalRecord, *, reuse: bool,
                  prefix: str = "layer", **kw) -> list[CudaGraphManager]:
     """One manager per layer, sharing ``record``; names ``layer0``, ``layer1``..."""
+    if isinstance(layers, torch.nn.Module) and not isinstance(
+            layers, (torch.nn.ModuleList, torch.nn.Sequential)):
+        raise TypeError(f"graph_layers takes a list of layers, got one "
+                        f"{type(layers).__name__}: write graph_layers([layer], ...)")
     return [CudaGraphManager(layer, B, record, reuse=reuse, name=f"{prefix}{i}", **kw)
             for i, layer in enumerate(layers)]

@@ -149,6 +149,30 @@ def _check_te_slots(stages, orders) -> None:
                     f"(make_te_style_layers(..., num_slots={need})).")
 
 
+def _check_recorded_step(stages, P: int, M: int, schedule: str) -> None:
+    """Graphs created from a recorded step replay in the order that step ran (they share a
+    pool), and with ``reuse=False`` there is one runner per microbatch of that step: a
+    step of another shape would replay them out of order, and the results would be wrong
+    without an error."""
+    records = {}
+    for stage in stages:
+        for layer in getattr(stage, "layers", ()):
+            rec = getattr(layer, "record", None)
+            if getattr(rec, "step_signature", None) is not None and rec.created:
+                per_mb = records.setdefault(id(rec), [rec, False])
+                per_mb[1] |= getattr(layer, "reuse", True) is False
+    for rec, per_microbatch in records.values():
+        P0, M0, schedule0 = rec.step_signature
+        if (P, schedule) != (P0, schedule0) or (per_microbatch and M != M0):
+            raise ValueError(
+                f"these graphs were recorded from a step of P={P0} stages, M={M0} "
+                f"microbatches, schedule {schedule0!r}; this step has P={P}, M={M}, "
+                f"schedule {schedule!r}. Graphs that share a pool must replay in the order "
+                f"they were recorded (with one runner per microbatch in flight), so every "
+                f"step must have the recorded shape. For another shape, record again with a "
+                f"new GlobalRecord.")
+
+
 def _check_input_grad(x: torch.Tensor, s: int, m: int) -> None:
     """A stage's input must get a gradient, or the stages before it never train."""
     if x.grad is None:
@@ -178,6 +202,7 @@ def train_step(stages: Sequence[Stage], inputs: Sequence[torch.Tensor],
     P, M = len(stages), len(inputs)
     orders = _schedule_orders(schedule, P, M)
     _check_te_slots(stages, orders)
+    _check_recorded_step(stages, P, M, schedule)
     seq = execution_order(simulate(orders))
     ins: dict = {}
     outs: dict = {}
@@ -222,4 +247,5 @@ def train_step(stages: Sequence[Stage], inputs: Sequence[torch.Tensor],
         ins.clear()
         x = y = loss = None  # noqa: F841
         record.create_cudagraphs(B, **(create_graphs or {}))
+        record.step_signature = (P, M, schedule)
     return result
