@@ -235,7 +235,7 @@ def test_bridge_backward_uncloned_explains_why_the_end_to_end_cell_can_pass(B, o
     notebook's end-to-end cell prints True) but not with a deferred reduction: the
     message says both, with the measured numbers."""
     res = check_bridge_backward(bb(clone=False), B=B, quiet=True)
-    assert "end-to-end cell can print True" in res.message
+    assert "end-to-end cell's .grad line can print True" in res.message
     assert "deferred reduction" in res.message
 
 

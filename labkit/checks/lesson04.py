@@ -445,8 +445,8 @@ def _clone_story(B, fn) -> str:
     except Exception:  # noqa: BLE001 - the story is optional
         return ""
     return (f"\n   Measured: training with gradients accumulated in .grad differs from eager "
-            f"by {plain:.2g} (AccumulateGrad copies a gradient that the runner still holds, "
-            f"which is why the notebook's end-to-end cell can print True), but with a hook "
+            f"by {plain:.2g} (AccumulateGrad copies a gradient that the runner still holds: "
+            f"that is why the end-to-end cell's .grad line can print True), but with a hook "
             f"that keeps each microbatch's wgrad for a deferred reduction it differs by "
             f"{kept:.2g}: the second microbatch's replay overwrote the first one's wgrad "
             f"before the reduction read it")
