@@ -163,6 +163,35 @@ def test_graphed_run_rejects_capturing_another_tensor(B):
 
     msg = _msg(check_graphed_run(on_first_batch, B=B))
     assert "captured on a tensor that is not static_input" in msg
+    assert "never reaches it" in msg
+
+
+def test_graphed_run_static_graph_is_right_but_not_the_exercise(B):
+    from labkit.capture import StaticGraph
+
+    def with_static_graph(fn, static_input, batches):
+        sg = StaticGraph(fn, B=B)
+        sg.capture(static_input)
+        return [sg(b).clone() for b in batches]
+
+    msg = _msg(check_graphed_run(with_static_graph, B=B))
+    assert "your results are right, but fn was captured on a tensor that is not" in msg
+    assert "StaticGraph" in msg
+
+
+def test_graphed_run_with_the_capture_helper_passes(B):
+    from labkit.capture import capture
+
+    def with_capture(fn, static_input, batches):
+        g, out = capture(fn, static_input, B=B)
+        res = []
+        for b in batches:
+            static_input.copy_(b)
+            g.replay()
+            res.append(out.clone())
+        return res
+
+    assert check_graphed_run(with_capture, B=B)
 
 
 def test_graphed_run_endless_loop_gets_a_verdict(B):
