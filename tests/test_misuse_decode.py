@@ -72,7 +72,7 @@ def _close(a, b):
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
-# ---- wrong numbers, silently (the repros) --------------------------------------------
+# ---- wrong numbers, silently (the repros) -----------------------------------------------
 
 
 def test_batch_reused_for_the_next_step_is_replanned(B):
@@ -138,7 +138,8 @@ def test_forward_alone_never_marks_a_batch_planned(B):
 @pytest.mark.parametrize("maker", ["decode", "extend"])
 def test_dummy_slot_is_refused(maker):
     m, state = _model(backend.get("emulated"))
-    with pytest.raises(ValueError, match=r"slots\[1\] is 0, the reserved dummy slot.*Use slots 1\.\.8"):
+    with pytest.raises(ValueError,
+                       match=r"slots\[1\] is 0, the reserved dummy slot.*Use slots 1\.\.8"):
         if maker == "decode":
             make_decode_batch(m, [3, DUMMY_SLOT], [1, 2], [5, 5])
         else:
@@ -154,13 +155,14 @@ def test_dummy_slot_written_into_a_batch_is_refused_by_the_runner(B):
         r.forward(batch)
 
 
-# ---- state left broken ----------------------------------------------------------------------
+# ---- state left broken --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("bad", [128, -1, 10_000])
 def test_out_of_vocab_id_refused_by_make_decode_batch(bad):
     m, _ = _model(backend.get("emulated"))
-    with pytest.raises(ValueError, match=rf"token id {bad} in tokens is outside the vocabulary 0\.\.127"):
+    with pytest.raises(ValueError,
+                       match=rf"token id {bad} in tokens is outside the vocabulary 0\.\.127"):
         make_decode_batch(m, [1, 2], [5, bad], [4, 4])
 
 
@@ -188,7 +190,7 @@ def test_negative_id_refused_by_eager_runner_too():
         EagerRunner(m).forward(batch)
 
 
-# ---- batch constructors -----------------------------------------------------------------------
+# ---- batch constructors -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("args,match", [
@@ -215,7 +217,8 @@ def test_make_decode_batch_value_errors(args, match):
     (([1, 2], 5, [3, 3]), {}, r"tokens must be a list"),
     (("12", [5, 6], [3, 3]), {}, r"slots must be a list of request slots \(ints\), got str"),
     (([1, 2], [5, 6], [3, True]), {}, r"start_positions\[1\] must be an int"),
-    (([1], [5], [3]), {"mode": "decode"}, r"mode must be ForwardMode.DECODE or ForwardMode.TARGET_VERIFY"),
+    (([1], [5], [3]), {"mode": "decode"},
+     r"mode must be ForwardMode.DECODE or ForwardMode.TARGET_VERIFY"),
     (([1], [5], [3]), {"mode": ForwardMode.EXTEND}, r"make_extend_batch"),
 ])
 def test_make_decode_batch_type_errors(args, kw, match):
@@ -243,7 +246,7 @@ def test_make_extend_batch_errors(args, match):
         make_extend_batch(m, *args)
 
 
-# ---- runner options --------------------------------------------------------------------------
+# ---- runner options -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kw,err,match", [
@@ -252,20 +255,24 @@ def test_make_extend_batch_errors(args, match):
     ({"max_bs": 9}, ValueError, r"max_bs must be in 1\.\.8, got 9: the model has 8 request slots"),
     ({"max_bs": "8"}, TypeError, r"max_bs must be an int, got '8'"),
     ({"max_bs": 4.0}, TypeError, r"max_bs must be an int"),
-    ({"buckets": "SGLang"}, ValueError, r"unknown bucket scheme 'SGLang': choose one of sglang, every, pow2"),
+    ({"buckets": "SGLang"}, ValueError,
+     r"unknown bucket scheme 'SGLang': choose one of sglang, every, pow2"),
     ({"buckets": []}, ValueError, r"empty list"),
     ({"buckets": [1, 2, 16]}, ValueError, r"every bucket size must be in 1\.\.8, got 16"),
     ({"buckets": [0, 2]}, ValueError, r"every bucket size must be in 1\.\.8, got 0"),
     ({"buckets": 4}, TypeError, r"buckets must be a scheme name"),
     ({"fallback": "Eager"}, ValueError, r"fallback must be one of 'error', 'eager', got 'Eager'"),
-    ({"attention": "flash"}, ValueError, r"unknown attention backend 'flash': choose one of torch_native, triton, auto"),
+    ({"attention": "flash"}, ValueError,
+     r"unknown attention backend 'flash': choose one of torch_native, triton, auto"),
     ({"num_tokens_per_bs": 0}, ValueError, r"num_tokens_per_bs must be in 1\.\.64"),
     ({"forward_mode": ForwardMode.EXTEND}, ValueError, r"forward_mode must be ForwardMode.DECODE"),
-    ({"forward_mode": ForwardMode.DECODE, "num_tokens_per_bs": 3}, ValueError, r"use TARGET_VERIFY"),
+    ({"forward_mode": ForwardMode.DECODE, "num_tokens_per_bs": 3}, ValueError,
+     r"use TARGET_VERIFY"),
     ({"num_warmups": 0}, ValueError, r"num_warmups must be >= 1.*before capture"),
     ({"compile_bs": -1}, ValueError, r"compile_bs must be >= 0"),
     ({"disable_padding": "yes"}, TypeError, r"disable_padding must be True or False"),
-    ({"padding_override": {"pos": "head_only"}}, ValueError, r"names buffer 'pos'; the buffers are input_ids"),
+    ({"padding_override": {"pos": "head_only"}}, ValueError,
+     r"names buffer 'pos'; the buffers are input_ids"),
     ({"padding_override": {"positions": "zero"}}, ValueError, r"choose one of .*zero_tail"),
     ({"padding_override": ["positions"]}, TypeError, r"padding_override must be a dict"),
 ])
@@ -288,7 +295,7 @@ def test_max_bs_none_means_every_slot():
     assert DecodeGraphRunner(m, backend.get("emulated"), progress=False).max_bs == MAX_BS
 
 
-# ---- runner calls: replay / plan / forward, out of order, wrong batches ----------------------
+# ---- runner calls: replay / plan / forward, out of order, wrong batches -------------------------
 
 
 def test_calls_before_capture():
@@ -296,7 +303,8 @@ def test_calls_before_capture():
     r = DecodeGraphRunner(m, backend.get("emulated"), max_bs=4, progress=False)
     batch = _batch(m, state, [1, 2])
     for call in (r.replay, r.forward):
-        with pytest.raises(RuntimeError, match=r"no graphs captured yet: call runner.capture\(\) first"):
+        with pytest.raises(RuntimeError,
+                           match=r"no graphs captured yet: call runner.capture\(\) first"):
             call(batch)
     with pytest.raises(RuntimeError, match="capture"):
         demo_stale_tail(r, batch)
@@ -331,7 +339,8 @@ def test_wrong_dtype_device_shape(B):
     r = _runner(B)
     b = _batch(m, state, [1, 2, 3])
     b.input_ids = b.input_ids.float()
-    with pytest.raises(TypeError, match=r"batch.input_ids has dtype torch.float32; expected an integer"):
+    with pytest.raises(TypeError,
+                       match=r"batch.input_ids has dtype torch.float32; expected an integer"):
         r.forward(b)
     b = _batch(m, state, [1, 2, 3])
     b.positions = torch.zeros(3, dtype=torch.int64, device="meta")
@@ -375,7 +384,8 @@ def test_inconsistent_values(B):
 def test_replay_of_a_batch_the_graphs_cannot_take(B):
     m, state = _model(B)
     r = _runner(B)
-    verify = make_decode_batch(m, [1, 2], [[1, 2], [3, 4]], [20, 20], mode=ForwardMode.TARGET_VERIFY)
+    verify = make_decode_batch(m, [1, 2], [[1, 2], [3, 4]], [20, 20],
+                               mode=ForwardMode.TARGET_VERIFY)
     with pytest.raises(ValueError, match=r"captured DECODE with 1 token.*use runner.forward"):
         r.replay(verify)
     with pytest.raises(ValueError, match="use runner.forward"):
@@ -392,7 +402,8 @@ def test_replay_padding_override_typos(B):
     b = _batch(m, state, [1, 2, 3])
     with pytest.raises(ValueError, match=r"names buffer 'position'"):
         r.replay(b, padding_override={"position": "head_only"})
-    with pytest.raises(ValueError, match=r"padding_override\['positions'\] = 'head'; choose one of"):
+    with pytest.raises(ValueError,
+                       match=r"padding_override\['positions'\] = 'head'; choose one of"):
         r.replay(b, padding_override={"positions": "head"})
 
 
@@ -408,7 +419,7 @@ def test_demo_stale_tail_misuse(B):
         demo_stale_tail(r, three, "positions", stale_value="big")
 
 
-# ---- eager runner, attention backends ---------------------------------------------------------
+# ---- eager runner, attention backends -----------------------------------------------------------
 
 
 def test_eager_runner_misuse():
@@ -423,7 +434,7 @@ def test_eager_runner_misuse():
         make_attn_backend("Triton", m)
 
 
-# ---- serving loop and workload -----------------------------------------------------------------
+# ---- serving loop and workload ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kw,err,match", [
@@ -479,7 +490,7 @@ def test_serve_warns_when_max_steps_cuts_requests_short():
     assert all(len(t) < r.max_new_tokens for t, r in zip(res.tokens.values(), wl))
 
 
-# ---- model building ----------------------------------------------------------------------------
+# ---- model building -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("args,kw,err,match", [
@@ -510,14 +521,15 @@ def test_build_model_on_cuda_without_a_gpu():
         build_model("tiny", device="cuda")
 
 
-# ---- command line --------------------------------------------------------------------------------
+# ---- command line -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("argv,match", [
     (["--requests", "-1"], r"argument --requests: must be >= 1, got -1"),
     (["--requests", "0"], r"argument --requests: must be >= 1, got 0"),
     (["--requests", "many"], r"argument --requests: 'many' is not an integer"),
-    (["--config", "huge"], r"argument --config: invalid choice: 'huge' \(choose from 'tiny', 'small'\)"),
+    (["--config", "huge"],
+     r"argument --config: invalid choice: 'huge' \(choose from 'tiny', 'small'\)"),
     (["--rate", "0"], r"argument --rate: must be a number > 0"),
     (["--rate", "-2"], r"argument --rate: must be a number > 0"),
     (["--rate", "inf"], r"argument --rate: must be a number > 0"),
@@ -531,7 +543,8 @@ def test_build_model_on_cuda_without_a_gpu():
     (["--seed", "-1"], r"argument --seed: must be >= 0"),
     (["--dtype", "float8"], r"argument --dtype: invalid choice: 'float8'"),
     (["--backend", "gpu"], r"argument --backend: invalid choice: 'gpu'"),
-    (["--json", "/no/such/folder/out.json"], r"argument --json: folder /no/such/folder does not exist"),
+    (["--json", "/no/such/folder/out.json"],
+     r"argument --json: folder /no/such/folder does not exist"),
 ])
 def test_cli_rejects_bad_options(argv, match, capsys):
     with pytest.raises(SystemExit) as e:
@@ -560,7 +573,7 @@ def test_cli_subprocess_exits_2_without_traceback(argv, match):
     assert p.returncode == 2 and "Traceback" not in p.stderr and match in p.stderr, p.stderr
 
 
-# ---- capture failure leaves a usable process -------------------------------------------------------
+# ---- capture failure leaves a usable process ----------------------------------------------------
 
 
 def test_failed_capture_cleans_up(B):
@@ -586,7 +599,7 @@ def test_failed_capture_cleans_up(B):
     _close(r.forward(batch).clone(), r.eager_forward(batch))
 
 
-# ---- autotune noise ---------------------------------------------------------------------------------
+# ---- autotune noise -----------------------------------------------------------------------------
 
 
 def test_quiet_autotune_turns_off_inductor_reports():
@@ -625,7 +638,7 @@ def test_compiled_capture_prints_no_autotune_tables_cuda(capfd):
     assert "TypedStorage is deprecated" not in out.err
 
 
-# ---- model / attention called directly, out of order -------------------------------------------
+# ---- model / attention called directly, out of order --------------------------------------------
 
 
 def test_model_called_without_an_attention_backend():
@@ -663,9 +676,11 @@ def test_attention_backend_misuse():
 @pytest.mark.parametrize("change,err,match", [
     ({"q": torch.zeros(2, 4, 16)[:, :, :8]}, ValueError, r"kv_pool heads 2 x dim 16 do not fit"),
     ({"q": torch.zeros(2, 16)}, ValueError, r"q must be \(bs, Hq, D\)"),
-    ({"page_table": torch.zeros(3, 8, dtype=torch.int64)}, ValueError, r"page_table must be \(bs=2, W\)"),
+    ({"page_table": torch.zeros(3, 8, dtype=torch.int64)}, ValueError,
+     r"page_table must be \(bs=2, W\)"),
     ({"seq_lens": torch.zeros(2)}, TypeError, r"integer tensors"),
-    ({"kv_pool": torch.zeros(10, 2, 2, 16, dtype=torch.float16)}, TypeError, r"q is torch.float32 but kv_pool is torch.float16"),
+    ({"kv_pool": torch.zeros(10, 2, 2, 16, dtype=torch.float16)}, TypeError,
+     r"q is torch.float32 but kv_pool is torch.float16"),
     ({"num_splits": 3}, ValueError, r"num_splits \(3\) must be powers of two"),
     ({"block_n": 8}, ValueError, r"block_n must be a power of two >= 16"),
 ])
@@ -703,7 +718,8 @@ def test_graph_backend_and_base_runner_misuse(B):
     from labkit.decode import BaseGraphRunner, FullGraphBackend
     with pytest.raises(ValueError, match=r"num_warmups must be >= 1, got 0"):
         FullGraphBackend(B, num_warmups=0)
-    with pytest.raises(ValueError, match=r"non-empty ascending list of distinct batch sizes, got \[4, 2\]"):
+    with pytest.raises(ValueError,
+                       match=r"non-empty ascending list of distinct batch sizes, got \[4, 2\]"):
         BaseGraphRunner(B, [4, 2])
     with pytest.raises(ValueError, match=r"got \[\]"):
         BaseGraphRunner(B, [])

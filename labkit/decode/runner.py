@@ -375,10 +375,10 @@ class DecodeGraphRunner(BaseGraphRunner):
         _check_model(model, "DecodeGraphRunner")
         _check_backend(model, B)
         max_bs = model.num_slots - 1 if max_bs is None else max_bs
-        buckets = _check_options(model, max_bs=max_bs, buckets=buckets, disable_padding=disable_padding,
-                       num_tokens_per_bs=num_tokens_per_bs, forward_mode=forward_mode,
-                       fallback=fallback, num_warmups=num_warmups, compile_bs=compile_bs,
-                       progress=progress)
+        buckets = _check_options(
+            model, max_bs=max_bs, buckets=buckets, disable_padding=disable_padding,
+            num_tokens_per_bs=num_tokens_per_bs, forward_mode=forward_mode, fallback=fallback,
+            num_warmups=num_warmups, compile_bs=compile_bs, progress=progress)
         scheme = "every" if disable_padding else (buckets if buckets is not None else "sglang")
         bucket_list = make_buckets(max_bs, scheme)
         if bucket_list[-1] > max_bs:

@@ -224,7 +224,8 @@ def _check_serve_args(model, workload, runner, max_running, max_steps) -> None:
         raise RuntimeError("serve: the runner has no graphs yet: call runner.capture() first")
     largest = getattr(runner, "max_bucket", None)
     running = max_running or slots
-    if largest is not None and getattr(runner, "fallback", "eager") == "error" and running > largest:
+    strict = getattr(runner, "fallback", "eager") == "error"
+    if largest is not None and strict and running > largest:
         raise ValueError(f"serve: up to {running} requests run at once but the runner's largest "
                          f"graph is {largest} and fallback='error', so a large step would fail "
                          f"mid-run: pass max_running={largest}, capture with max_bs={running}, "

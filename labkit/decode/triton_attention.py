@@ -214,7 +214,8 @@ def _check_decode_attention_args(q, kv_pool, page_table, seq_lens, num_splits, b
         raise TypeError(f"decode_attention: q is {q.dtype} but kv_pool is {kv_pool.dtype}")
     devices = {t.device for t in (q, kv_pool, page_table, seq_lens)}
     if len(devices) > 1:
-        raise ValueError(f"decode_attention: all inputs on one device, got {sorted(map(str, devices))}")
+        raise ValueError("decode_attention: all inputs on one device, got "
+                         f"{sorted(map(str, devices))}")
     if q.stride(-1) != 1 or kv_pool.stride(-1) != 1 or page_table.stride(-1) != 1:
         raise ValueError("decode_attention needs unit stride in the last dimension")
     if not _pow2(d) or not _pow2(num_splits):
