@@ -525,7 +525,7 @@ def check_fill_slot(fn, *, device=None, trials: int = 8) -> CheckResult:
             if len(set(tail_a)) == 1 and tail_a[0] != fill:
                 return (msg + f" The tail holds {tail_a[0]} but this slot's sentinel is "
                         f"{fill}: take the value from slot.fill_value, not a constant (SGLang asks "
-                        "the attention backend for it: 1 for most backends, not for all)")
+                        "the attention backend for it: usually 1, not always)")
             return msg + " The sentinel policy fills every tail row with the slot's sentinel"
         return (msg + " head_only leaves the tail as it is: any stale token id is valid and "
                 "padded rows' outputs are thrown away, so clearing it costs a launch for "
