@@ -726,3 +726,14 @@ def test_graph_backend_and_base_runner_misuse(B):
     r = _runner(B)
     with pytest.raises(KeyError, match=r"no graph captured for 3; captured: \[1, 2, 4, 8\]"):
         r.backend.replay(3)
+
+
+def test_tensors_and_numpy_ints_are_accepted_where_lists_of_ints_are():
+    import numpy as np
+    m, _ = _model(backend.get("emulated"))
+    ref = make_decode_batch(m, [1, 2], [5, 6], [3, 3])
+    for b in (make_decode_batch(m, torch.tensor([1, 2]), torch.tensor([5, 6]), [3, 3]),
+              make_decode_batch(m, np.array([1, 2]), np.array([5, 6]), np.array([3, 3]))):
+        assert torch.equal(b.input_ids, ref.input_ids) and b.seq_lens_cpu == ref.seq_lens_cpu
+    r = DecodeGraphRunner(m, backend.get("emulated"), max_bs=np.int64(2), progress=False)
+    assert r.max_bs == 2 and r.buckets == [1, 2]

@@ -31,6 +31,7 @@ shape depends on the bucket size alone, never on the data.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -120,7 +121,8 @@ class TorchNativeAttnBackend:
 
     # ---- CUDA graph --------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        if not (isinstance(max_bs, int) and isinstance(max_num_tokens, int) and max_bs >= 1
+        ints = isinstance(max_bs, numbers.Integral) and isinstance(max_num_tokens, numbers.Integral)
+        if not (ints and max_bs >= 1
                 and max_num_tokens >= max_bs and max_num_tokens % max_bs == 0):
             raise ValueError(f"init_cuda_graph_state: need ints max_bs >= 1 and max_num_tokens a "
                              f"multiple of it (k tokens per request), got {max_bs!r}, "

@@ -219,6 +219,8 @@ def make_decode_batch(model, slots: Sequence[int], tokens: Sequence[Sequence[int
                          f"got {mode!r} (prefill batches come from make_extend_batch)")
     slots = _int_list("slots", slots, "request slots")
     start_positions = _int_list("start_positions", start_positions, "positions")
+    if isinstance(tokens, torch.Tensor):
+        tokens = tokens.tolist()
     if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__"):
         raise TypeError(f"{fn}: tokens must be a list (one token, or one list of k tokens, "
                         f"per request), got {type(tokens).__name__}")

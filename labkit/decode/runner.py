@@ -379,6 +379,7 @@ class DecodeGraphRunner(BaseGraphRunner):
             model, max_bs=max_bs, buckets=buckets, disable_padding=disable_padding,
             num_tokens_per_bs=num_tokens_per_bs, forward_mode=forward_mode, fallback=fallback,
             num_warmups=num_warmups, compile_bs=compile_bs, progress=progress)
+        max_bs, num_tokens_per_bs = int(max_bs), int(num_tokens_per_bs)  # numpy ints too
         scheme = "every" if disable_padding else (buckets if buckets is not None else "sglang")
         bucket_list = make_buckets(max_bs, scheme)
         if bucket_list[-1] > max_bs:
