@@ -191,6 +191,14 @@ def _matches(sig: tuple, args: Sequence) -> bool:
 
 # ---- connected parameters ----------------------------------------------------------------
 
+def _check_module(module, where: str) -> None:
+    if not isinstance(module, torch.nn.Module):
+        what = ("a generator (model.parameters()?)" if hasattr(module, "__next__")
+                else type(module).__name__)
+        raise TypeError(f"{where}: module must be a torch.nn.Module, got {what}; pass the "
+                        f"model itself")
+
+
 def get_connected_params(outputs, module: torch.nn.Module) -> tuple[torch.nn.Parameter, ...]:
     """The parameters of ``module`` that ``outputs`` depend on, in ``module.parameters()``
     order (Megatron's ``get_connected_params``).
@@ -200,6 +208,10 @@ def get_connected_params(outputs, module: torch.nn.Module) -> tuple[torch.nn.Par
     accumulate into. Frozen parameters (no ``AccumulateGrad``) and parameters the outputs
     do not use are left out: they get no wgrad, so they must not be graph inputs.
     """
+    _check_module(module, "get_connected_params(outputs, module)")
+    if not isinstance(outputs, (torch.Tensor, tuple, list)):
+        raise TypeError(f"get_connected_params: outputs must be a tensor or a tuple of "
+                        f"tensors (what the layer returned), got {type(outputs).__name__}")
     outs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
     stack = [t.grad_fn for t in outs
              if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None]
@@ -794,6 +806,10 @@ def attach_main_grad(module: torch.nn.Module, dtype=torch.float32) -> None:
     (``grad_added_to_main_grad``: gradient-accumulation fusion, see :class:`FusedLinear`).
     Call :func:`zero_main_grad` at the start of each step.
     """
+    _check_module(module, "attach_main_grad")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"attach_main_grad: dtype must be a floating torch.dtype such as "
+                        f"torch.float32, got {dtype!r}")
     for p in module.parameters():
         if not p.requires_grad or hasattr(p, "main_grad"):
             continue
@@ -810,6 +826,7 @@ def attach_main_grad(module: torch.nn.Module, dtype=torch.float32) -> None:
 
 def zero_main_grad(module: torch.nn.Module) -> None:
     """Zero every ``main_grad`` and clear ``grad_added_to_main_grad`` (a new step)."""
+    _check_module(module, "zero_main_grad")
     for p in module.parameters():
         if hasattr(p, "main_grad"):
             p.main_grad.zero_()

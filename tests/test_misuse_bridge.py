@@ -240,3 +240,28 @@ def test_failed_backward_capture_leaves_a_usable_process(B):
     assert "operation not permitted when stream is capturing" in error_text(err.value)
     assert r.bwd_graph is None
     assert_usable(B, before)
+
+
+# ---- main_grad helpers and connected params ----------------------------------------------------
+
+def test_main_grad_helpers_take_the_module():
+    lin = torch.nn.Linear(4, 4)
+    with pytest.raises(TypeError, match=re.escape("attach_main_grad: module must be a "
+                                                  "torch.nn.Module, got a generator "
+                                                  "(model.parameters()?)")):
+        bridge.attach_main_grad(lin.parameters())
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype .*got torch.int32"):
+        bridge.attach_main_grad(lin, dtype=torch.int32)
+    with pytest.raises(TypeError, match="zero_main_grad: module must be a torch.nn.Module"):
+        bridge.zero_main_grad([lin])
+
+
+def test_connected_params_arguments():
+    lin = torch.nn.Linear(4, 4)
+    y = lin(torch.randn(2, 4))
+    with pytest.raises(TypeError, match="module must be a torch.nn.Module, got list"):
+        bridge.get_connected_params(y, [lin])
+    with pytest.raises(TypeError, match="outputs must be a tensor or a tuple of tensors .*"
+                                        "got NoneType"):
+        bridge.get_connected_params(None, lin)
+    assert bridge.get_connected_params([y], lin) == (lin.weight, lin.bias)
