@@ -23,8 +23,8 @@ The price is that *everything* in the step must be static:
   count on the *host* on purpose (a CPU tensor: one less kernel launch per parameter and
   step) and computes the bias corrections ``1 - beta**step`` there, as Python floats. Captured,
   those floats would be baked into the graph and every replay would repeat the same step;
-  so torch refuses up front (``Optimizer._cuda_graph_capture_health_check``: "... but
-  param_groups' capturable is False"). ``AdamW(capturable=True)`` keeps the step count on
+  so torch refuses up front (a health check of ``torch.optim.Optimizer`` that Adam and
+  AdamW run in ``step()``: "... but param_groups' capturable is False"). ``AdamW(capturable=True)`` keeps the step count on
   the device and does that arithmetic with tensor ops, and is what
   :func:`make_capturable_optimizer` returns on a GPU. On a CPU torch refuses
   ``capturable=True`` (it asserts a CUDA-like device), so the emulator gets

@@ -287,3 +287,118 @@ def test_update_found_inf_host_read_names_the_line_and_leaves_a_usable_process(f
     assert "operation not permitted when stream is capturing" in res.message
     assert line in res.message
     usable()
+
+
+# ---- exercise 4 (diagnosis): make_step -----------------------------------------------------
+
+from labkit import full_step as FS  # noqa: E402
+
+
+def step_fixed(model, opt, found_inf, static_batch):
+    grads = FS.ensure_grads(model.parameters())
+
+    def step():
+        torch._foreach_zero_(grads)
+        found_inf.fill_(False)
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        found_inf.logical_or_(~torch.isfinite(loss))
+        opt.step()
+        return loss
+    return step
+
+
+def step_as_given(model, opt, found_inf, static_batch):     # the bug to find
+    grads = FS.ensure_grads(model.parameters())
+    found_inf.zero_()
+
+    def step():
+        torch._foreach_zero_(grads)
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        found_inf.logical_or_(~torch.isfinite(loss))
+        opt.step()
+        return loss
+    return step
+
+
+def step_never_zeroed(model, opt, found_inf, static_batch):
+    grads = FS.ensure_grads(model.parameters())
+
+    def step():
+        torch._foreach_zero_(grads)
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        found_inf.logical_or_(~torch.isfinite(loss))
+        opt.step()
+        return loss
+    return step
+
+
+def step_zero_after_update(model, opt, found_inf, static_batch):
+    grads = FS.ensure_grads(model.parameters())
+
+    def step():
+        torch._foreach_zero_(grads)
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        found_inf.logical_or_(~torch.isfinite(loss))
+        found_inf.zero_()
+        opt.step()
+        return loss
+    return step
+
+
+def step_rebinds_flag(model, opt, found_inf, static_batch):
+    grads = FS.ensure_grads(model.parameters())
+
+    def step():
+        torch._foreach_zero_(grads)
+        found_inf = torch.zeros((), dtype=torch.bool)
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        found_inf.logical_or_(~torch.isfinite(loss))
+        opt.step()
+        return loss
+    return step
+
+
+def step_flag_after_optimizer(model, opt, found_inf, static_batch):
+    grads = FS.ensure_grads(model.parameters())
+
+    def step():
+        torch._foreach_zero_(grads)
+        found_inf.zero_()
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        opt.step()
+        found_inf.logical_or_(~torch.isfinite(loss))
+        return loss
+    return step
+
+
+def step_grads_not_zeroed(model, opt, found_inf, static_batch):
+    FS.ensure_grads(model.parameters())
+
+    def step():
+        found_inf.zero_()
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        found_inf.logical_or_(~torch.isfinite(loss))
+        opt.step()
+        return loss
+    return step
+
+
+def test_make_step_reference_and_a_variant_pass():
+    assert L.check_make_step(L._reference_make_step)
+    assert L.check_make_step(step_fixed, trials=1)
+
+
+@pytest.mark.parametrize("fn,words", [
+    (step_as_given, "happens only once"),
+    (step_never_zeroed, "happens only once"),
+    (step_zero_after_update, "the bad step was not flagged"),
+    (step_rebinds_flag, "the very tensor the optimizer holds"),
+    (step_flag_after_optimizer, "the flag must be set before opt.step()"),
+    (step_grads_not_zeroed, "are the gradients zeroed in place"),
+])
+def test_make_step_wrong_answers(fn, words):
+    res = L.check_make_step(fn, trials=1)
+    assert not res
+    assert words in res.message, res.message
+    assert "found_inf.zero_() into step()" not in res.message     # not the answer first
+    usable()

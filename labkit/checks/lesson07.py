@@ -32,7 +32,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from labkit import full_step as FS
 from labkit.checks import CheckResult, check, compare_outputs
 
-__all__ = ["check_fill_static_buffers", "check_run_iteration", "check_update_found_inf"]
+__all__ = ["check_fill_static_buffers", "check_run_iteration", "check_update_found_inf",
+           "check_make_step"]
 
 
 # ---- exercise 1: the static batch loader's fill -------------------------------------------
@@ -468,4 +469,137 @@ def check_update_found_inf(fn, *, trials: int = 3) -> CheckResult:
                     "inf, -inf and NaN alike. And the flag must remember earlier microbatches.",
                     "A bool tensor has an in-place logical or: found_inf.logical_or_(...) "
                     "(or found_inf |= ...), of ~torch.isfinite(loss)"],
+    )
+
+
+# ---- exercise 4 (diagnosis): training stops after one bad step ------------------------------
+
+def _reference_make_step(model, opt, found_inf, static_batch):
+    grads = FS.ensure_grads(model.parameters())
+
+    def step():
+        torch._foreach_zero_(grads)
+        found_inf.zero_()                          # every replay: the step starts clean
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        found_inf.logical_or_(~torch.isfinite(loss))
+        opt.step()
+        return loss
+    return step
+
+
+def _run_guarded(make_step, bad_at: int, n_steps: int, seed: int) -> dict:
+    """Build a tiny LM and a CapturableAdamW(skip_if=flag) on the emulator, capture the step
+    that ``make_step`` returns (after one eager warm-up step) and replay ``n_steps`` steps;
+    before replay ``bad_at`` a weight is set to inf (every gradient goes non-finite), and
+    restored after it. Returns the flag and whether the weights moved, per replay."""
+    from labkit import backend
+
+    E = backend.get("emulated")
+    cfg = FS.LMConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, seq_len=8,
+                      micro_batch=2, num_microbatches=2)
+    model = FS.build_lm(cfg, seed=seed)
+    flag = torch.zeros((), dtype=torch.bool)
+    opt = FS.CapturableAdamW(list(model.parameters()), lr=1e-2, skip_if=flag)
+    gen = torch.Generator().manual_seed(seed)
+    batches = [FS.random_microbatches(cfg, gen) for _ in range(n_steps + 1)]
+    static = [tuple(t.clone() for t in mb) for mb in batches[0]]
+    step = make_step(model, opt, flag, static)
+    if not callable(step):
+        raise TypeError(f"make_step must return the step function, got "
+                        f"{type(step).__name__}")
+    E.set_stream(E.default_stream())
+    s = E.Stream()
+    with E.stream(s):
+        step()                                      # the eager warm-up step
+    g = E.CUDAGraph()
+    try:
+        with E.graph(g, stream=s):
+            step()
+    except BaseException:
+        backend.recover(E)
+        raise
+    flags, moved, params = [], [], list(model.parameters())
+    for k in range(n_steps):
+        for buf, mb in zip(static, batches[k + 1]):
+            for b, t in zip(buf, mb):
+                b.copy_(t)
+        if k == bad_at:
+            with torch.no_grad():
+                keep = model.head.weight[0, 0].item()
+                model.head.weight[0, 0] = float("inf")
+        before = [p.detach().clone() for p in params]
+        g.replay()
+        if k == bad_at:
+            with torch.no_grad():
+                model.head.weight[0, 0] = keep
+                before[-2][0, 0] = keep                 # head.weight, for the comparison
+        moved.append(any(not torch.equal(p, q) for p, q in zip(params, before)))
+        flags.append(bool(flag))
+    return {"flags": flags, "moved": moved,
+            "weights": [p.detach().clone() for p in params]}
+
+
+def check_make_step(fn, *, trials: int = 2) -> CheckResult:
+    """``fn(model, opt, found_inf, static_batch)`` returns a whole-step function whose
+    capture skips a step with a non-finite loss (``opt`` is a ``CapturableAdamW`` with
+    ``skip_if=found_inf``) and trains normally on the steps after it."""
+
+    def make_inputs(gen: torch.Generator):
+        n = int(torch.randint(4, 6, (), generator=gen))
+        bad = int(torch.randint(1, n - 2, (), generator=gen))
+        return bad, n, int(torch.randint(0, 100, (), generator=gen))
+
+    def observe(make_step):
+        def run(bad_at, n, seed):
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)                # tiny tensors: one thread is faster
+            try:
+                out = _run_guarded(make_step, bad_at, n, seed)
+            finally:
+                torch.set_num_threads(threads)
+            out["bad_at"] = bad_at
+            return out
+        return run
+
+    def compare(expected, actual) -> str | None:
+        k = expected["bad_at"]
+        ef, af, em, am = expected["flags"], actual["flags"], expected["moved"], actual["moved"]
+        steps = f"(the bad step is replay {k} of {len(ef)})"
+        if not af[k]:
+            return (f"the bad step was not flagged {steps}: after its replay found_inf is "
+                    "False. Does the flag get its verdict after the loss is known, and is it "
+                    "the very tensor the optimizer holds (skip_if)?")
+        if am[k]:
+            return (f"the bad step changed the weights {steps} although found_inf was set: "
+                    "the flag must be set before opt.step() reads it")
+        if any(af[k + 1:]) and not any(am[k + 1:]):
+            return (f"after the bad step, found_inf stays True and the weights never move "
+                    f"again {steps}; flags per replay: {af}. Something that must happen at "
+                    "the start of every step happens only once. Which lines of make_step run "
+                    "at every replay, and which ran only once, before the capture?")
+        if any(af[k + 1:]):
+            return (f"found_inf is True again on a step after the bad one, whose data is "
+                    f"finite {steps}; flags per replay: {af}, expected {ef}. Something of the "
+                    "bad step leaks into later ones: backward accumulates into .grad, so "
+                    "are the gradients zeroed in place at every step?")
+        if af != ef or am != em:
+            return f"flags per replay {af} (expected {ef}), weights moved {am} (expected {em})"
+        problem = compare_outputs(expected["weights"], actual["weights"], rtol=1e-4,
+                                  atol=1e-5)
+        if problem:
+            return ("flags and skips are right, but the weights end up different from the "
+                    f"reference: {problem}. Are the gradients zeroed in place at every step "
+                    "(backward accumulates into .grad)?")
+        return None
+
+    return check(
+        observe(fn), observe(_reference_make_step), make_inputs, trials=trials,
+        name="make_step", compare=compare,
+        hint="compare what runs at capture time (once) with what the graph replays "
+             "(lesson section 4: capture records the step and runs its Python once)",
+        more_hints=["Every tensor op inside step() is recorded and replayed; code in "
+                    "make_step outside step() ran once, before the capture. Which of the two "
+                    "does found_inf.zero_() belong to?",
+                    "Move found_inf.zero_() into step(), before the forward-backward: each "
+                    "replay then starts with a clean flag"],
     )
