@@ -166,11 +166,16 @@ def cleanup_on_failure(B):
     previous = B.current_stream()
     try:
         yield
-    except BaseException:
+    except BaseException as exc:
         from labkit.backend import recover
 
-        recover(B)
-        B.set_stream(previous)
+        try:
+            recover(B)
+            B.set_stream(previous)
+        except Exception as again:     # e.g. a sticky device error: keep the first error
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"[labkit] cleaning up after this failed capture also failed "
+                             f"({type(again).__name__}: {again}); restart the kernel.")
         raise
 
 

@@ -233,3 +233,17 @@ def test_recover_takes_the_namespace():
     with pytest.raises(TypeError, match=re.escape("recover takes the backend namespace that "
                                                   "get() returns")):
         backend.recover("emulated")
+
+
+def test_cleanup_keeps_the_first_error_when_recovery_fails_too(E, monkeypatch):
+    from labkit.capture import cleanup_on_failure
+
+    def broken(B):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(backend, "recover", broken)
+    with pytest.raises(ValueError, match="the capture's own error") as err:
+        with cleanup_on_failure(E):
+            raise ValueError("the capture's own error")
+    assert "cleaning up after this failed capture also failed (RuntimeError: device lost)" \
+        in "".join(getattr(err.value, "__notes__", []))
