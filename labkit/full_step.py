@@ -21,12 +21,14 @@ The price is that *everything* in the step must be static:
   memory on every replay;
 * **an optimizer whose state stays on the device.** ``torch.optim.AdamW()`` keeps its step
   count on the *host* on purpose (a CPU tensor: one less kernel launch per parameter and
-  step) and computes the bias corrections ``1 - beta**step`` there, as Python floats. Captured,
-  those floats would be baked into the graph and every replay would repeat the same step;
+  step) and computes the bias corrections ``1 - beta**step`` there, as Python floats.
+  Captured, those floats would be baked into the graph and every replay would repeat the
+  same step;
   so torch refuses up front (a health check of ``torch.optim.Optimizer`` that Adam and
-  AdamW run in ``step()``: "... but param_groups' capturable is False"). ``AdamW(capturable=True)`` keeps the step count on
-  the device and does that arithmetic with tensor ops, and is what
-  :func:`make_capturable_optimizer` returns on a GPU. On a CPU torch refuses
+  AdamW run in ``step()``: "... but param_groups' capturable is False").
+  ``AdamW(capturable=True)`` keeps the step count on the device and does that arithmetic
+  with tensor ops, and is what :func:`make_capturable_optimizer` returns on a GPU. On a
+  CPU torch refuses
   ``capturable=True`` (it asserts a CUDA-like device), so the emulator gets
   :class:`CapturableAdamW`, a small AdamW whose whole state, step count included, lives
   in tensors and is updated with tensor ops only. :class:`FullStepTrainer` refuses a
