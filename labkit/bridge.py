@@ -77,7 +77,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from labkit.capture import _check_count, cleanup_on_failure, on_side_stream
+from labkit.capture import _check_count, _check_graph_options, cleanup_on_failure, on_side_stream
 from labkit.guards import ArgMetadata, GraphArgumentError, _values_equal, get_mismatch_errors
 
 __all__ = [
@@ -289,8 +289,8 @@ def _check_callables(callables, sample_args) -> tuple[tuple, tuple, bool]:
     argument tuples of the same length (torch's convention)."""
     if isinstance(callables, list):
         raise TypeError("make_graphed_callables: pass several callables as a tuple, not a "
-                        f"list (torch's convention): tuple(callables), with sample_args a "
-                        f"tuple of argument tuples, one per callable.")
+                        "list (torch's convention): tuple(callables), with sample_args a "
+                        "tuple of argument tuples, one per callable.")
     single = not isinstance(callables, tuple)
     if single:
         callables = (callables,)
@@ -381,6 +381,7 @@ class GraphRunner:
         if func is not None and not callable(func):
             raise TypeError(f"GraphRunner(func=...) must be callable, got {type(func).__name__}")
         _check_count(num_warmup, "num_warmup", minimum=0)
+        _check_graph_options(B, pool, None, where="GraphRunner")
         generators = list(generators)
         for gen in generators:
             if not isinstance(gen, torch.Generator):
@@ -776,6 +777,8 @@ def make_graphed_callables(callables, sample_args, *, B=None, pool=None,
         from labkit import backend
         B = backend.get("auto")
     callables, sample_args, single = _check_callables(callables, sample_args)
+    _check_count(num_warmup_iters, "num_warmup_iters", minimum=0)
+    _check_graph_options(B, pool, None, where="make_graphed_callables")
     pool = pool if pool is not None else B.graph_pool_handle()
     runners = []
     for c, args in zip(callables, sample_args):

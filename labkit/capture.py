@@ -144,6 +144,7 @@ def capture(fn: Callable, *args, B=None, pool=None, stream=None, warmup: int = 3
     B = _default_backend(B)
     _check_callable(fn, "capture(fn, ...)")
     _check_count(warmup, "warmup", minimum=0)
+    _check_graph_options(B, pool, stream, capture_error_mode, "capture")
     if warmup:
         side_stream_warmup(fn, *args, B=B, iters=warmup, **kwargs)
     g = B.CUDAGraph()
@@ -186,6 +187,22 @@ def _check_callable(fn, where: str) -> None:
         raise TypeError(f"{where}: fn must be a function or module to capture, got "
                         f"{type(fn).__name__} {fn!r:.60}. Pass the callable itself, "
                         "not its result (fn, not fn(x)).")
+
+
+def _check_graph_options(B, pool, stream, capture_error_mode="global",
+                         where: str = "capture") -> None:
+    """What ``B.graph`` takes, checked before any warm-up runs: a pool handle (the
+    ``(id, 0)`` pair of ``B.graph_pool_handle()``/``g.pool()``, the same on both
+    backends), a ``B.Stream``, a capture error mode."""
+    from labkit.emulator.graph import _check_capture_error_mode
+    from labkit.emulator.pool import check_handle
+
+    if pool is not None:
+        check_handle(pool, f"{where}(pool=...)")
+    if stream is not None and not isinstance(stream, B.Stream):
+        raise TypeError(f"{where}(stream=...): expected a stream made by B.Stream() (or None "
+                        f"for the default side stream), got {type(stream).__name__}")
+    _check_capture_error_mode(capture_error_mode)
 
 
 def _check_count(value, name: str, *, minimum: int) -> None:
@@ -258,6 +275,7 @@ class StaticGraph:
         _check_count(warmup, "warmup", minimum=0)
         self.fn = fn
         self.B = _default_backend(B)
+        _check_graph_options(self.B, pool, stream, where=type(self).__name__)
         self.pool_handle = pool
         self.stream = stream
         self.warmup = warmup

@@ -159,7 +159,8 @@ def test_recorded_kernels_of_nothing(E):
     with pytest.raises(TypeError, match="needs a emulated CUDAGraph .*got str"):
         recorded_kernels("g", E)
     sg = StaticGraph(lambda t: t + 1, B=E, warmup=1)
-    with pytest.raises(RuntimeError, match=r"has not been captured yet.*\.capture\(\*sample_args\)"):
+    with pytest.raises(RuntimeError,
+                       match=r"has not been captured yet.*\.capture\(\*sample_args\)"):
         recorded_kernels(sg, E)
     sg.capture(torch.ones(2))
     assert recorded_kernels(sg, E) == ["aten.add.Tensor"]
@@ -247,3 +248,24 @@ def test_cleanup_keeps_the_first_error_when_recovery_fails_too(E, monkeypatch):
             raise ValueError("the capture's own error")
     assert "cleaning up after this failed capture also failed (RuntimeError: device lost)" \
         in "".join(getattr(err.value, "__notes__", []))
+
+
+def test_capture_helpers_check_graph_options_before_warming_up(E):
+    runs = []
+
+    def fn(t):
+        runs.append(1)
+        return t * 2
+
+    x = torch.ones(2)
+    with pytest.raises(TypeError, match=r"capture\(pool=...\): pool must be a memory-pool "
+                                        "handle.*got str 'shared'"):
+        capture(fn, x, B=E, pool="shared")
+    with pytest.raises(TypeError, match=r"capture\(stream=...\): expected a stream made by "
+                                        r"B.Stream\(\).*got int"):
+        capture(fn, x, B=E, stream=1)
+    with pytest.raises(RuntimeError, match="Unknown capture error mode"):
+        capture(fn, x, B=E, capture_error_mode="local")
+    with pytest.raises(TypeError, match=r"StaticGraph\(pool=...\): pool must be"):
+        StaticGraph(fn, B=E, pool="private")
+    assert runs == []                        # refused before fn ran

@@ -265,3 +265,12 @@ def test_connected_params_arguments():
                                         "got NoneType"):
         bridge.get_connected_params(None, lin)
     assert bridge.get_connected_params([y], lin) == (lin.weight, lin.bias)
+
+
+def test_pool_and_warmup_of_make_graphed_callables(B):
+    s = (torch.randn(SHAPE, device=B.device),)
+    with pytest.raises(TypeError, match=r"make_graphed_callables\(pool=...\): pool must be a "
+                                        "memory-pool handle"):
+        bridge.make_graphed_callables(_block(B), s, B=B, pool="shared")
+    with pytest.raises(ValueError, match="num_warmup_iters must be >= 0, got -2"):
+        bridge.make_graphed_callables(_block(B), s, B=B, num_warmup_iters=-2)

@@ -217,7 +217,7 @@ def test_managers_after_creation_name_what_differs(B):
         unused(xs[0])
 
 
-# ---- TE-style graphs ------------------------------------------------------------------------------
+# ---- TE-style graphs --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("slots, exc, words", [
     (0, ValueError, "num_slots (graph slots per layer, >= microbatches in flight) must be >= 1"

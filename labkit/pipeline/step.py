@@ -22,7 +22,13 @@ from typing import Callable, Sequence
 import torch
 
 from labkit.pipeline.schedule import (
-    _check_int, execution_order, gpipe, max_in_flight, one_f_one_b, simulate)
+    _check_int,
+    execution_order,
+    gpipe,
+    max_in_flight,
+    one_f_one_b,
+    simulate,
+)
 
 __all__ = ["Stage", "split_stages", "train_step", "mse_loss", "SCHEDULES"]
 
