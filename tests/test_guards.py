@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from labkit.capture import capture
-from labkit.checks.lesson03 import check_arg_mismatches, check_capturable_clip
 from labkit.guards import (
     HAZARDS,
     ArgMetadata,
@@ -333,64 +332,8 @@ def test_every_hazard_kind_has_a_title_severity_and_fix():
         assert title and fix and severity in ("fails capture", "silently wrong", "check")
 
 
-# ---- the lesson 03 checkers --------------------------------------------------------------
-
-def test_check_capturable_clip(B, capsys):
-    def capturable_clip(x):
-        m = x.abs().max()
-        return torch.where(m > 1, x / m, x)
-
-    assert check_capturable_clip(capturable_clip, B=B)
-    assert capsys.readouterr().out == "✅ capturable_clip: passed 3 random trials\n"
-
-    def clip(x):
-        m = x.abs().max()
-        if m > 1:
-            return x / m
-        return x
-
-    res = check_capturable_clip(clip, B=B, trials=1)
-    assert not res and "cannot be captured" in res.message
-    assert "Python branch on a tensor value" in res.message and "if m > 1:" in res.message
-    always = check_capturable_clip(lambda x: x / x.abs().max(), B=B, trials=1)
-    assert not always and "both cases" in always.message
-
-
-def test_check_arg_mismatches(B):
-    def arg_mismatches(captured, received):
-        out = []
-        if len(received) != len(captured):
-            out.append(("args", "count", len(received), len(captured)))
-        for i, (r, c) in enumerate(zip(received, captured)):
-            where = f"args[{i}]"
-            rt, ct = isinstance(r, torch.Tensor), isinstance(c, torch.Tensor)
-            if rt != ct or (not rt and type(r) is not type(c)):
-                out.append((where, "type", type(r).__name__, type(c).__name__))
-            elif rt:
-                for field in ("shape", "dtype", "device"):
-                    a, b = getattr(r, field), getattr(c, field)
-                    if a != b:
-                        out.append((where, field, a, b))
-            elif r != c:
-                out.append((where, "value", r, c))
-        return out
-
-    assert check_arg_mismatches(arg_mismatches, B=B)
-
-    def first_only(captured, received):
-        full = arg_mismatches(captured, received)
-        seen, out = set(), []
-        for m in full:
-            if m[0] not in seen:
-                seen.add(m[0])
-                out.append(m)
-        return out
-
-    res = check_arg_mismatches(first_only, B=B)
-    assert not res and "Report EVERY field that differs" in res.message
-    res = check_arg_mismatches(lambda c, r: [m for m in arg_mismatches(c, r)
-                                             if m[1] != "count"], B=B)
-    assert not res and "number of arguments" in res.message
+# The lesson 03 checkers (capturable_clip, arg_mismatches) are tested with their suites of
+# learner mistakes in tests/test_checks_lesson03.py.
 
 
 def test_error_text_joins_the_chain_root_cause_first():
