@@ -150,6 +150,7 @@ def check_fill_static_buffers(fn, *, device: torch.device | str | None = None,
             ptrs = [t.data_ptr() for t in captured]
             sources = [t.clone() for t in _leaves(microbatches)]
             side = _side_stream(device)
+            side.wait_stream(_current_stream(device))   # as the loader does: inputs are ready
             log = _CopyLog(captured, device)
             with _stream_ctx(side):
                 with log:
@@ -163,7 +164,7 @@ def check_fill_static_buffers(fn, *, device: torch.device | str | None = None,
                     "rebound": rebound,
                     "sources_changed": any(not torch.equal(a, b)
                                            for a, b in zip(sources, _leaves(microbatches))),
-                    "writes": [(i, op, nb, st is side) for i, op, nb, st in log.writes],
+                    "writes": [(i, op, nb, st == side) for i, op, nb, st in log.writes],
                     "width": len(buffers[0]) if buffers else 0}
         return run
 
