@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.checks.lesson05 import (check_create_in_order, check_one_f_one_b,
-                                    check_pool_hazards, reference_pool_hazards)
+from labkit.checks.lesson05 import (
+    check_create_in_order,
+    check_one_f_one_b,
+    check_pool_hazards,
+    reference_pool_hazards,
+)
 from labkit.pipeline import schedule as S
 from labkit.pipeline.record import create_in_order, reorder
 
@@ -244,3 +248,24 @@ def test_pool_hazards_matches_what_training_shows():
     assert reference_pool_hazards(rec, rec) == []
     grouped = ["fwd layer0#0", "bwd layer0#0", "fwd layer1#0", "bwd layer1#0"]
     assert ("bwd layer0#0", "fwd layer1#0") in reference_pool_hazards(grouped, rec)
+
+
+def test_endless_loops_get_a_verdict():
+    def forever(*args):
+        while True:
+            pass
+
+    res = check_one_f_one_b(forever, quiet=True, time_limit=0.3)
+    assert not res and res.kind == "timeout" and "did not finish" in res.message
+    res = check_pool_hazards(forever, quiet=True, time_limit=0.3)
+    assert not res and res.kind == "timeout"
+
+
+def test_hints_come_one_at_a_time(capsys):
+    import labkit.checks as lc
+
+    res = check_one_f_one_b(S.gpipe, quiet=True)
+    assert "w = min(P - s - 1, M)" not in res.message      # not the answer first
+    first, second = lc.hint(), lc.hint()
+    assert first.startswith("hint 1 of 3") and second.startswith("hint 2 of 3")
+    assert "w = min(P - s - 1, M)" in second

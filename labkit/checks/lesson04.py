@@ -19,51 +19,27 @@ output without a grad buffer). A failure names the mistake it saw and where to l
 
 from __future__ import annotations
 
-import copy
 import random
 
 import torch
 from torch import nn
 
 from labkit import bridge
-from labkit.checks import FAIL, PASS, CheckResult, describe_exception
+from labkit.checks import CheckResult, describe_exception
 
 __all__ = ["check_connected_params", "check_bridge_backward"]
 
-# ---- the lead's hint/time-budget API (labkit.checks), with a fallback while it lands -----------
-try:
-    from labkit.checks import LearnerTimeout, call_learner
-except ImportError:  # pragma: no cover - older labkit.checks
-    class LearnerTimeout(Exception):
-        """Stand-in: never raised."""
-
-    def call_learner(fn, *args, time_limit=None, **kw):
-        return fn(*args, **kw)
+from labkit.checks import LearnerTimeout, call_learner, fail, passed
 
 
 def _result(name: str, ok: bool, message: str, *, kind: str = "mismatch",
             more_hints=(), quiet: bool = False, trials: int = 0) -> CheckResult:
-    """Print and return one verdict; failures are remembered for ``labkit.checks.hint()``."""
-    import labkit.checks as lc
-
-    hints = list(more_hints)
+    """Print and return one verdict (``labkit.checks.passed`` / ``fail``); a failure is
+    remembered for ``labkit.checks.hint()``, which then gives ``more_hints`` one by one."""
     if ok:
-        text = f"{PASS} {name}: {message}"
-    else:
-        text = f"{FAIL} {name}: {message}"
-        if hints and kind != "not_implemented":
-            text += "\n   (stuck? `labkit.checks.hint()` gives a further hint)"
-    try:
-        res = CheckResult(name, ok, text, kind="ok" if ok else kind, trials=trials,
-                          more_hints=hints)
-    except TypeError:  # CheckResult without more_hints
-        res = CheckResult(name, ok, text, kind="ok" if ok else kind, trials=trials)
-    remember = getattr(lc, "_remember", None)
-    if remember is not None:
-        remember(res)
-    if not quiet:
-        print(text)
-    return res
+        return passed(name, message, quiet=quiet, trials=trials)
+    return fail(name, message, kind=kind, quiet=quiet, trials=trials,
+                more_hints=list(more_hints) if kind != "not_implemented" else [])
 
 def _backend(B):
     if B is None:

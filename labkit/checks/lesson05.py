@@ -20,45 +20,22 @@ import random
 
 import torch
 
-from labkit.checks import FAIL, PASS, CheckResult, describe_exception
+from labkit.checks import CheckResult, describe_exception
 from labkit.pipeline import schedule as S
 
 __all__ = ["check_one_f_one_b", "check_create_in_order", "check_pool_hazards"]
 
-# ---- the lead's hint/time-budget API (labkit.checks), with a fallback while it lands -----------
-try:
-    from labkit.checks import LearnerTimeout, call_learner
-except ImportError:  # pragma: no cover - older labkit.checks
-    class LearnerTimeout(Exception):
-        """Stand-in: never raised."""
-
-    def call_learner(fn, *args, time_limit=None, **kw):
-        return fn(*args, **kw)
+from labkit.checks import LearnerTimeout, call_learner, fail, passed
 
 
 def _result(name: str, ok: bool, message: str, *, kind: str = "mismatch",
             more_hints=(), quiet: bool = False, trials: int = 0) -> CheckResult:
-    """Print and return one verdict; failures are remembered for ``labkit.checks.hint()``."""
-    import labkit.checks as lc
-
-    hints = list(more_hints)
+    """Print and return one verdict (``labkit.checks.passed`` / ``fail``); a failure is
+    remembered for ``labkit.checks.hint()``, which then gives ``more_hints`` one by one."""
     if ok:
-        text = f"{PASS} {name}: {message}"
-    else:
-        text = f"{FAIL} {name}: {message}"
-        if hints and kind != "not_implemented":
-            text += "\n   (stuck? `labkit.checks.hint()` gives a further hint)"
-    try:
-        res = CheckResult(name, ok, text, kind="ok" if ok else kind, trials=trials,
-                          more_hints=hints)
-    except TypeError:  # CheckResult without more_hints
-        res = CheckResult(name, ok, text, kind="ok" if ok else kind, trials=trials)
-    remember = getattr(lc, "_remember", None)
-    if remember is not None:
-        remember(res)
-    if not quiet:
-        print(text)
-    return res
+        return passed(name, message, quiet=quiet, trials=trials)
+    return fail(name, message, kind=kind, quiet=quiet, trials=trials,
+                more_hints=list(more_hints) if kind != "not_implemented" else [])
 
 
 # ---- one_f_one_b ---------------------------------------------------------------------------------
@@ -177,7 +154,8 @@ def _diagnose_stage(P, M, s, e, a) -> str | None:
                    "only the backwards still owed remain, oldest first")
 
 
-def check_one_f_one_b(fn, *, trials: int = 8, quiet: bool = False) -> CheckResult:
+def check_one_f_one_b(fn, *, trials: int = 8, quiet: bool = False,
+                      time_limit: float = 10.0) -> CheckResult:
     """``fn(P, M)`` must return the 1F1B order of every stage (see
     :func:`labkit.pipeline.schedule.one_f_one_b`). Trials include more microbatches than
     stages, fewer, a single stage and a single microbatch, then random sizes."""
@@ -191,7 +169,7 @@ def check_one_f_one_b(fn, *, trials: int = 8, quiet: bool = False) -> CheckResul
         cases.append((rng.randint(1, 6), rng.randint(1, 10)))
     for t, (P, M) in enumerate(cases[:trials]):
         try:
-            out = call_learner(fn, P, M)
+            out = call_learner(fn, P, M, time_limit=time_limit)
         except NotImplementedError:
             return _result(name, False, "not done yet: fill in the cell marked YOUR CODE HERE",
                            kind="not_implemented", quiet=quiet)
@@ -343,7 +321,7 @@ def _recover(B):
         pass
 
 
-# ---- pool_hazards (diagnosis) ----------------------------------------------------------------------
+# ---- pool_hazards (diagnosis) -----------------------------------------------------------------
 
 def _runner_of(entry: str) -> str:
     return entry.split(" ", 1)[1]
@@ -431,7 +409,8 @@ def _hazard_cases(trials: int):
     return cases[:trials]
 
 
-def check_pool_hazards(fn, *, trials: int = 10, quiet: bool = False) -> CheckResult:
+def check_pool_hazards(fn, *, trials: int = 10, quiet: bool = False,
+                       time_limit: float = 10.0) -> CheckResult:
     """``fn(created, replayed)`` must return every ``(bwd entry, culprit entry)`` pair of
     :func:`reference_pool_hazards` (any order, each pair once)."""
     name = "pool_hazards"
@@ -445,7 +424,7 @@ def check_pool_hazards(fn, *, trials: int = 10, quiet: bool = False) -> CheckRes
     for t, (created, replayed) in enumerate(_hazard_cases(trials)):
         case = f"created {created}, replayed {replayed}"
         try:
-            got = call_learner(fn, list(created), list(replayed))
+            got = call_learner(fn, list(created), list(replayed), time_limit=time_limit)
         except NotImplementedError:
             return _result(name, False, "not done yet: fill in the cell marked YOUR CODE HERE",
                            kind="not_implemented", quiet=quiet)
