@@ -197,10 +197,15 @@ def lm_loss(model: nn.Module, microbatch) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-def random_microbatches(cfg: LMConfig, generator: torch.Generator | None = None,
+def random_microbatches(cfg: LMConfig | str, generator: torch.Generator | None = None,
                         device=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One step of random token data: ``num_microbatches`` pairs ``(tokens, targets)``,
     each ``(micro_batch, seq_len)`` int64, targets = tokens shifted by one."""
+    if isinstance(cfg, str):
+        if cfg not in CONFIGS:
+            raise ValueError(f"unknown config {cfg!r}: choose one of {', '.join(CONFIGS)} "
+                             "or pass an LMConfig")
+        cfg = CONFIGS[cfg]
     out = []
     for _ in range(cfg.num_microbatches):
         seq = torch.randint(0, cfg.vocab_size, (cfg.micro_batch, cfg.seq_len + 1),
@@ -527,6 +532,10 @@ def nonfinite_flag(found_inf: torch.Tensor, values: torch.Tensor | Sequence[torc
     """``found_inf |= any value is inf or NaN``, in place and without reading anything on the
     host: graph-safe. Read ``found_inf`` after replay (one sync, where you choose), never
     branch on it inside the captured step."""
+    if not isinstance(found_inf, torch.Tensor) or found_inf.dtype != torch.bool:
+        raise TypeError(f"found_inf must be a bool tensor, got "
+                        f"{getattr(found_inf, 'dtype', type(found_inf).__name__)}: make it "
+                        "with torch.zeros((), dtype=torch.bool, device=...)")
     if isinstance(values, torch.Tensor):
         values = [values]
     norms = torch._foreach_norm(list(values))       # inf/NaN anywhere -> inf/NaN norm
@@ -733,7 +742,10 @@ class FullStepTrainer:
                  found_inf: torch.Tensor | None = None,
                  generators: Iterable[torch.Generator] = ()):
         _check_count("num_microbatches", num_microbatches)
+        _check_count("warmup_steps", warmup_steps, minimum=0)
         _check_capturable(optimizer, B)
+        if warmup_steps == 0:
+            _state_before_capture(optimizer)
         self.model, self.loss_fn, self.optimizer, self.B = model, loss_fn, optimizer, B
         self.vocab_size = _vocab_size(model)
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -849,6 +861,21 @@ def _check_capturable(optimizer, B) -> None:
         raise ValueError(
             f"{name}(capturable=True) runs on CUDA devices only; on the emulator use "
             "FS.make_capturable_optimizer(params, B), which gives CapturableAdamW")
+
+
+def _state_before_capture(optimizer) -> None:
+    """With no eager warm-up step, the optimizer's state must exist before the capture."""
+    if isinstance(optimizer, CapturableAdamW):
+        optimizer.init_state()
+        return
+    stateful = any("capturable" in g or g.get("momentum", 0) for g in optimizer.param_groups)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if stateful and any(not optimizer.state.get(p) for p in params):
+        raise ValueError(
+            f"warmup_steps=0, and the state of {type(optimizer).__name__} does not exist yet: "
+            "the first step would create it inside the capture, and every replay would "
+            "reset it to zeros (silently wrong training). Use warmup_steps >= 1, or run one "
+            "eager optimizer step first.")
 
 
 def _vocab_size(model: nn.Module) -> int | None:

@@ -217,3 +217,35 @@ def test_float_tokens_are_refused(B):
     model = FS.build_lm(CFG, B.device)
     with pytest.raises(TypeError, match="integer token ids"):
         model(torch.zeros(2, 16, device=B.device))
+
+
+def test_no_warmup_step(B):
+    """warmup_steps=0: labkit's AdamW creates its state up front and trains like eager;
+    an optimizer whose state would be created inside the capture is refused."""
+    model = FS.build_lm(CFG, B.device)
+    if B.name == "cuda":
+        opt = FS.make_capturable_optimizer(model.parameters(), B)
+        with pytest.raises(ValueError, match="warmup_steps=0, and the state of AdamW does "
+                                             "not exist yet.*Use warmup_steps >= 1"):
+            FS.FullStepTrainer(model, FS.lm_loss, opt, B, CFG.num_microbatches, warmup_steps=0)
+        return
+    twin = FS.build_lm(CFG, B.device)
+    t = FS.FullStepTrainer(model, FS.lm_loss, FS.CapturableAdamW(list(model.parameters()),
+                                                                  lr=1e-2),
+                           B, CFG.num_microbatches, warmup_steps=0)
+    e = FS.EagerTrainer(twin, FS.lm_loss, FS.CapturableAdamW(list(twin.parameters()), lr=1e-2))
+    for k in range(3):
+        b = batch(B, k)
+        assert t.step(b).item() == pytest.approx(e.step(b).item(), rel=1e-5)
+    assert t.captured and t.fwd_bwd.captured_at == 0
+
+
+def test_flag_must_be_bool(B):
+    with pytest.raises(TypeError, match="found_inf must be a bool tensor, got torch.float32"):
+        FS.nonfinite_flag(torch.zeros((), device=B.device), torch.ones(2, device=B.device))
+
+
+def test_random_microbatches_by_name():
+    assert len(FS.random_microbatches("tiny")) == CFG.num_microbatches
+    with pytest.raises(ValueError, match="unknown config 'huge'"):
+        FS.random_microbatches("huge")
