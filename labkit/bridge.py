@@ -77,7 +77,13 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from labkit.capture import _check_count, _check_graph_options, cleanup_on_failure, on_side_stream
+from labkit.capture import (
+    _check_count,
+    _check_graph_options,
+    check_backend,
+    cleanup_on_failure,
+    on_side_stream,
+)
 from labkit.guards import ArgMetadata, GraphArgumentError, _values_equal, get_mismatch_errors
 
 __all__ = [
@@ -380,6 +386,7 @@ class GraphRunner:
                             f"GraphRunner(torch.nn.Module(), B, func=fn).")
         if func is not None and not callable(func):
             raise TypeError(f"GraphRunner(func=...) must be callable, got {type(func).__name__}")
+        check_backend(B, "GraphRunner(module, B)")
         _check_count(num_warmup, "num_warmup", minimum=0)
         _check_graph_options(B, pool, None, where="GraphRunner")
         generators = list(generators)
@@ -776,6 +783,7 @@ def make_graphed_callables(callables, sample_args, *, B=None, pool=None,
     if B is None:
         from labkit import backend
         B = backend.get("auto")
+    check_backend(B, "make_graphed_callables(B=...)")
     callables, sample_args, single = _check_callables(callables, sample_args)
     _check_count(num_warmup_iters, "num_warmup_iters", minimum=0)
     _check_graph_options(B, pool, None, where="make_graphed_callables")

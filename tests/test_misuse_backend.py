@@ -269,3 +269,19 @@ def test_capture_helpers_check_graph_options_before_warming_up(E):
     with pytest.raises(TypeError, match=r"StaticGraph\(pool=...\): pool must be"):
         StaticGraph(fn, B=E, pool="private")
     assert runs == []                        # refused before fn ran
+
+
+def test_a_backend_name_where_the_namespace_belongs():
+    words = re.escape("B must be the backend namespace that labkit.backend.get() returns, got "
+                      "str 'auto': write B = labkit.backend.get('auto')")
+    with pytest.raises(TypeError, match=words):
+        capture(lambda t: t, torch.ones(1), B="auto")
+    with pytest.raises(TypeError, match=words):
+        StaticGraph(lambda t: t, B="auto")
+
+
+def test_event_elapsed_time_needs_an_event(E):
+    start = E.Event(enable_timing=True)
+    start.record()
+    with pytest.raises(TypeError, match="takes the Event recorded at the end, got float"):
+        start.elapsed_time(1.0)

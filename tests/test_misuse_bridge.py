@@ -274,3 +274,13 @@ def test_pool_and_warmup_of_make_graphed_callables(B):
         bridge.make_graphed_callables(_block(B), s, B=B, pool="shared")
     with pytest.raises(ValueError, match="num_warmup_iters must be >= 0, got -2"):
         bridge.make_graphed_callables(_block(B), s, B=B, num_warmup_iters=-2)
+
+
+def test_a_backend_name_where_the_namespace_belongs():
+    words = re.escape("must be the backend namespace that labkit.backend.get() returns, got "
+                      "str 'cuda': write B = labkit.backend.get('cuda')")
+    lin = torch.nn.Linear(4, 4)
+    with pytest.raises(TypeError, match="GraphRunner\\(module, B\\) " + words):
+        GraphRunner(lin, "cuda")
+    with pytest.raises(TypeError, match=words):
+        bridge.make_graphed_callables(lin, (torch.randn(2, 4),), B="cuda")

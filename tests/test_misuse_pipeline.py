@@ -178,7 +178,9 @@ def test_create_cudagraphs_options(B):
         rec.create_cudagraphs(B, pool="Shared")
     with pytest.raises(ValueError, match="a pool handle is not accepted here"):
         rec.create_cudagraphs(B, pool=B.graph_pool_handle())
-    with pytest.raises(TypeError, match="needs the backend B = labkit.backend.get"):
+    with pytest.raises(TypeError, match=re.escape("create_cudagraphs(B) must be the backend "
+                                                  "namespace that labkit.backend.get() "
+                                                  "returns, got NoneType")):
         rec.create_cudagraphs(None)
     with pytest.raises(ValueError, match="nothing was recorded.*graph_layers"):
         rec.create_cudagraphs(B)
@@ -431,3 +433,15 @@ def test_graph_layers_takes_a_list(B):
     with pytest.raises(TypeError, match=re.escape("got one TransformerBlock: write "
                                                   "graph_layers([layer], ...)")):
         graph_layers(_blocks(B, 1)[0], B, GlobalRecord(), reuse=True)
+
+
+def test_a_backend_name_where_the_namespace_belongs(B):
+    layer = _blocks(B, 1)[0]
+    words = re.escape("must be the backend namespace that labkit.backend.get() returns, got "
+                      "str 'emulated': write B = labkit.backend.get('emulated')")
+    with pytest.raises(TypeError, match=words):
+        CudaGraphManager(layer, "emulated", GlobalRecord())
+    with pytest.raises(TypeError, match=words):
+        make_te_style_layers([layer], torch.zeros(SHAPE, device=B.device), "emulated", 1)
+    with pytest.raises(TypeError, match=words):
+        train_step(_stages(B), *_data(B, 1), record=GlobalRecord(), B="emulated")

@@ -169,6 +169,9 @@ class Event:
         _refuse_sync_during_capture("Event.synchronize()")
 
     def elapsed_time(self, end: "Event") -> float:
+        if not isinstance(end, Event):
+            raise TypeError(f"elapsed_time(end) takes the Event recorded at the end, got "
+                            f"{type(end).__name__}")
         if self._t is None or end._t is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
         return (end._t - self._t) / 1e6

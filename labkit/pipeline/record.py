@@ -110,9 +110,9 @@ POOLS = ("shared", "per_graph")
 
 
 def _check_create_args(B, pool, create) -> None:
-    if B is None or not hasattr(B, "CUDAGraph"):
-        raise TypeError(f"create_cudagraphs needs the backend B = labkit.backend.get(...), "
-                        f"got {type(B).__name__}")
+    from labkit.capture import check_backend
+
+    check_backend(B, "create_cudagraphs(B)")
     if pool not in POOLS:
         raise ValueError(f"create_cudagraphs: unknown pool {pool!r}: choose one of "
                          f"{', '.join(map(repr, POOLS))} (this chooses the policy; a pool "

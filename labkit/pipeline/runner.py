@@ -37,6 +37,7 @@ from typing import Callable, Iterable
 import torch
 
 from labkit.bridge import ArgMeta, GraphRunner, GraphStatus, mismatch_errors
+from labkit.capture import check_backend
 from labkit.pipeline.record import GlobalRecord, RecordNode
 
 __all__ = ["CudaGraphManager", "graph_layers", "graph_safe"]
@@ -75,6 +76,7 @@ class CudaGraphManager(torch.nn.Module):
                  name: str | None = None, **runner_kw):
         super().__init__()
         _check_manager_args(layer, record, reuse)
+        check_backend(B, "CudaGraphManager(layer, B, record)")
         self.layer = layer
         self.B = B
         self.record = record

@@ -125,6 +125,10 @@ def _check_step_args(stages, inputs, targets, record, B, create_graphs, trace) -
 
         if not isinstance(record, GlobalRecord):
             raise TypeError(f"record must be a GlobalRecord, got {type(record).__name__}")
+        if B is not None:
+            from labkit.capture import check_backend
+
+            check_backend(B, "train_step(B=...)")
         if not record.created and B is None:
             raise ValueError("train_step(record=...) creates the graphs at the end of this "
                              "step and needs the backend: pass B=B")

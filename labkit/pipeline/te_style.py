@@ -35,7 +35,7 @@ from typing import Sequence
 
 import torch
 
-from labkit.capture import _check_count, cleanup_on_failure
+from labkit.capture import _check_count, check_backend, cleanup_on_failure
 
 __all__ = ["TEStyleLayer", "make_te_style_layers", "zero_grads_in_place"]
 
@@ -163,6 +163,7 @@ def make_te_style_layers(layers: Sequence[torch.nn.Module], sample_input: torch.
 
 
 def _check_te_args(layers, sample_input, B, num_slots, num_warmup_iters) -> list:
+    check_backend(B, "make_te_style_layers(layers, sample_input, B, num_slots)")
     if isinstance(layers, torch.nn.Module) and not isinstance(
             layers, (torch.nn.ModuleList, torch.nn.Sequential)):
         raise TypeError(f"layers must be a list of modules (a stage), got one "
