@@ -291,7 +291,10 @@ def classify(path: Path, wanted: str | None) -> Status:
     if wanted is None:
         return Status(path, "orphan", untouched)
     if untouched:
-        return Status(path, "solution changed", True)
+        # same cells as recorded: either the solution changed, or only metadata / cell ids
+        # differ (Jupyter rewrites metadata on save; an author may change cell metadata)
+        return Status(path, "solution changed", True,
+                      "" if recorded != wanted_hash else "metadata only")
     detail = "cells edited" if edited else "has outputs from a run"
     if recorded == wanted_hash:
         return Status(path, "edited", False, detail)
@@ -366,9 +369,14 @@ def sync(root: Path | None = None, *, check: bool = False, force: bool = False,
             if st.kind == "missing":
                 print(f"missing: {rel}", file=out)
             elif st.kind == "solution changed":
-                why = ("written by an older labkit without a record of what was "
-                       "generated; same cells, nothing edited" if st.detail else
-                       "its solution changed since it was generated; nobody edited it")
+                why = {
+                    "older format, same cells": "written by an older labkit without a record "
+                                                "of what was generated; same cells, nothing "
+                                                "edited",
+                    "metadata only": "only its metadata or cell ids differ from what its "
+                                     "solution generates; nobody edited its cells",
+                }.get(st.detail, "its solution changed since it was generated; nobody "
+                                 "edited it")
                 print(f"stale: {rel} ({why})", file=out)
             elif st.kind == "orphan":
                 print(f"orphan: {rel} (no solutions/{st.path.name}"
@@ -397,6 +405,8 @@ def sync(root: Path | None = None, *, check: bool = False, force: bool = False,
         st.path.write_text(text, encoding="utf-8")
         why = {"missing": "new", "solution changed": "its solution changed"}.get(
             st.kind, st.kind)
+        if st.detail in ("metadata only", "older format, same cells"):
+            why = f"{st.detail}; no edits"
         print(f"wrote {rel} ({why})", file=out)
 
     n = len(solutions)

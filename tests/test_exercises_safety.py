@@ -258,3 +258,18 @@ def test_cli_force_and_check_exit_codes(lab):
     assert r.returncode == 0 and "saved your version" in r.stdout
     r = subprocess.run(cmd + ["--check", "--force"], capture_output=True, text=True)
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
+
+
+def test_saved_by_jupyter_without_edits_is_not_called_a_changed_solution(lab):
+    root, sol, exf = lab
+    nb = json.loads(exf.read_text())
+    nb["metadata"]["language_info"] = {"name": "python", "version": "3.11.7"}
+    nb["cells"][0]["metadata"] = {"editable": True}
+    exf.write_text(json.dumps(nb, indent=2))
+    st = ex.classify(exf, ex.build_exercise(sol))
+    assert st.kind == "solution changed" and st.untouched and st.detail == "metadata only"
+    pending, out = _sync(root, check=True)
+    assert "only its metadata or cell ids differ" in out and "solution changed since" not in out
+    pending, out = _sync(root)
+    assert pending == [] and "(metadata only; no edits)" in out and _backups(root) == []
+    assert exf.read_text() == ex.build_exercise(sol)
