@@ -226,7 +226,17 @@ def check_connected_params(fn, *, trials: int = 5, quiet: bool = False) -> Check
 
     Trials randomize the number of inputs (and which require grad) and of outputs (and
     whether one is an integer output without grad); trial 1 feeds an input that requires
-    grad, trial 2 a tuple whose second output needs parameters the first does not."""
+    grad, trial 2 a tuple whose second output needs parameters the first does not.
+
+    Args:
+        fn: the learner's ``connected_params``.
+        trials: how many modules to try (at least 2 keeps both planted traps).
+        quiet: return the :class:`CheckResult` without printing it.
+
+    .. warning::
+        Trials are seeded: the same wrong answer fails the same trial every time, so a
+        learner can reproduce what the message describes.
+    """
     name = "connected_params"
     if not callable(fn):
         return _result(name, False, f"expected a function, got {type(fn).__name__}",
@@ -434,7 +444,20 @@ def check_bridge_backward(fn, *, B=None, quiet: bool = False, trials: int = 3) -
     First ``trials`` probes on small graphed modules (random output arity, outputs without
     grad buffers, inputs without dgrads), compared with eager autograd; then a fused block
     (``main_grad`` flags); then training through it, with and without ``main_grad``, and
-    with a deferred reduction that keeps the returned wgrads."""
+    with a deferred reduction that keeps the returned wgrads.
+
+    Args:
+        fn: the learner's ``bridge_backward``.
+        B: the backend (default ``backend.get("auto")``).
+        quiet: return the :class:`CheckResult` without printing it.
+        trials: how many small modules to probe before the fused block and training.
+
+    .. warning::
+        An uncloned wgrad trains correctly when gradients only accumulate in ``.grad``
+        (``AccumulateGrad`` copies a gradient the runner still references); the checker
+        still rejects it, and measures the case where it is wrong (a hook that keeps the
+        wgrad past the next replay), so that its message and the notebook agree.
+    """
     name = "bridge_backward"
     B = _backend(B)
     if not callable(fn):

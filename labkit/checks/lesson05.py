@@ -158,7 +158,18 @@ def check_one_f_one_b(fn, *, trials: int = 8, quiet: bool = False,
                       time_limit: float = 10.0) -> CheckResult:
     """``fn(P, M)`` must return the 1F1B order of every stage (see
     :func:`labkit.pipeline.schedule.one_f_one_b`). Trials include more microbatches than
-    stages, fewer, a single stage and a single microbatch, then random sizes."""
+    stages, fewer, a single stage and a single microbatch, then random sizes.
+
+    Args:
+        fn: the learner's ``one_f_one_b``.
+        trials: how many ``(P, M)`` cases to try.
+        quiet: return the :class:`CheckResult` without printing it.
+        time_limit: seconds one call of ``fn`` may take.
+
+    .. warning::
+        The forwards before a stage's first backward are its warm-up *plus* the steady
+        phase's opening forward (``min(P - s, M)`` in all), not the warm-up alone.
+    """
     name = "one_f_one_b"
     if not callable(fn):
         return _result(name, False, f"expected a function, got {type(fn).__name__}",
@@ -228,7 +239,17 @@ def _pipeline_run(B, create, *, graphs: bool, steps: int = 2, P: int = 2, M: int
 
 def check_create_in_order(fn, *, B=None, quiet: bool = False) -> CheckResult:
     """``fn(entries)`` must create every entry's graph so that a two-stage 1F1B pipeline
-    trained through the graphs ends equal to eager training."""
+    trained through the graphs ends equal to eager training.
+
+    Args:
+        fn: the learner's ``create_in_order``.
+        B: the backend (default ``backend.get("auto")``).
+        quiet: return the :class:`CheckResult` without printing it.
+
+    .. warning::
+        A wrong order can still train correctly by luck of the allocator; the check
+        therefore compares the creation order with the record first, then the result.
+    """
     if B is None:
         from labkit import backend
         B = backend.get("auto")
@@ -412,7 +433,14 @@ def _hazard_cases(trials: int):
 def check_pool_hazards(fn, *, trials: int = 10, quiet: bool = False,
                        time_limit: float = 10.0) -> CheckResult:
     """``fn(created, replayed)`` must return every ``(bwd entry, culprit entry)`` pair of
-    :func:`reference_pool_hazards` (any order, each pair once)."""
+    :func:`reference_pool_hazards` (any order, each pair once).
+
+    Args:
+        fn: the learner's ``pool_hazards``.
+        trials: how many order pairs to try (the first three are fixed cases).
+        quiet: return the :class:`CheckResult` without printing it.
+        time_limit: seconds one call of ``fn`` may take.
+    """
     name = "pool_hazards"
     if not callable(fn):
         return _result(name, False, f"expected a function, got {type(fn).__name__}",
