@@ -572,6 +572,12 @@ def _fresh_cublas_workspaces(B) -> None:
     memory is returned to the driver). Torch's trees do this same clear for their own
     graphs. A workspace allocated during capture belongs to the graph's pool and lives as
     long as the graph.
+
+    .. warning::
+       The clear is process-wide, as torch's is: any *other* graph that recorded a cached
+       workspace (captured on a stream where matmuls had already run eagerly) is exposed
+       to it exactly as to ``torch.compile``. Graphs that clear before their own capture,
+       like these, own their workspaces and are safe from every clear.
     """
     if B.name == "cuda":
         clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
