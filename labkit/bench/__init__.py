@@ -26,9 +26,8 @@ from __future__ import annotations
 import datetime as _dt
 import importlib
 
-import torch
-
-from labkit.bench.timing import device_name
+# torch is imported where it is used, so that `python -m labkit.bench --render` (and its
+# error messages) do not wait for it
 
 __all__ = ["SUITES", "make_row", "skipped_row", "run_suite", "SuiteSkip"]
 
@@ -52,6 +51,10 @@ def make_row(B, suite: str, config_name: str, config: dict, batch_size: int | No
            "median_us": None if median_us is None else round(float(median_us), 3)}
     if gpu_busy_us is not None:
         row["gpu_busy_us"] = round(float(gpu_busy_us), 3)
+    import torch
+
+    from labkit.bench.timing import device_name
+
     row.update(device=device_name(B), torch=torch.__version__, date=_now())
     if note:
         row["note"] = note

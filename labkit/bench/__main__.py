@@ -6,8 +6,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 from labkit.bench import SUITES, report, run_suite
 
 NO_GPU = """\
@@ -72,6 +70,8 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     suites = args.suites or list(SUITES)
+    import torch
+
     if not torch.cuda.is_available():
         print(NO_GPU.format(torch=torch.__version__,
                             suites=" ".join(args.suites) or "[suite ...]"))
