@@ -90,6 +90,7 @@ def on_side_stream(B, stream=None):
     current stream waits for it at the end (later work sees its results). This is where
     warm-up belongs: lazy initialisation and autotuning then never touch the capture.
     """
+    check_backend(B, "on_side_stream(B)")
     s = stream if stream is not None else B.Stream()
     s.wait_stream(B.current_stream())
     with B.stream(s):
@@ -421,6 +422,9 @@ def short_kernel_name(name: str) -> str:
     long. This keeps the function name and, for element-wise kernels, the functor that
     says which operation it is. ATen op names (the emulator's) pass through unchanged.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"short_kernel_name takes a kernel name (str), got "
+                        f"{type(name).__name__}")
     if name.startswith("aten.") or name.startswith("<"):
         return name
     s = name.strip()

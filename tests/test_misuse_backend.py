@@ -285,3 +285,27 @@ def test_event_elapsed_time_needs_an_event(E):
     start.record()
     with pytest.raises(TypeError, match="takes the Event recorded at the end, got float"):
         start.elapsed_time(1.0)
+
+
+def test_emulator_cost_command_line(capsys):
+    from labkit.emulator import cost
+
+    with pytest.raises(SystemExit) as exit_:
+        cost.main(["--iters", "0"])
+    assert exit_.value.code == 2
+    assert "--iters: must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cost.main(["--iterations", "5"])
+    assert "unrecognized arguments: --iterations 5" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="d_model=10 must be a multiple of nhead=4"):
+        cost.replay_vs_eager(d_model=10, nhead=4)
+
+
+def test_small_capture_helpers_name_a_wrong_argument():
+    from labkit.capture import on_side_stream, short_kernel_name
+
+    with pytest.raises(TypeError, match="takes a kernel name \\(str\\), got NoneType"):
+        short_kernel_name(None)
+    with pytest.raises(TypeError, match=r"on_side_stream\(B\) must be the backend namespace"):
+        with on_side_stream("emulated"):
+            pass

@@ -445,3 +445,34 @@ def test_a_backend_name_where_the_namespace_belongs(B):
         make_te_style_layers([layer], torch.zeros(SHAPE, device=B.device), "emulated", 1)
     with pytest.raises(TypeError, match=words):
         train_step(_stages(B), *_data(B, 1), record=GlobalRecord(), B="emulated")
+
+
+@pytest.mark.parametrize("kw, exc, words", [
+    ({"hidden": 30, "heads": 4}, ValueError, "hidden=30 must be a multiple of heads=4"),
+    ({"dropout": 1.0}, ValueError, "dropout is a probability in [0, 1), got 1.0"),
+    ({"heads": 0}, ValueError, "heads must be >= 1, got 0"),
+    ({"generator": 0}, TypeError, "generator must be a torch.Generator or None, got int"),
+])
+def test_toy_model_arguments(kw, exc, words):
+    from labkit.pipeline.models import TransformerBlock
+
+    with pytest.raises(exc, match=re.escape(words)):
+        TransformerBlock(**kw)
+
+
+def test_toy_model_helpers():
+    from labkit.pipeline.models import CallCounter
+    from labkit.pipeline.moe import ToyMoE
+    from labkit.pipeline.runner import graph_safe
+
+    with pytest.raises(ValueError, match=re.escape("n (the number of blocks) must be >= 1, "
+                                                   "got 0")):
+        make_blocks(0)
+    with pytest.raises(TypeError, match="CallCounter wraps a module, got function"):
+        CallCounter(lambda x: x)
+    with pytest.raises(ValueError, match="topk=3 cannot exceed experts=2"):
+        ToyMoE(experts=2, topk=3)
+    with pytest.raises(TypeError, match="graph_safe marks a forward pre-hook function, got str"):
+        graph_safe("hook")
+    with pytest.raises(ValueError, match=re.escape("orders[0][0] is ('F', 'x')")):
+        S.describe([[("F", "x")]])

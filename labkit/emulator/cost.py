@@ -30,6 +30,13 @@ def replay_vs_eager(d_model: int = 64, nhead: int = 4, batch: int = 4, seq: int 
                     iters: int = 200, seed: int = 0) -> dict:
     """Time one fwd+bwd step of a small transformer layer eagerly and as a replay."""
     from labkit import backend
+    from labkit.capture import _check_count
+
+    for name, value in (("d_model", d_model), ("nhead", nhead), ("batch", batch),
+                        ("seq", seq), ("iters", iters)):
+        _check_count(value, name, minimum=1)
+    if d_model % nhead:
+        raise ValueError(f"d_model={d_model} must be a multiple of nhead={nhead}")
 
     B = backend.get("emulated")
     torch.manual_seed(seed)
@@ -59,15 +66,33 @@ def replay_vs_eager(d_model: int = 64, nhead: int = 4, batch: int = 4, seq: int 
             "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
-def main() -> None:
-    r = replay_vs_eager()
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    def positive(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+        return n
+
+    ap = argparse.ArgumentParser(
+        prog="python -m labkit.emulator.cost",
+        description="Time one fwd+bwd step of a small transformer layer eagerly and as an "
+                    "emulated graph replay (CPU; no GPU timing).")
+    ap.add_argument("--iters", type=positive, default=200, help="timed calls per round")
+    args = ap.parse_args(argv)
+    r = replay_vs_eager(iters=args.iters)
     print(f"small transformer layer fwd+bwd {r['config']}, torch {r['torch']}, "
           f"{r['threads']} threads")
     print(f"  ops recorded      {r['ops_recorded']}")
     print(f"  eager step        {r['eager_us']:.1f} us")
     print(f"  emulated replay   {r['replay_us']:.1f} us")
     print(f"  replay / eager    {r['ratio']:.2f}   (results equal: {r['results_equal']})")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -18,6 +18,22 @@ from labkit.bridge import FusedLinear
 __all__ = ["TransformerBlock", "make_blocks", "CallCounter"]
 
 
+def _check_block_args(hidden, heads, ffn, dropout, generator) -> None:
+    from labkit.capture import _check_count
+
+    for name, value in (("hidden", hidden), ("heads", heads), ("ffn", ffn)):
+        _check_count(value, name, minimum=1)
+    if hidden % heads:
+        raise ValueError(f"hidden={hidden} must be a multiple of heads={heads} (each head gets "
+                         f"hidden // heads features)")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
+            or not 0 <= dropout < 1:
+        raise ValueError(f"dropout is a probability in [0, 1), got {dropout!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got "
+                        f"{type(generator).__name__}")
+
+
 class TransformerBlock(nn.Module):
     """Pre-norm block: ``x + Attn(LN(x))`` then ``h + MLP(LN(h))``.
 
@@ -31,6 +47,7 @@ class TransformerBlock(nn.Module):
     def __init__(self, hidden: int = 32, heads: int = 4, ffn: int = 64, dropout: float = 0.0,
                  fused: bool = False, generator: torch.Generator | None = None):
         super().__init__()
+        _check_block_args(hidden, heads, ffn, dropout, generator)
         lin = FusedLinear if fused else nn.Linear
         self.heads = heads
         self.ln1 = nn.LayerNorm(hidden)
@@ -67,6 +84,9 @@ class TransformerBlock(nn.Module):
 
 def make_blocks(n: int, seed: int = 0, device=None, **kw) -> nn.ModuleList:
     """``n`` blocks with deterministic weights (same ``seed`` → same model)."""
+    from labkit.capture import _check_count
+
+    _check_count(n, "n (the number of blocks)", minimum=1)
     g = torch.random.fork_rng(devices=[])
     with g:
         torch.manual_seed(seed)
@@ -81,6 +101,8 @@ class CallCounter(nn.Module):
 
     def __init__(self, inner: nn.Module):
         super().__init__()
+        if not isinstance(inner, nn.Module):
+            raise TypeError(f"CallCounter wraps a module, got {type(inner).__name__}")
         self.inner = inner
         self.register_buffer("calls", torch.zeros((), dtype=torch.float32))
 

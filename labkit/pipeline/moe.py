@@ -35,6 +35,14 @@ class ToyMoE(nn.Module):
 
     def __init__(self, hidden: int = 32, experts: int = 4, ffn: int = 64, topk: int = 2):
         super().__init__()
+        from labkit.capture import _check_count
+
+        for name, value in (("hidden", hidden), ("experts", experts), ("ffn", ffn),
+                            ("topk", topk)):
+            _check_count(value, name, minimum=1)
+        if topk > experts:
+            raise ValueError(f"topk={topk} cannot exceed experts={experts}: each token picks "
+                             f"topk distinct experts")
         self.ln = nn.LayerNorm(hidden)
         self.router = nn.Linear(hidden, experts, bias=False)
         self.experts = nn.ModuleList(

@@ -47,6 +47,9 @@ def graph_safe(hook: Callable) -> Callable:
     """Mark a forward pre-hook as one the manager may call by hand before a replay (like
     Mcore DDP's parameter all-gather hook): it must only launch work, not change what the
     layer computes."""
+    if not callable(hook):
+        raise TypeError(f"graph_safe marks a forward pre-hook function, got "
+                        f"{type(hook).__name__}")
     hook.graph_safe = True
     return hook
 

@@ -189,6 +189,7 @@ def execution_order(events: list[Event]) -> list[tuple[int, str, int]]:
 
 def describe(orders: list[list[tuple[str, int]]]) -> str:
     """The orders as text, one stage per line: ``stage 0: F0 F1 B0 ...``."""
+    _check_orders(orders)
     return "\n".join(f"stage {s}: " + " ".join(f"{k}{m}" for k, m in o)
                      for s, o in enumerate(orders))
 
