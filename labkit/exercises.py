@@ -378,6 +378,9 @@ def sync(root: Path | None = None, *, check: bool = False, force: bool = False,
                 }.get(st.detail, "its solution changed since it was generated; nobody "
                                  "edited it")
                 print(f"stale: {rel} ({why})", file=out)
+            elif st.kind == "unreadable":
+                print(f"unreadable: {rel} (not a readable notebook; --force saves it to "
+                      f"exercises/{BACKUP_DIR}/ and writes a fresh one)", file=out)
             elif st.kind == "orphan":
                 print(f"orphan: {rel} (no solutions/{st.path.name}"
                       f"{'' if st.untouched else '; has edits or outputs'})", file=out)
@@ -463,6 +466,9 @@ def run(args: argparse.Namespace) -> int:
         pending = sync(root, check=args.check, force=args.force)
     except ExerciseError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a read-only checkout, a full disk
+        print(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 1 if pending else 0
 

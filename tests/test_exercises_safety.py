@@ -163,6 +163,8 @@ def test_unreadable_exercise_is_kept(lab):
     root, sol, exf = lab
     exf.write_text("{ half a notebook")
     sol.write_text(_solution(title="# v2"))
+    pending, out = _sync(root, check=True)
+    assert pending == [exf] and "unreadable: exercises/01_demo.ipynb" in out
     pending, out = _sync(root)
     assert pending == [exf] and exf.read_text() == "{ half a notebook"
     assert "is not a readable notebook" in out
