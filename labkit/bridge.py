@@ -156,7 +156,8 @@ def mismatch_errors(expected: Sequence[ArgMeta], args: Sequence) -> list[str]:
     """One line per difference between ``args`` and the captured metadata: shape, dtype,
     device of tensors, type and value of the rest, and the count (lesson 03's
     :func:`labkit.guards.get_mismatch_errors`). Empty when they match."""
-    return get_mismatch_errors([ArgMeta.of(m).guard() for m in expected], list(args))
+    return get_mismatch_errors([ArgMeta.of(m).guard() for m in expected],
+                               list(args) if isinstance(args, (tuple, list)) else args)
 
 
 def _raise_if_mismatch(name: str, expected: Sequence[ArgMeta], args: Sequence) -> None:

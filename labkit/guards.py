@@ -188,6 +188,20 @@ def _compare(meta: Any, val: Any, where: str, errors: list[str], check_address: 
                       f"captured {_short(meta.value)}")
 
 
+def _check_arg_sequences(captured_args, args, captured_kwargs, kwargs) -> None:
+    """Positional arguments come as sequences (a bare tensor would be iterated row by row)."""
+    for name, seq in (("captured_args", captured_args), ("args", args)):
+        if isinstance(seq, torch.Tensor) or not isinstance(seq, (tuple, list)):
+            what = (f"a Tensor of shape {tuple(seq.shape)}" if isinstance(seq, torch.Tensor)
+                    else type(seq).__name__)
+            raise TypeError(f"get_mismatch_errors: {name} must be a tuple or list of "
+                            f"arguments, got {what}; for one argument write (x,)")
+    for name, d in (("captured_kwargs", captured_kwargs), ("kwargs", kwargs)):
+        if d is not None and not isinstance(d, dict):
+            raise TypeError(f"get_mismatch_errors: {name} must be a dict or None, got "
+                            f"{type(d).__name__}")
+
+
 def get_mismatch_errors(captured_args: Iterable, args: Iterable,
                         captured_kwargs: dict | None = None, kwargs: dict | None = None,
                         *, check_address: bool = False) -> list[str]:
@@ -202,6 +216,7 @@ def get_mismatch_errors(captured_args: Iterable, args: Iterable,
     Checks everything before reporting, so one message lists all problems at once
     (Megatron's ``get_mismatch_errors`` does the same).
     """
+    _check_arg_sequences(captured_args, args, captured_kwargs, kwargs)
     captured_args, args = list(captured_args), list(args)
     errors: list[str] = []
     if len(args) != len(captured_args):
@@ -385,6 +400,13 @@ def _chain(exc: BaseException, limit: int = 4) -> list[BaseException]:
     return out[::-1]
 
 
+def _check_exception(exc, where: str) -> None:
+    if not isinstance(exc, BaseException):
+        raise TypeError(f"{where} takes the exception object (except ... as e: {where}(e); "
+                        f"with pytest.raises(...) as err: {where}(err.value)), got "
+                        f"{type(exc).__name__}")
+
+
 def error_lines(exc: BaseException, lines: int = 1, emulator_notes: bool = False) -> list[str]:
     """The first ``lines`` lines of each error in ``exc``'s chain, root cause first.
 
@@ -393,6 +415,7 @@ def error_lines(exc: BaseException, lines: int = 1, emulator_notes: bool = False
     The emulator adds a ``[labkit emulator] ...`` line explaining why; it is left out
     unless ``emulator_notes`` (it does not exist on a GPU).
     """
+    _check_exception(exc, "error_lines")
     out = []
     for e in _chain(exc):
         text = [ln.rstrip() for ln in str(e).splitlines() if ln.strip()]
@@ -408,6 +431,7 @@ def error_text(exc: BaseException) -> str:
     A failed capture raises twice: the refused operation, then ``capture_end`` reporting
     the invalidated capture. ``SYNC_MSG in error_text(e)`` asks whether the refusal is
     anywhere in that chain, whichever error the ``except`` clause caught."""
+    _check_exception(exc, "error_text")
     return "\n".join(str(e) for e in _chain(exc, limit=16))
 
 
@@ -438,6 +462,9 @@ class expect_error:
             from labkit import backend
 
             B = backend.get("auto")
+        from labkit.capture import _check_count
+
+        _check_count(lines, "lines (first lines shown of each error)", minimum=1)
         self.B = B
         self.lines = lines
         self.emulator_notes = emulator_notes
@@ -956,10 +983,14 @@ def _patched_synchronize(lint: _Linter, B):
     return saved
 
 
-def _check_lint_args(fn, kwargs, calls) -> None:
+def _check_lint_args(fn, kwargs, calls, generators) -> None:
     from labkit.capture import _check_callable, _check_count
 
     _check_callable(fn, "lint_capture(fn, ...)")
+    for gen in generators:
+        if not isinstance(gen, torch.Generator):
+            raise TypeError(f"lint_capture(generators=...) takes the torch.Generator objects "
+                            f"you will register with the graph, got {type(gen).__name__}")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise TypeError(f"lint_capture(kwargs=...) takes a dict of keyword arguments for fn, "
                         f"got {type(kwargs).__name__}")
@@ -998,7 +1029,8 @@ def lint_capture(fn: Callable, *args, kwargs: dict | None = None, B=None,
         on the next call are invisible here), and hazards in code paths not taken by
         these arguments are not seen.
     """
-    _check_lint_args(fn, kwargs, calls)
+    generators = list(generators)
+    _check_lint_args(fn, kwargs, calls, generators)
     kwargs = dict(kwargs or {})
     name = getattr(fn, "__name__", None) or type(fn).__name__
     lint = _Linter(generators)

@@ -309,3 +309,23 @@ def test_small_capture_helpers_name_a_wrong_argument():
     with pytest.raises(TypeError, match=r"on_side_stream\(B\) must be the backend namespace"):
         with on_side_stream("emulated"):
             pass
+
+
+def test_guard_helpers_name_a_wrong_argument(E):
+    from labkit.guards import error_lines, expect_error, get_mismatch_errors, metadata_tree
+
+    x = torch.ones(3)
+    with pytest.raises(TypeError, match=re.escape("args must be a tuple or list of arguments, "
+                                                  "got a Tensor of shape (3,); for one "
+                                                  "argument write (x,)")):
+        get_mismatch_errors((metadata_tree(x),), x)      # used to report 3 "arguments"
+    with pytest.raises(TypeError, match="captured_args must be a tuple or list"):
+        get_mismatch_errors(None, (x,))
+    with pytest.raises(TypeError, match=re.escape("error_text(err.value)), got NoneType")):
+        error_text(None)
+    with pytest.raises(TypeError, match="error_lines takes the exception object"):
+        error_lines("boom")
+    with pytest.raises(ValueError, match="lines .* must be >= 1, got 0"):
+        expect_error(E, lines=0)
+    with pytest.raises(TypeError, match="takes the torch.Generator objects .* got int"):
+        lint_capture(lambda t: t, x, B=E, generators=[1])
