@@ -417,8 +417,8 @@ def _diagnose_found_inf(update) -> str:
                 "loss is inf, -inf or NaN")
     if f_nan and not (f_inf and f_ninf):
         which = "inf and -inf" if not f_inf and not f_ninf else ("inf" if not f_inf else "-inf")
-        verb = "are" if " and " in which else "is"
-        return (f"a loss of {which} {verb} not flagged: your test catches NaN only (torch.isnan, "
+        what = f"losses of {which} are" if " and " in which else f"a loss of {which} is"
+        return (f"{what} not flagged: your test catches NaN only (torch.isnan, "
                 "or loss != loss). An overflowed loss is inf, and it must skip the step too")
     if (f_inf or f_ninf) and not f_nan:
         return ("a NaN loss is not flagged: your test catches inf only (torch.isinf, or a "
