@@ -780,6 +780,15 @@ def make_graphed_callables(callables, sample_args, *, B=None, pool=None,
     ``runner_kw`` is passed to each :class:`GraphRunner` (``generators``,
     ``clone_wgrads``...). Modules come back wrapped in :class:`GraphedModule`; functions
     (no parameters) as their runner.
+
+    .. warning::
+        A sample that does not require grad gets no dgrad in the backward graph. torch's
+        own function then leaves a live input's ``.grad`` at ``None`` without a word
+        (its docs ask for matching ``requires_grad``); labkit's refuses such a call,
+        because an upstream layer or pipeline stage would silently never train. Give
+        the sample ``requires_grad=True`` wherever the real input may require grad.
+        ``sample_args`` is a tuple of arguments (``(x,)``): a bare tensor is refused,
+        since ``tuple(x)`` would split it along its first dimension.
     """
     if B is None:
         from labkit import backend

@@ -139,6 +139,12 @@ def make_te_style_layers(layers: Sequence[torch.nn.Module], sample_input: torch.
     least the number of microbatches the stage holds in flight
     (:func:`~labkit.pipeline.schedule.max_in_flight`), or a slot's buffers would be
     overwritten before its backward ran.
+
+    .. warning::
+        Too few slots used to give gradients up to 0.148 off eager with no error. Now
+        :func:`~labkit.pipeline.step.train_step` refuses a schedule that holds more
+        microbatches in flight than there are slots, before anything runs, and a
+        :class:`TEStyleLayer` refuses a forward into a slot whose backward is still due.
     """
     layers = _check_te_args(layers, sample_input, B, num_slots, num_warmup_iters)
     with torch.no_grad():
