@@ -16,6 +16,7 @@ further hints, one at a time.
 
 from __future__ import annotations
 
+import numbers
 import random
 
 import torch
@@ -87,7 +88,7 @@ def _validate_orders(out, P: int, M: int):
             if kind not in ("F", "B"):
                 return None, (f"stage {s}, op {i} has kind {kind!r}; the kind is the string "
                               "'F' (forward) or 'B' (backward)")
-            if isinstance(m, bool) or not isinstance(m, int):
+            if isinstance(m, bool) or not isinstance(m, numbers.Integral):
                 return None, (f"stage {s}, op {i} has microbatch {m!r} (a "
                               f"{type(m).__name__}); microbatches are ints 0..M-1")
             if not 0 <= m < M:
@@ -95,7 +96,7 @@ def _validate_orders(out, P: int, M: int):
                               f"{m} when M={M} (they are 0..{M - 1})"
                               + ("; with fewer microbatches than stages the warm-up is "
                                  "capped at M" if M < P and m >= M else ""))
-            ops.append((kind, m))
+            ops.append((kind, int(m)))
         orders.append(ops)
     return orders, None
 
