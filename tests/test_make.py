@@ -127,3 +127,63 @@ def test_lab_installs_no_test_or_authoring_tools():
     assert out.returncode == 0, out.stderr
     installs = [ln for ln in out.stdout.splitlines() if "pip install" in ln and " -e " in ln]
     assert installs and all(ln.rstrip().endswith("-e .") for ln in installs), installs
+
+
+# ---- the torch policy, with a stand-in python that records what pip is asked -------------
+
+FAKE_PY = r"""#!/bin/sh
+echo "$*" >> "$FAKE_LOG"
+case "$*" in
+  "-c import torch") [ -n "$FAKE_HAS_TORCH" ] && exit 0; exit 1 ;;
+  *"m.version(\"torch\")"*) echo "torch==2.13.0+cpu"; exit 0 ;;
+  "-m pip install -q torch=="*"+cpu") [ -n "$FAKE_LOCAL_WHEEL" ] && exit 0; exit 1 ;;
+esac
+exit 0
+"""
+
+
+def _install_with_fake_python(tmp_path, **env):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    py = venv / "bin" / "python"
+    py.write_text(FAKE_PY)
+    py.chmod(0o755)
+    log = tmp_path / "log"
+    log.write_text("")
+    args = [f"{k}={v}" for k, v in env.items() if k.isupper() and not k.startswith("FAKE")]
+    r = subprocess.run(["make", "--no-print-directory", f"VENV={venv}", *args,
+                        f"{venv}/.installed"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "FAKE_LOG": str(log),
+                            **{k: v for k, v in env.items() if k.startswith("FAKE")}})
+    assert r.returncode == 0, r.stdout + r.stderr
+    pip = [ln for ln in log.read_text().splitlines() if ln.startswith("-m pip install")]
+    return pip, r.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None or sys.platform == "darwin",
+                    reason="needs make; Linux policy")
+def test_torch_policy_cpu_build_local_wheel_first(tmp_path):
+    pip, out = _install_with_fake_python(tmp_path, FAKE_LOCAL_WHEEL="1")
+    assert pip[0] == "-m pip install -q torch==2.13.0+cpu"
+    assert "from a wheel pip finds on this machine" in out
+    assert not any("download.pytorch.org" in p for p in pip)
+    assert pip[-1].endswith("install -c " + str(tmp_path / "venv") + "/torch-constraint.txt -e .")
+
+
+@pytest.mark.skipif(shutil.which("make") is None or sys.platform == "darwin",
+                    reason="needs make; Linux policy")
+def test_torch_policy_cpu_build_from_pytorch_index(tmp_path):
+    pip, out = _install_with_fake_python(tmp_path)
+    assert pip[:2] == ["-m pip install -q torch==2.13.0+cpu",
+                       "-m pip install torch==2.13.0+cpu --extra-index-url "
+                       "https://download.pytorch.org/whl/cpu"]
+    # never a bare torch==X, which on Linux resolves to PyPI's CUDA build
+    assert not any(re.search(r"torch==[\d.]+(\s|$)", p) for p in pip), pip
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_torch_policy_keeps_an_installed_torch_and_honours_torch_spec(tmp_path):
+    pip, out = _install_with_fake_python(tmp_path, FAKE_HAS_TORCH="1")
+    assert "keeping torch" in out and not any("torch==" in p for p in pip[:-1])
+    pip, out = _install_with_fake_python(tmp_path / "b", TORCH_SPEC="torch==2.5.1")
+    assert pip[0] == "-m pip install torch==2.5.1"
