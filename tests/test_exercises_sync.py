@@ -35,20 +35,8 @@ def test_exercise_is_up_to_date(solution):
     wanted = ex.build_exercise(solution)
     # A learner filling in exercises/ changes the working copy; what must match is either
     # the working copy (an author who just ran `make exercises`) or the committed file.
-    current = target.read_text(encoding="utf-8")
-    if current == wanted or _committed(target) == wanted:
-        return
-    # Transition: a file written before exercises recorded the hash of their cells is
-    # accepted when it is exactly what the solution generates, minus that record.
-    if _without_hash(current) == _without_hash(wanted) and ex.HASH_KEY not in current:
-        return
-    pytest.fail(f"exercises/{target.name} is stale: run `make exercises` and commit it")
-
-
-def _without_hash(text):
-    nb = json.loads(text)
-    nb.get("metadata", {}).get("labkit", {}).pop(ex.HASH_KEY, None)
-    return nb
+    if target.read_text(encoding="utf-8") != wanted and _committed(target) != wanted:
+        pytest.fail(f"exercises/{target.name} is stale: run `make exercises` and commit it")
 
 
 def test_no_orphan_exercises():
