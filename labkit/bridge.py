@@ -198,6 +198,13 @@ def _matches(sig: tuple, args: Sequence) -> bool:
 
 # ---- connected parameters ----------------------------------------------------------------
 
+def _check_connected_params_args(outputs, module) -> None:
+    _check_module(module, "get_connected_params(outputs, module)")
+    if not isinstance(outputs, (torch.Tensor, tuple, list)):
+        raise TypeError(f"get_connected_params: outputs must be a tensor or a tuple of "
+                        f"tensors (what the layer returned), got {type(outputs).__name__}")
+
+
 def _check_module(module, where: str) -> None:
     if not isinstance(module, torch.nn.Module):
         what = ("a generator (model.parameters()?)" if hasattr(module, "__next__")
@@ -215,10 +222,7 @@ def get_connected_params(outputs, module: torch.nn.Module) -> tuple[torch.nn.Par
     accumulate into. Frozen parameters (no ``AccumulateGrad``) and parameters the outputs
     do not use are left out: they get no wgrad, so they must not be graph inputs.
     """
-    _check_module(module, "get_connected_params(outputs, module)")
-    if not isinstance(outputs, (torch.Tensor, tuple, list)):
-        raise TypeError(f"get_connected_params: outputs must be a tensor or a tuple of "
-                        f"tensors (what the layer returned), got {type(outputs).__name__}")
+    _check_connected_params_args(outputs, module)
     outs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
     stack = [t.grad_fn for t in outs
              if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None]
