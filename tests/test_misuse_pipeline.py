@@ -476,3 +476,18 @@ def test_toy_model_helpers():
         graph_safe("hook")
     with pytest.raises(ValueError, match=re.escape("orders[0][0] is ('F', 'x')")):
         S.describe([[("F", "x")]])
+
+
+def test_pp1_manager_refuses_a_second_forward_before_the_backward(B):
+    rec = GlobalRecord()
+    calls = graph_layers(_blocks(B, 1), B, rec, reuse=True, num_warmup=1)
+    xs, ts = _data(B, 2)
+    train_step(split_stages(calls, 1), xs[:1], ts[:1], record=rec, B=B)
+    y = calls[0](xs[0])
+    with pytest.raises(RuntimeError, match=re.escape("Every runner's backward is still due: "
+                                                     "a forward before the previous "
+                                                     "microbatch's backward needs one runner "
+                                                     "per microbatch in flight (reuse=False)")):
+        calls[0](xs[1])
+    y.sum().backward()
+    calls[0](xs[1]).sum().backward()              # in turn: fine
