@@ -104,6 +104,7 @@ def _stages(B, P=2):
     ("1f1b ", "Did you mean '1f1b'?"),
     ("zigzag", "unknown schedule 'zigzag': choose one of '1f1b', 'gpipe'."),
     (None, "unknown schedule None"),
+    (["1f1b"], "unknown schedule ['1f1b']"),
 ])
 def test_schedule_names_are_a_fixed_set(B, schedule, words):
     xs, ts = _data(B, 2)

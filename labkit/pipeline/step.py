@@ -86,7 +86,7 @@ def split_stages(layers: Sequence[Callable], P: int) -> list[Stage]:
 
 def _schedule_orders(schedule, P: int, M: int) -> list:
     """The per-stage orders of ``schedule``, one of :data:`SCHEDULES` exactly."""
-    if schedule not in SCHEDULES:
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
         known = ", ".join(repr(k) for k in SCHEDULES)
         near = [k for k in SCHEDULES if isinstance(schedule, str)
                 and k == schedule.strip().lower()]
