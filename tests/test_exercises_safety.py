@@ -275,3 +275,22 @@ def test_saved_by_jupyter_without_edits_is_not_called_a_changed_solution(lab):
     pending, out = _sync(root)
     assert pending == [] and "(metadata only; no edits)" in out and _backups(root) == []
     assert exf.read_text() == ex.build_exercise(sol)
+
+
+def test_markers_follow_nbgraders_rule(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("Why?\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION"),
+        nbformat.v4.new_code_cell("x = 1\n  ### BEGIN SOLUTION\n  y = 2\n  ### END SOLUTION\nz"),
+        nbformat.v4.new_code_cell("answer = 42", metadata={"nbgrader": {"solution": True}}),
+        nbformat.v4.new_code_cell("print(1)", execution_count=3, outputs=[
+            nbformat.v4.new_output("stream", name="stdout", text="1\n")]),
+    ]
+    path = tmp_path / "01_x.ipynb"
+    path.write_text(nbformat.writes(nb))
+    cells = json.loads(ex.build_exercise(path))["cells"]
+    src = ["".join(c["source"]) for c in cells]
+    assert src[0] == "Why?\nYOUR ANSWER HERE"
+    assert src[1] == "x = 1\n  # YOUR CODE HERE\n  raise NotImplementedError()\nz"
+    assert src[2] == "# YOUR CODE HERE\nraise NotImplementedError()"
+    assert cells[3]["outputs"] == [] and cells[3]["execution_count"] is None
