@@ -335,6 +335,25 @@ def _check_sample_devices(name: str, args: Sequence, B) -> None:
                              f"x.to(B.device).")
 
 
+def _check_runner_args(module, B, func, num_warmup, pool, generators) -> list:
+    """:class:`GraphRunner`'s arguments, checked; returns ``generators`` as a list."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"GraphRunner needs the torch.nn.Module whose parameters the graphs "
+                        f"train, got {type(module).__name__}. For a plain function pass "
+                        f"GraphRunner(torch.nn.Module(), B, func=fn).")
+    if func is not None and not callable(func):
+        raise TypeError(f"GraphRunner(func=...) must be callable, got {type(func).__name__}")
+    check_backend(B, "GraphRunner(module, B)")
+    _check_count(num_warmup, "num_warmup", minimum=0)
+    _check_graph_options(B, pool, None, where="GraphRunner")
+    generators = list(generators)
+    for gen in generators:
+        if not isinstance(gen, torch.Generator):
+            raise TypeError(f"GraphRunner(generators=...) takes torch.Generator objects, "
+                            f"got {type(gen).__name__}")
+    return generators
+
+
 def _requires_grad_error(name: str, i: int, why: str) -> RuntimeError:
     """``why``: "sample" (captured from a sample that did not require grad), "no_autograd"
     (captured under no_grad / in eval mode) or "no_bwd" (backward graph not created yet)."""
@@ -385,20 +404,7 @@ class GraphRunner:
                  clone_wgrads: bool = True, restore_grad_added: bool = True,
                  restore_after_warmup: bool = True, name: str | None = None,
                  forward_impl: Callable | None = None, backward_impl: Callable | None = None):
-        if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"GraphRunner needs the torch.nn.Module whose parameters the graphs "
-                            f"train, got {type(module).__name__}. For a plain function pass "
-                            f"GraphRunner(torch.nn.Module(), B, func=fn).")
-        if func is not None and not callable(func):
-            raise TypeError(f"GraphRunner(func=...) must be callable, got {type(func).__name__}")
-        check_backend(B, "GraphRunner(module, B)")
-        _check_count(num_warmup, "num_warmup", minimum=0)
-        _check_graph_options(B, pool, None, where="GraphRunner")
-        generators = list(generators)
-        for gen in generators:
-            if not isinstance(gen, torch.Generator):
-                raise TypeError(f"GraphRunner(generators=...) takes torch.Generator objects, "
-                                f"got {type(gen).__name__}")
+        generators = _check_runner_args(module, B, func, num_warmup, pool, generators)
         self.module = module
         self.B = B
         self.pool = pool
