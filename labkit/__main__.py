@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Generate exercises/NN_*.ipynb from "
                                       "solutions/NN_*.ipynb. Files you edited are never "
                                       "overwritten without --force, and --force backs them "
-                                      "up to exercises/.backup/ first.")
+                                      "up to exercises/backup/ first.")
     exercises.add_arguments(p_ex)
     p_ex.set_defaults(run=exercises.run)
     return parser

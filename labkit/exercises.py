@@ -28,7 +28,7 @@ difference apart:
   nobody has edited it; it is rewritten;
 * the learner edited it (their work): its cells no longer hash to the record. It is never
   overwritten silently: without ``--force`` it is left alone and reported; with
-  ``--force`` it is first copied to ``exercises/.backup/NN_name-<UTC time>.ipynb``.
+  ``--force`` it is first copied to ``exercises/backup/NN_name-<UTC time>.ipynb``.
 
 A notebook that was run but not edited (it has outputs) counts as the learner's too.
 
@@ -76,7 +76,7 @@ CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 TEXT_STUB = "YOUR ANSWER HERE"
 BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"
 PATTERN = "[0-9][0-9]_*.ipynb"
-BACKUP_DIR = ".backup"
+BACKUP_DIR = "backup"   # not a dot folder: JupyterLab hides those and will not open them
 HASH_KEY = "cells_sha256"
 
 _KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
@@ -329,7 +329,7 @@ def sync(root: Path | None = None, *, check: bool = False, force: bool = False,
         root: the checkout (default: the one labkit is in).
         check: write nothing; report each file's :class:`Status`.
         force: also replace learner-edited (or unreadable, or orphan) files, each after a
-            copy to ``exercises/.backup/``. Without it they are left alone and reported.
+            copy to ``exercises/backup/``. Without it they are left alone and reported.
         out: where the report goes.
 
     .. warning::

@@ -122,7 +122,7 @@ def test_learner_edit_survives_a_changed_solution(lab):
     pending, out = _sync(root, check=True)
     assert pending == [exf]
     assert "yours, and stale: exercises/01_demo.ipynb (cells edited" in out
-    assert "--force" in out and "exercises/.backup/" in out
+    assert "--force" in out and "exercises/backup/" in out
     pending, out = _sync(root)
     assert pending == [exf] and exf.read_text() == mine          # refused, untouched
     assert "kept: exercises/01_demo.ipynb holds your work" in out
@@ -133,7 +133,7 @@ def test_learner_edit_survives_a_changed_solution(lab):
     (backup,) = _backups(root)
     assert backup.read_text() == mine                             # the learner's copy
     assert backup.name.startswith("01_demo-") and backup.name.endswith("Z.ipynb")
-    assert f"saved your version of exercises/01_demo.ipynb to exercises/.backup/{backup.name}" \
+    assert f"saved your version of exercises/01_demo.ipynb to exercises/backup/{backup.name}" \
         in out
 
 
