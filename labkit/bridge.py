@@ -24,14 +24,14 @@ This module mirrors Megatron-LM's ``local`` implementation
 labkit                      Megatron
 ==========================  ====================================================
 :class:`GraphStatus`        ``_GraphStatus`` (FWD_READY / BWD_READY)
-:class:`GraphRunner`        ``_CudaGraphRunner`` (one fwd/bwd pair, L695)
-:meth:`GraphRunner.create_fwd_graph`  ``create_fwd_graph`` (L834-1040)
-:meth:`GraphRunner.create_bwd_graph`  ``create_bwd_graph`` (L1055-1134)
-:class:`ReplayNode`         ``_CudagraphReplayNode`` (L585-692)
+:class:`GraphRunner`        ``_CudaGraphRunner`` (one fwd/bwd pair)
+:meth:`GraphRunner.create_fwd_graph`  ``_CudaGraphRunner.create_fwd_graph``
+:meth:`GraphRunner.create_bwd_graph`  ``_CudaGraphRunner.create_bwd_graph``
+:class:`ReplayNode`         ``_CudagraphReplayNode``
 :func:`replay_forward`      ``_CudagraphReplayNode.forward``
 :func:`replay_backward`     ``_CudagraphReplayNode.backward``
-:func:`get_connected_params`  ``get_connected_params`` (L793)
-:func:`mismatch_errors`     ``get_mismatch_errors`` (L1321), via :mod:`labkit.guards`
+:func:`get_connected_params`  ``_CudaGraphRunner.get_connected_params``
+:func:`mismatch_errors`     ``get_mismatch_errors``, via :mod:`labkit.guards`
 :func:`attach_main_grad`, :class:`FusedLinear`  Megatron DDP's ``main_grad`` and the
                             gradient-accumulation-fusion linear layer
 ==========================  ====================================================
@@ -40,7 +40,7 @@ and :func:`make_graphed_callables` puts runners together the way
 ``torch.cuda.make_graphed_callables`` does (one pool; forwards captured in order,
 backwards in reverse order), so the two can be compared line by line.
 
-What the training details are for (seed §2.1, §2.4):
+What the training details are for (the source chapter's §2.1 and §2.4):
 
 * **connected params**: the backward graph must also produce the wgrads, so the layer's
   parameters are appended to the forward graph's *input surface* (they become extra
@@ -82,6 +82,7 @@ from labkit.capture import (
     _check_graph_options,
     check_backend,
     cleanup_on_failure,
+    fresh_cublas_workspaces,
     on_side_stream,
 )
 from labkit.guards import ArgMetadata, GraphArgumentError, _values_equal, get_mismatch_errors
@@ -468,7 +469,7 @@ class GraphRunner:
                                         allow_unused=True)
 
     def create_fwd_graph(self, sample_args: Sequence) -> None:
-        """Warm up, then capture the forward into ``self.pool`` (Megatron L834-1040).
+        """Warm up, then capture the forward into ``self.pool`` (Megatron's ``create_fwd_graph``).
 
         ``sample_args``: tensors (their values seed the static buffers) or
         :class:`ArgMeta` (buffers start as zeros), or non-tensor values (baked in).
@@ -491,13 +492,15 @@ class GraphRunner:
         self.static_args = static
         self.grad_enabled = torch.is_grad_enabled() and self.module.training
 
-        # warmup pollutes buffers and main_grad: back them up (Megatron L834-849)
+        # warmup pollutes buffers and main_grad: back them up (as Megatron's create_fwd_graph)
         backup = self._backup() if self.restore_after_warmup else None
         try:
             self._warmup()
             g = B.CUDAGraph()
-            for gen in self.generators:              # RNG the layer draws from (L872)
+            for gen in self.generators:              # RNG the layer draws from
                 g.register_generator_state(gen)
+            if self.pool is None:
+                fresh_cublas_workspaces(B)           # a new pool owns its cuBLAS workspace
             ctx = torch.enable_grad() if self.grad_enabled else torch.no_grad()
             with cleanup_on_failure(B), ctx, B.graph(g, pool=self.pool,
                                                      stream=capture_stream(B)):
@@ -518,7 +521,7 @@ class GraphRunner:
         self.input_surface = tensors + self.params_to_backprop
 
     def create_bwd_graph(self) -> None:
-        """Capture ``torch.autograd.grad`` of the forward graph's outputs (L1055-1134)."""
+        """Capture ``torch.autograd.grad`` of the forward graph's outputs (``create_bwd_graph``)."""
         if self.fwd_graph is None:
             raise RuntimeError(f"{self.name}: no forward graph to differentiate yet: call "
                                "create_fwd_graph(sample_args) first")
@@ -654,7 +657,7 @@ def _order_error(runner: GraphRunner, wanted: str) -> GraphOrderError:
 
 
 def replay_forward(runner: GraphRunner, inputs: Sequence[torch.Tensor]) -> tuple:
-    """The forward half of the bridge (``_CudagraphReplayNode.forward``, L590-640).
+    """The forward half of the bridge (Megatron's ``_CudagraphReplayNode.forward``).
 
     ``inputs`` are the live tensors matching ``runner.input_surface`` (user inputs, then
     the connected parameters). Copy each into its static buffer unless it already lives
@@ -673,7 +676,7 @@ def replay_forward(runner: GraphRunner, inputs: Sequence[torch.Tensor]) -> tuple
 
 
 def replay_backward(runner: GraphRunner, grads: Sequence[torch.Tensor | None]) -> tuple:
-    """The backward half of the bridge (``_CudagraphReplayNode.backward``, L642-692).
+    """The backward half of the bridge (Megatron's ``_CudagraphReplayNode.backward``).
 
     ``grads`` are the output-gradients autograd hands in, one per output. Copy them into
     ``runner.static_grad_outputs`` (skipping outputs without a buffer and buffers that
@@ -807,7 +810,9 @@ def make_graphed_callables(callables, sample_args, *, B=None, pool=None,
     callables, sample_args, single = _check_callables(callables, sample_args)
     _check_count(num_warmup_iters, "num_warmup_iters", minimum=0)
     _check_graph_options(B, pool, None, where="make_graphed_callables")
-    pool = pool if pool is not None else B.graph_pool_handle()
+    if pool is None:
+        pool = B.graph_pool_handle()
+        fresh_cublas_workspaces(B)      # the new pool's graphs allocate their own workspace
     runners = []
     for c, args in zip(callables, sample_args):
         module = c if isinstance(c, torch.nn.Module) else torch.nn.Module()

@@ -1,20 +1,22 @@
-"""Capture and replay: the template of seed §1.2 as code you can call (lesson 02).
+"""Capture and replay: the template of the source chapter's §1.2 as code you can call (lesson 02).
 
 A CUDA graph is recorded once and replayed many times. Every correct use follows the same
 three steps, and each step exists for a reason:
 
-1. **Warm up on a side stream.** Run the work a few times eagerly first, on a stream
-   that is not the default one. The first calls do things that must not happen during
-   capture: the caching allocator grows its pools, cuBLAS/cuDNN pick and cache
-   algorithms (autotuning, workspaces), lazily initialised modules build their buffers.
-   Capture records kernels on fixed addresses, so all of that has to be over by then.
-   The side stream keeps the warm-up allocations off the default stream's blocks, the
-   way capture itself will run (:func:`side_stream_warmup`).
+1. **Warm up on a side stream.** Run the work a few times eagerly first. The first calls
+   do things that must not happen during capture: lazy initialisation (library handles,
+   lazily built module buffers), autotuning and benchmarking (cuBLAS, cuDNN, Triton).
+   Running them on a side stream rather than the default (legacy) stream also keeps
+   autograd's per-stream state off the legacy stream, which a later capture cannot depend
+   on (:func:`side_stream_warmup`). Warm-up does *not* pre-size the graph's memory: capture
+   allocates from a fresh private pool, so blocks cached during warm-up are not reused.
 2. **Capture on a non-default stream into a private pool.** ``with B.graph(g):`` switches
-   to a side stream, begins capture, and every kernel launched inside is *recorded, not
-   run*. Every tensor allocated inside comes from the graph's private memory pool, and
-   those addresses are what the graph will read and write on every replay. Graphs may
-   share one pool (``pool=B.graph_pool_handle()`` or ``pool=g.pool()``) to save memory.
+   to a side stream (torch's own internal capture stream unless ``stream=`` names one:
+   pass the warm-up stream to reuse per-stream state such as cuBLAS workspaces), begins
+   capture, and every kernel launched inside is *recorded, not run*. Every tensor
+   allocated inside comes from the graph's private memory pool, and those addresses are
+   what the graph will read and write on every replay. Graphs may share one pool
+   (``pool=B.graph_pool_handle()`` or ``pool=g.pool()``) to save memory.
 3. **Replay: copy_ in, replay(), read out.** The graph reads its inputs *by address*:
    new data goes into the static input tensor with ``copy_`` (rebinding a Python name
    changes nothing the graph can see); ``g.replay()`` relaunches every recorded kernel
@@ -23,7 +25,7 @@ three steps, and each step exists for a reason:
 
 What this module gives you, on either backend (``B = labkit.backend.get("auto")``):
 
-* :func:`side_stream_warmup` and :func:`capture`: steps 1 and 2, exactly as the seed
+* :func:`side_stream_warmup` and :func:`capture`: steps 1 and 2, as the source chapter
   writes them;
 * :class:`StaticGraph`: a small runner that owns the static inputs and outputs, does
   steps 1-3, and refuses misuse with a message that says what was captured and what it
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -56,6 +59,7 @@ from torch.utils._pytree import tree_map
 
 __all__ = [
     "on_side_stream", "side_stream_warmup", "capture", "cleanup_on_failure", "Captured",
+    "fresh_cublas_workspaces",
     "StaticGraph",
     "recorded_kernels",
     "short_kernel_name", "format_pool_stats",
@@ -101,7 +105,7 @@ def on_side_stream(B, stream=None):
 def side_stream_warmup(fn: Callable, *args, B=None, iters: int = 3, **kwargs) -> Any:
     """Run ``fn(*args, **kwargs)`` ``iters`` times on a fresh side stream; return the last result.
 
-    This is the seed's warm-up, line for line::
+    This is the source chapter's warm-up, line for line::
 
         s = B.Stream()
         s.wait_stream(B.current_stream())      # the side stream sees earlier work
@@ -112,9 +116,10 @@ def side_stream_warmup(fn: Callable, *args, B=None, iters: int = 3, **kwargs) ->
 
     (:func:`on_side_stream` is those stream lines as a context manager.)
 
-    Why: the first calls allocate (the caching allocator grows), autotune (cuBLAS,
-    cuDNN) and initialise lazily; none of that may happen during capture. Running on a
-    side stream puts the warm-up where capture will run, off the default stream.
+    Why: the first calls initialise lazily and autotune (cuBLAS, cuDNN, Triton); none of
+    that may happen during capture. Running on a side stream keeps autograd's stream state
+    off the default (legacy) stream. It does not pre-size the graph's memory: capture
+    allocates from the graph's own fresh pool.
 
     .. warning::
         Warm-up runs ``fn`` for real: in-place updates (a running mean, an optimizer
@@ -128,6 +133,28 @@ def side_stream_warmup(fn: Callable, *args, B=None, iters: int = 3, **kwargs) ->
         for _ in range(iters):
             out = fn(*args, **kwargs)
     return out
+
+
+def fresh_cublas_workspaces(B) -> None:
+    """Drop cuBLAS's cached workspaces so that the capture that follows allocates its own.
+
+    cuBLAS keeps one workspace per (handle, stream), allocated by torch's caching allocator
+    the first time a matmul runs there. A warm-up on the capture stream caches one from the
+    *general* pool, and the graph then records that block, which it does not own.
+    ``torch.compile(mode="reduce-overhead")`` frees every cached workspace around its own
+    warm-ups and recordings (``clear_cublas_manager`` in ``torch/_inductor/cudagraph_trees.py``);
+    a graph that still writes into the freed block corrupts whatever is allocated there next.
+    Cleared first, the workspace is allocated during capture, from the graph's pool, and
+    lives as long as the graph. A no-op on the emulated backend.
+
+    .. warning::
+        The clear is process-wide, like torch's: any other graph that recorded a cached
+        workspace is exposed to it exactly as it is to ``torch.compile``.
+    """
+    if getattr(B, "name", None) == "cuda":
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
 
 
 class Captured(NamedTuple):
@@ -159,6 +186,8 @@ def capture(fn: Callable, *args, B=None, pool=None, stream=None, warmup: int = 3
     if warmup:
         side_stream_warmup(fn, *args, B=B, iters=warmup, **kwargs)
     g = B.CUDAGraph()
+    if pool is None:
+        fresh_cublas_workspaces(B)      # a new pool: its graph allocates its own workspace
     with cleanup_on_failure(B):
         with B.graph(g, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
             out = fn(*args, **kwargs)
@@ -472,9 +501,12 @@ def recorded_kernels(g, B=None, *, short: bool = True) -> list[str]:
     from torch.profiler import ProfilerActivity, profile
 
     B.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        g.replay()
-        B.synchronize()
+    with warnings.catch_warnings():
+        # torch.profiler may warn about its own event bookkeeping: keep it out of lessons
+        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            g.replay()
+            B.synchronize()
     device_events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     device_events.sort(key=lambda e: e.time_range.start)
     names = [e.name for e in device_events]

@@ -76,7 +76,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from labkit.capture import on_side_stream
+from labkit.capture import fresh_cublas_workspaces, on_side_stream
 
 __all__ = [
     "LMConfig", "CONFIGS", "Block", "TinyLM", "build_lm", "lm_loss", "random_microbatches",
@@ -558,33 +558,6 @@ def _check_count(name: str, value, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
-def _fresh_cublas_workspaces(B) -> None:
-    """Drop cuBLAS's cached workspaces, so that a capture that follows allocates its own
-    workspace from the graph's private pool.
-
-    cuBLAS keeps one workspace per (handle, stream), allocated by torch's caching allocator
-    the first time a matmul runs there. Warm-up runs on the capture stream, so without
-    this the graph would record the warm-up's workspace, a block of the *general* pool that
-    the graph does not own. ``torch.compile(mode="reduce-overhead")`` (cudagraph trees,
-    ``clear_cublas_manager``) frees every cached workspace around each warm-up and
-    recording; the block then goes back to the allocator, and a graph that still writes
-    there corrupts whatever is allocated in it next (an illegal memory access, once the
-    memory is returned to the driver). Torch's trees do this same clear for their own
-    graphs. A workspace allocated during capture belongs to the graph's pool and lives as
-    long as the graph.
-
-    .. warning::
-       The clear is process-wide, as torch's is: any *other* graph that recorded a cached
-       workspace (captured on a stream where matmuls had already run eagerly) is exposed
-       to it exactly as to ``torch.compile``. Graphs that clear before their own capture,
-       like these, own their workspaces and are safe from every clear.
-    """
-    if B.name == "cuda":
-        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-        if clear is not None:
-            clear()
-
-
 def _recover_after_failed_capture(B) -> None:
     """A capture raised: put the default stream back and take the default generator out
     of capture mode (see :func:`labkit.backend.recover`), never hiding the first error."""
@@ -650,7 +623,7 @@ class FullCudaGraphWrapper:
         for gen in self.generators:
             g.register_generator_state(gen)
         B.synchronize()                 # the barrier before: nothing in flight is captured
-        _fresh_cublas_workspaces(B)     # the graph's cuBLAS workspace comes from its pool
+        fresh_cublas_workspaces(B)      # the graph's cuBLAS workspace comes from its pool
         try:
             with B.graph(g, pool=self.pool, stream=self.stream,
                          capture_error_mode=self.capture_error_mode):
@@ -740,7 +713,7 @@ class FullStepTrainer:
        recorded the old workspace then writes into freed memory (seen on an H200 with
        torch 2.11 as "an illegal memory access was encountered", which poisons the CUDA
        context). So the capture first drops the cached workspaces, and the graph gets
-       its own, from its pool (see ``_fresh_cublas_workspaces``).
+       its own, from its pool (see :func:`labkit.capture.fresh_cublas_workspaces`).
     """
 
     def __init__(self, model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,

@@ -708,11 +708,13 @@ _PY_HAZARDS = {
     "__array__": ("host_tensor", "np.asarray(tensor)", "needs the tensor in host memory"),
     "cpu": ("host_tensor", ".cpu()", "copies a tensor to host memory: on a GPU, a "
             "device-to-host copy during capture is refused"),
-    "tensor": ("host_tensor", "torch.tensor(...)", "builds a tensor from host data: on a "
-               "GPU a pageable host-to-device copy, refused during capture; pinned or not, "
-               "its values are read once, at capture"),
+    "tensor": ("host_tensor", "torch.tensor(...)", "builds a tensor from host data through "
+               "a temporary pageable buffer: on a GPU that host-to-device copy is refused "
+               "during capture (a copy from pinned memory can be captured, and then every "
+               "replay reads the host buffer again)"),
     "as_tensor": ("host_tensor", "torch.as_tensor(...)", "builds a tensor from host data "
-                  "(a host-to-device copy on a GPU, read once at capture)"),
+                  "(on a GPU a host-to-device copy, refused from pageable memory during "
+                  "capture)"),
 }
 
 _SYNC_ATEN = {

@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from labkit.capture import side_stream_warmup
+from labkit.capture import cleanup_on_failure, side_stream_warmup
 from labkit.widgets import column, figure_png, image_widget, mimebundle, set_image, widgets_wanted
 
 __all__ = [
@@ -418,7 +418,7 @@ def chain_steps(B, n_ops: int = 100, numel: int = 256, dtype: torch.dtype = torc
     x = torch.zeros(numel, device=B.device, dtype=dtype)
     side_stream_warmup(chain, x, n_ops, B=B, iters=warmup)
     g = B.CUDAGraph()
-    with B.graph(g):
+    with cleanup_on_failure(B), B.graph(g):
         out = chain(x, n_ops)
     B.synchronize()
     return ChainSteps(eager=lambda: chain(x, n_ops), graphed=g.replay, graph=g, x=x, out=out,

@@ -36,6 +36,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from labkit.capture import fresh_cublas_workspaces
+
 from .attention import TorchNativeAttnBackend, make_attn_backend
 from .batch import ForwardBatch, ForwardMode, _check_model, _is_int, check_batch
 from .buckets import make_buckets, pad_to_bucket
@@ -118,6 +120,7 @@ class FullGraphBackend:
     @contextlib.contextmanager
     def capture_session(self):
         self.pool = self.B.graph_pool_handle()  # ONE pool shared by every bucket's graph
+        fresh_cublas_workspaces(self.B)         # ...which allocates its own cuBLAS workspace
         self.stream = self.B.Stream()           # capture happens off the default stream
         yield self
 

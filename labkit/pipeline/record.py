@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from labkit.bridge import ArgMeta, GraphOrderError, GraphRunner, GraphStatus
+from labkit.capture import fresh_cublas_workspaces
 
 __all__ = ["GlobalRecord", "RecordNode", "reorder", "ORDERS"]
 
@@ -80,6 +81,7 @@ class GlobalRecord:
             list(self.entries))
         if pool == "shared":
             shared = B.graph_pool_handle()
+            fresh_cublas_workspaces(B)        # the pool's graphs allocate their own workspace
             self.pools = [shared]
             for e in entries:
                 e[0].pool = shared
@@ -88,6 +90,7 @@ class GlobalRecord:
             self.pools = []
             for e in entries:                 # a new pool for each graph as it is created
                 e[0].pool = B.graph_pool_handle()
+                fresh_cublas_workspaces(B)
                 self.pools.append(e[0].pool)
                 (create or create_in_order)([e])
         for e in entries:

@@ -1,0 +1,55 @@
+"""labkit's graphs own their cuBLAS workspace: a later clear (as torch.compile's
+reduce-overhead does around its own recordings) cannot pull memory from under them.
+
+On the emulated backend the clear is a no-op and the tests check the results only; on a
+GPU (``pytest -m cuda``) they free every cached workspace, return the memory, scribble
+over fresh allocations and replay.
+"""
+
+import torch
+
+from labkit import capture as C
+from labkit.bridge import make_graphed_callables
+
+
+def _clear_and_scribble(B):
+    if B.name == "cuda":
+        torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.empty_cache()
+    junk = [torch.full((1 << 20,), float("nan"), device=B.device) for _ in range(8)]
+    return junk
+
+
+def test_fresh_cublas_workspaces_is_safe_to_call(B):
+    C.fresh_cublas_workspaces(B)
+    a = torch.randn(64, 64, device=B.device)
+    assert torch.allclose(a @ a, (a.double() @ a.double()).float(), atol=1e-3)
+
+
+def test_captured_matmul_survives_a_workspace_clear(B):
+    w = torch.randn(128, 128, device=B.device)
+    x = torch.randn(32, 128, device=B.device)
+    cap = C.capture(lambda t: torch.relu(t @ w) @ w, x, B=B)
+    _ = _clear_and_scribble(B)
+    x.copy_(torch.randn(32, 128, device=B.device))
+    cap.graph.replay()
+    B.synchronize()
+    assert torch.allclose(cap.output, torch.relu(x @ w) @ w, rtol=1e-3, atol=1e-3)
+
+
+def test_bridge_graphs_survive_a_workspace_clear(B):
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(),
+                                torch.nn.Linear(64, 64)).to(B.device)
+    x = torch.randn(8, 64, device=B.device, requires_grad=True)
+    graphed = make_graphed_callables(layer, (x,), B=B)
+    _ = _clear_and_scribble(B)
+    xi = torch.randn(8, 64, device=B.device, requires_grad=True)
+    out = graphed(xi)
+    out.sum().backward()
+    B.synchronize()
+    ref_x = xi.detach().clone().requires_grad_(True)
+    ref = layer(ref_x)
+    ref.sum().backward()
+    assert torch.allclose(out, ref, rtol=1e-3, atol=1e-3)
+    assert torch.allclose(xi.grad, ref_x.grad, rtol=1e-3, atol=1e-3)
