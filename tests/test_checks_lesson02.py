@@ -20,16 +20,19 @@ def _msg(res) -> str:
 # ---- graphed_run ------------------------------------------------------------------------
 
 def _graphed_run(B, *, warmups=3, side=True, clone="all", copy=True, capture_in_loop=False,
-                 eager_after=False, print_in_capture=False):
+                 eager_after=False, print_in_capture=False, waits=("before", "after"),
+                 warm_on_batch=False):
     """The reference, with one knob per real mistake."""
     def graphed_run(fn, static_input, batches):
         if warmups:
             s = B.Stream() if side else B.default_stream()
-            s.wait_stream(B.current_stream())
+            if "before" in waits:
+                s.wait_stream(B.current_stream())
             with B.stream(s):
                 for _ in range(warmups):
-                    fn(static_input)
-            B.current_stream().wait_stream(s)
+                    fn(batches[0] if warm_on_batch else static_input)
+            if "after" in waits:
+                B.current_stream().wait_stream(s)
         g = B.CUDAGraph()
         if not capture_in_loop:
             with B.graph(g):
@@ -51,6 +54,8 @@ def _graphed_run(B, *, warmups=3, side=True, clone="all", copy=True, capture_in_
                 fn(batch)
             keep = clone == "all" or (clone == "all but last" and i < len(batches) - 1)
             results.append(static_out.clone() if keep else static_out)
+        if clone == "after the loop":
+            results = [r.clone() for r in results]
         return results
     return graphed_run
 
@@ -73,6 +78,52 @@ def test_graphed_run_with_side_stream_warmup_helper_passes(B):
             res.append(out.clone())
         return res
     assert check_graphed_run(graphed_run, B=B)
+
+
+def test_graphed_run_newcomers_answer_passes(B):
+    # stream= on the capture, slice assignment instead of copy_, empty_like().copy_()
+    def graphed_run(fn, static_input, batches):
+        side = B.Stream()
+        side.wait_stream(B.current_stream())
+        with B.stream(side):
+            for _ in range(3):
+                fn(static_input)
+        B.current_stream().wait_stream(side)
+        graph = B.CUDAGraph()
+        with B.graph(graph, stream=side):
+            static_out = fn(static_input)
+        results = []
+        for b in batches:
+            static_input[...] = b
+            graph.replay()
+            results.append(torch.empty_like(static_out).copy_(static_out))
+        return results
+    assert check_graphed_run(graphed_run, B=B)
+
+
+def test_graphed_run_rejects_a_side_stream_without_wait_stream(B):
+    msg = _msg(check_graphed_run(_graphed_run(B, waits=()), B=B))
+    assert "without `s.wait_stream(B.current_stream())`" in msg
+    assert "without `B.current_stream().wait_stream(s)`" in msg and "section 2" in msg
+    msg = _msg(check_graphed_run(_graphed_run(B, waits=("before",)), B=B))
+    assert "without `B.current_stream().wait_stream(s)` after it" in msg
+    assert "s.wait_stream(B.current_stream())" not in msg
+    msg = _msg(check_graphed_run(_graphed_run(B, waits=("after",)), B=B))
+    assert "without `s.wait_stream(B.current_stream())` before the warm-up" in msg
+    assert "B.current_stream().wait_stream(s)" not in msg
+
+
+def test_graphed_run_rejects_warming_up_on_a_batch(B):
+    msg = _msg(check_graphed_run(_graphed_run(B, warm_on_batch=True), B=B))
+    assert "3 of the 3 warm-up runs called fn on a tensor that is not static_input" in msg
+    assert "fn(static_input)" in msg and "section 2" in msg
+
+
+def test_graphed_run_rejects_cloning_after_the_loop(B):
+    msg = _msg(check_graphed_run(_graphed_run(B, clone="after the loop"), B=B))
+    assert "you kept references to the static output (static_out) and cloned after the loop" \
+        in msg and "every replay overwrote them (section 5)" in msg
+    assert "copy_" not in msg
 
 
 def test_graphed_run_rejects_no_warmup(B):
@@ -361,6 +412,45 @@ def test_capture_chain_rejects_graphs_swapped(B):
 
     msg = _msg(check_capture_chain(swapped, B=B))
     assert "replaying g2 alone overwrote static_mid: your g2 records f1" in msg
+    assert "order swapped" in msg
+
+
+def test_capture_chain_rejects_static_tensors_swapped(B):
+    def swapped(f1, f2, static_input):
+        g1, g2, mid, out = _chain_ref(B)(f1, f2, static_input)
+        return g1, g2, out, mid
+
+    msg = _msg(check_capture_chain(swapped, B=B))
+    assert "static_mid and static_out: order swapped" in msg
+    assert "values differ" not in msg
+
+
+def test_capture_chain_rejects_g1_that_also_computes_f2(B):
+    def chain(f1, f2, static_input):
+        pool = B.graph_pool_handle()
+        g1, g2 = B.CUDAGraph(), B.CUDAGraph()
+        with B.graph(g1, pool=pool):
+            mid = f1(static_input)
+            _peek = f2(mid)            # a throwaway: nobody keeps it
+        with B.graph(g2, pool=pool):
+            out = f2(mid)
+        return g1, g2, mid, out
+
+    msg = _msg(check_capture_chain(chain, B=B))
+    assert "g1 records more than static_mid = f1(static_input)" in msg
+    assert "f1 and nothing else" in msg
+
+
+def test_capture_chain_newcomers_answer_passes(B):
+    def chain(f1, f2, static_input):
+        first = B.CUDAGraph()
+        with B.graph(first):
+            static_mid = f1(static_input)
+        second = B.CUDAGraph()
+        with B.graph(second, pool=first.pool()):
+            static_out = f2(static_mid)
+        return first, second, static_mid, static_out
+    assert check_capture_chain(chain, B=B)
 
 
 def test_capture_chain_rejects_wrong_return_values(B):
@@ -372,10 +462,12 @@ def test_capture_chain_rejects_wrong_return_values(B):
 
 # ---- serve (diagnosis) ----------------------------------------------------------------------
 
-def _serve(B, *, copy=True, clone="all", capture_per_request=False):
+def _serve(B, *, copy=True, clone="all", capture_per_request=False, warmup=True,
+           on_request=False):
     def serve(model, requests):
-        static_x = torch.zeros_like(requests[0])
-        side_stream_warmup(model, static_x, B=B)
+        static_x = requests[0] if on_request else torch.zeros_like(requests[0])
+        if warmup:
+            side_stream_warmup(model, static_x, B=B)
         g = B.CUDAGraph()
         with B.graph(g):
             static_y = model(static_x)
@@ -392,6 +484,8 @@ def _serve(B, *, copy=True, clone="all", capture_per_request=False):
             g.replay()
             keep = clone == "all" or (clone == "all but last" and i < len(requests) - 1)
             outputs.append(static_y.clone() if keep else static_y)
+        if clone == "after the loop":
+            outputs = [y.clone() for y in outputs]
         return outputs
     return serve
 
@@ -427,3 +521,37 @@ def test_serve_hints_come_in_steps(B):
     assert "copy_" not in res.message.split("hint:")[-1]
     if hasattr(res, "more_hints"):
         assert len(res.more_hints) == 2 and "section 4" in res.more_hints[0]
+
+
+def test_serve_rejects_dropping_the_warmup(B):
+    msg = _msg(check_serve(_serve(B, warmup=False), B=B))
+    assert "you dropped the warm-up" in msg and "section 2" in msg
+
+
+def test_serve_rejects_a_request_as_the_static_input(B):
+    msg = _msg(check_serve(_serve(B, on_request=True), B=B))
+    assert "serve changed the caller's requests[0] in place" in msg
+    assert "Your static input IS a caller's request" in msg
+
+
+def test_serve_rejects_cloning_after_the_loop(B):
+    msg = _msg(check_serve(_serve(B, clone="after the loop"), B=B))
+    assert "you kept references to the static output (static_y) and cloned after the loop" \
+        in msg and "(section 5)" in msg
+
+
+def test_serve_newcomers_answer_passes(B):
+    def serve(model, requests):
+        static_x = torch.empty_like(requests[0])
+        static_x.copy_(requests[0])
+        side_stream_warmup(model, static_x, B=B)
+        g = B.CUDAGraph()
+        with B.graph(g):
+            static_y = model(static_x)
+        answers = []
+        for req in requests:
+            static_x.copy_(req)
+            g.replay()
+            answers.append(static_y.detach().clone())
+        return answers
+    assert check_serve(serve, B=B)

@@ -26,12 +26,14 @@ ends, which names no line of the learner's code.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 
 import torch
 
 from labkit.backend import recover as _recover
+from labkit.capture import capture, recorded_kernels
 from labkit.checks import DEFAULT_TIME_LIMIT, CheckResult, check, compare_outputs
 
 __all__ = ["check_graphed_run", "check_capture_chain", "check_serve", "WARMUP_ITERS"]
@@ -132,6 +134,9 @@ class _Counted:
     def __init__(self, B, weight: torch.Tensor, bias: torch.Tensor, act: str):
         self.B, self.weight, self.bias, self.act = B, weight, bias, act
         self.warmup_streams: list[bool] = []  # True: that warm-up ran on the default stream
+        self.warmup_ptrs: list[int | None] = []  # data_ptr of each warm-up's input
+        # ("warm", stream) / ("capture", None) / ("wait", (waiter, waited_on)), in order
+        self.log: list[tuple] = []
         self.captured = 0
         self.after = 0
         self.static_out: torch.Tensor | None = None
@@ -145,6 +150,7 @@ class _Counted:
         B = self.B
         if B.is_current_stream_capturing():
             self.captured += 1
+            self.log.append(("capture", None))
             self.captured_on = x.data_ptr() if isinstance(x, torch.Tensor) else None
             out = self.compute(x)
             self.static_out = out
@@ -152,8 +158,65 @@ class _Counted:
         if self.captured:
             self.after += 1
         else:
-            self.warmup_streams.append(B.current_stream() == B.default_stream())
+            current = B.current_stream()
+            self.warmup_streams.append(current == B.default_stream())
+            self.warmup_ptrs.append(x.data_ptr() if isinstance(x, torch.Tensor) else None)
+            self.log.append(("warm", current))
         return self.compute(x)
+
+
+@contextlib.contextmanager
+def _recording_waits(B, fn: _Counted):
+    """Log every ``wait_stream`` call made on ``B.Stream`` objects into ``fn.log``.
+
+    ``B.Stream`` is ``torch.cuda.Stream`` on a GPU (``wait_stream`` is a Python method
+    there) and the emulator's ``Stream`` otherwise; ``B.current_stream()`` returns the
+    same class, so both calls of section 2 go through the patched method.
+    """
+    cls = B.Stream
+    had = "wait_stream" in vars(cls)
+    original = vars(cls).get("wait_stream", cls.wait_stream)
+
+    def wait_stream(self, other):
+        fn.log.append(("wait", (self, other)))
+        return original(self, other)
+
+    cls.wait_stream = wait_stream
+    try:
+        yield
+    finally:
+        if had:
+            cls.wait_stream = original
+        else:
+            del cls.wait_stream
+
+
+def _missing_waits(fn: _Counted) -> str | None:
+    """Which of section 2's two ``wait_stream`` calls around the warm-up is missing, or None."""
+    log = fn.log
+    warm = [i for i, (kind, _) in enumerate(log) if kind == "warm"]
+    if not warm:
+        return None
+    side = log[warm[0]][1]
+    end = next((i for i, (kind, _) in enumerate(log) if kind == "capture"), len(log))
+    before = any(kind == "wait" and a[0] == side and not a[1] == side
+                 for kind, a in log[:warm[0]])
+    after = any(kind == "wait" and a[1] == side and not a[0] == side
+                for kind, a in log[warm[-1] + 1:end])
+    if before and after:
+        return None
+    missing = []
+    if not before:
+        missing.append("`s.wait_stream(B.current_stream())` before the warm-up (without "
+                       "it the side stream may start before the work queued so far, such "
+                       "as filling the static input, is done)")
+    if not after:
+        missing.append("`B.current_stream().wait_stream(s)` after it, before the capture "
+                       "(without it later work may overlap the warm-up)")
+    return ("your warm-up runs on a side stream s, but without " + " and without ".join(missing)
+            + ". On a GPU the streams run concurrently, and this is a race the CPU cannot "
+            "show: section 2 puts both wait_stream calls around `with B.stream(s):` "
+            "(labkit.capture.side_stream_warmup does it for you)")
 
 
 def _make_fn_inputs(B, gen: torch.Generator):
@@ -173,8 +236,12 @@ def _make_fn_inputs(B, gen: torch.Generator):
 
 def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
                  what: str = "fn", static: str = "static_out",
-                 static_input_ptr: int | None = None) -> str | None:
-    """What is wrong with a graphed loop's results and ``fn``'s call counts, or None."""
+                 static_input_ptr: int | None = None, section: int = 5) -> str | None:
+    """What is wrong with a graphed loop's results and ``fn``'s call counts, or None.
+
+    ``warmups``: the exact number of warm-up runs asked for; 0: at least one (any number);
+    None: the warm-up is not checked.
+    """
     if fn.captured == 0:
         return (f"{what} was never called during a capture, so nothing was graphed: "
                 f"record it once inside `with B.graph(g):` (section 3) and replay that graph")
@@ -217,6 +284,12 @@ def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
     if msg:
         if len(tensors) == len(out) > 1 and all(
                 t.shape == tensors[0].shape and torch.equal(t, tensors[0]) for t in tensors):
+            if len(expected) == len(out) and tensors[-1].shape == expected[-1].shape and \
+                    torch.allclose(tensors[-1], expected[-1], rtol=1e-4, atol=1e-5):
+                return (f"every result equals the LAST batch's result: you kept references "
+                        f"to the static output ({static}) and cloned after the loop: every "
+                        f"replay overwrote them (section {section}). Clone right after each "
+                        "replay, inside the loop")
             return (msg + f"; all {len(out)} results hold the same values, so every replay "
                     "read the same input: the graph reads the static input's memory, and a "
                     "batch gets there only by copy_ into it (section 4; rebinding the name "
@@ -226,9 +299,13 @@ def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
     if warmups is not None:
         done = len(fn.warmup_streams)
         if done == 0:
+            if not warmups:
+                return (f"{what} never ran before the capture: you dropped the warm-up. Keep "
+                        "it (the exercise says so): side_stream_warmup runs the model on a "
+                        "side stream before capturing (section 2)")
             return (f"{what} never ran before the capture: no warm-up. The exercise asks for "
                     f"{warmups} warm-up runs on a side stream before capturing (section 2)")
-        if done != warmups:
+        if warmups and done != warmups:
             return (f"{what} ran eagerly {done} time(s) before the capture: the exercise asks "
                     f"for exactly {warmups} warm-up runs (section 2), not {done}")
         on_default = sum(fn.warmup_streams)
@@ -236,6 +313,14 @@ def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
             return (f"{on_default} of the {done} warm-up runs ran on the default stream: the "
                     "exercise asks for a side stream (section 2 shows the two wait_stream "
                     "calls around `with B.stream(s):`)")
+        waits = _missing_waits(fn)
+        if waits:
+            return waits
+        if static_input_ptr is not None and any(p != static_input_ptr for p in fn.warmup_ptrs):
+            k = sum(p != static_input_ptr for p in fn.warmup_ptrs)
+            return (f"{k} of the {done} warm-up runs called {what} on a tensor that is not "
+                    f"static_input (a batch?): the exercise asks you to warm up "
+                    f"{what}(static_input), the very call you then capture (section 2)")
     return None
 
 
@@ -259,7 +344,8 @@ def check_graphed_run(graphed_run, *, B=None, trials: int = 3,
 
     def learner(fn, static_input, batches):
         try:
-            out = _call(B, graphed_run, fn, static_input, batches)
+            with _recording_waits(B, fn):
+                out = _call(B, graphed_run, fn, static_input, batches)
         except _Reported as rep:
             return {"bad": str(rep)}
         return {"outputs": out, "fn": fn, "n": len(batches), "ptr": static_input.data_ptr()}
@@ -301,17 +387,30 @@ def check_serve(serve, *, B=None, trials: int = 3,
             return {"outputs": [model.compute(x) for x in requests]}
 
     def learner(model, requests):
+        kept = [r.clone() for r in requests]
+        ptrs = [r.data_ptr() for r in requests]
         try:
-            out = _call(B, serve, model, requests)
+            with _recording_waits(B, model):
+                out = _call(B, serve, model, list(requests))
         except _Reported as rep:
             return {"bad": str(rep)}
-        return {"outputs": out, "fn": model, "n": len(requests)}
+        changed = [i for i, (r, k) in enumerate(zip(requests, kept)) if not torch.equal(r, k)]
+        return {"outputs": out, "fn": model, "n": len(requests), "changed": changed,
+                "on_request": model.captured_on in ptrs}
 
     def compare(expected, actual) -> str | None:
         if "bad" in actual:
             return actual["bad"]
+        if actual["changed"]:
+            i = actual["changed"][0]
+            where = (" Your static input IS a caller's request (static_x = requests[0]?), "
+                     "so each copy_ overwrote it" if actual["on_request"] else "")
+            return (f"serve changed the caller's requests[{i}] in place (requests "
+                    f"{actual['changed']} differ after the call).{where}: allocate a static "
+                    "input of your own, as the broken version does (torch.zeros_like), and "
+                    "copy_ each request into it (section 4)")
         return _run_problem(actual["fn"], actual["outputs"], actual["n"], expected["outputs"],
-                            warmups=None, what="model", static="static_y")
+                            warmups=0, what="model", static="static_y")
 
     return check(
         learner, reference, make_inputs, trials=trials, name="serve", compare=compare,
@@ -418,15 +517,32 @@ def check_capture_chain(capture_chain, *, B=None, trials: int = 3,
             g2_writes_mid = not torch.equal(mid, planted)
         except Exception as exc:
             return {"bad": f"replaying g1 / g2 failed: {type(exc).__name__}: {exc}"}
+        # probe 3: g1 records f1 "and nothing else": as many kernels as f1 alone, captured
+        # here on a tensor like static_input (on a GPU recorded_kernels replays g1 once)
+        try:
+            g1_kernels = recorded_kernels(g1, B)
+            g_f1, _ = capture(f1, torch.zeros_like(static_input), B=B)
+            f1_kernels = recorded_kernels(g_f1, B)
+            del g_f1
+        except Exception:  # noqa: BLE001 - the probe is extra; the probes above decide
+            _recover(B)
+            g1_kernels = f1_kernels = []
         return {"mid": mids, "out": outs, "same_pool": same, "g1_mid_ok": g1_mid_ok,
                 "g1_touches_out": g1_touches_out, "g2_reads_mid": g2_reads_mid,
-                "g2_writes_mid": g2_writes_mid}
+                "g2_writes_mid": g2_writes_mid, "g1_kernels": g1_kernels,
+                "f1_kernels": f1_kernels}
 
     def compare(expected, actual) -> str | None:
         if "bad" in actual:
             return actual["bad"]
         msg = compare_outputs(expected["mid"], actual["mid"], rtol=1e-5, atol=1e-6,
                               where="static_mid ")
+        if msg and compare_outputs(expected["out"], actual["mid"], rtol=1e-5, atol=1e-6) is None \
+                and compare_outputs(expected["mid"], actual["out"], rtol=1e-5,
+                                    atol=1e-6) is None:
+            return ("static_mid and static_out: order swapped. What you return as static_mid "
+                    "holds f2(f1(x)) and what you return as static_out holds f1(x): return "
+                    "(g1, g2, static_mid, static_out) in this order")
         if msg:
             return msg + (" after g1.replay(): g1 must record static_mid = f1(static_input), "
                           "and static_mid must be the tensor g1 wrote (not a copy of it)")
@@ -434,8 +550,8 @@ def check_capture_chain(capture_chain, *, B=None, trials: int = 3,
             return ("replaying g1 alone computed static_out = f2(f1(x)): g1 records f2 too. "
                     "Each graph records one function: g1 f1, g2 f2")
         if actual["g2_writes_mid"] and not actual["g2_reads_mid"]:
-            return ("replaying g2 alone overwrote static_mid: your g2 records f1. Are the graphs "
-                    "returned in the order (g1, g2, static_mid, static_out), g1 the f1 graph?")
+            return ("replaying g2 alone overwrote static_mid: your g2 records f1. Graph order "
+                    "swapped? Return (g1, g2, static_mid, static_out), g1 the f1 graph")
         if not actual["g2_reads_mid"]:
             return ("g2 does not read g1's output: with new values written into static_mid, "
                     "g2.replay() alone did not give f2(static_mid). Your g2 recomputes f1 from "
@@ -448,6 +564,12 @@ def check_capture_chain(capture_chain, *, B=None, trials: int = 3,
                           "static_out = f2(static_mid)")
         if not actual["g1_mid_ok"]:
             return "replaying g1 alone did not write f1(static_input) into static_mid"
+        extra = len(actual["g1_kernels"]) - len(actual["f1_kernels"])
+        if actual["f1_kernels"] and extra > 0:
+            return (f"g1 recorded {len(actual['g1_kernels'])} kernels, but f1 alone is "
+                    f"{len(actual['f1_kernels'])}: g1 records more than static_mid = "
+                    "f1(static_input) (f2 as well, into a tensor you do not keep?). The "
+                    "exercise asks g1 to record f1 and nothing else: f2 belongs in g2 only")
         if not actual["same_pool"]:
             return ("the results are right, but g1 and g2 use different memory pools: the "
                     "exercise asks for one shared pool: capture g2 with pool=g1.pool() or pass one "
