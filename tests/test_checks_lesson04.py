@@ -109,10 +109,51 @@ def cp_forgot_return(outputs, module):
     cp_reference(outputs, module)
 
 
+def cp_recursive(outputs, module):
+    """A tester's correct answer: a recursive walk."""
+    outs = [outputs] if torch.is_tensor(outputs) else list(outputs)
+    hit, seen = set(), set()
+
+    def visit(node):
+        if node is None or node in seen:
+            return
+        seen.add(node)
+        v = getattr(node, "variable", None)
+        if v is not None:
+            hit.add(id(v))
+        for nxt, _ in node.next_functions:
+            visit(nxt)
+
+    for o in outs:
+        if o.requires_grad:
+            visit(o.grad_fn)
+    return tuple(p for p in module.parameters() if id(p) in hit)
+
+
+def cp_autograd_grad(outputs, module):
+    """A tester's correct answer: ask autograd.grad which parameters get a gradient."""
+    outs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+    ws = [p for p in module.parameters() if p.requires_grad]
+    gs = torch.autograd.grad([o.sum() for o in outs if o.requires_grad], ws,
+                             allow_unused=True, retain_graph=True)
+    return tuple(p for p, g in zip(ws, gs) if g is not None)
+
+
+def cp_membership_eq(outputs, module):
+    """`p in list` compares tensors with ==: an ambiguous Boolean."""
+    found, kept = _walk(outputs), []
+    for p in module.parameters():
+        if p in found:
+            kept.append(p)
+    return tuple(kept)
+
+
 def test_connected_params_accepts_the_reference(capsys):
     assert check_connected_params(bridge.get_connected_params)
     assert check_connected_params(cp_reference)
-    assert capsys.readouterr().out.count("✅ connected_params") == 2
+    assert check_connected_params(cp_recursive)
+    assert check_connected_params(cp_autograd_grad)
+    assert capsys.readouterr().out.count("✅ connected_params") == 4
 
 
 @pytest.mark.parametrize("fn, words", [
@@ -128,6 +169,7 @@ def test_connected_params_accepts_the_reference(capsys):
     (cp_list, "returned a list, expected a tuple"),
     (cp_names, "return the parameter tensors themselves"),
     (cp_forgot_return, "did you forget `return`"),
+    (cp_membership_eq, "Compare parameters by identity"),
 ])
 def test_connected_params_rejects_learner_mistakes(fn, words):
     res = check_connected_params(fn, quiet=True)
@@ -158,13 +200,15 @@ def test_connected_params_not_done_and_not_callable():
 
 def bb(*, copy=True, skip_none=True, copy_after=False, status=True, flag=True, clone=True,
        detach_only=False, dgrads=True, wgrads=True, clone_none=False, swap=False,
-       assign=False):
+       assign=False, drop_none_first=False, rebind=None):
     """The reference bridge_backward with one learner mistake switched on."""
 
     def fn(runner, grads):
         pairs = list(zip(grads, runner.static_grad_outputs))
         if swap:
             pairs = list(zip(reversed(grads), runner.static_grad_outputs))
+        if drop_none_first:   # pairs grads with the buffers left after dropping the Nones
+            pairs = list(zip(grads, [s for s in runner.static_grad_outputs if s is not None]))
 
         def do_copy():
             for g, static in pairs:
@@ -172,6 +216,12 @@ def bb(*, copy=True, skip_none=True, copy_after=False, status=True, flag=True, c
                     continue
                 if assign:
                     static = g          # noqa: F841 - the mistake: rebinding a name
+                    continue
+                if rebind == "data":
+                    static.data = g
+                    continue
+                if rebind == "set":
+                    static.set_(g)
                     continue
                 if g.data_ptr() != static.data_ptr():
                     static.copy_(g)
@@ -204,10 +254,24 @@ def bb(*, copy=True, skip_none=True, copy_after=False, status=True, flag=True, c
     return fn
 
 
+def bb_empty_like_copy(runner, grads):
+    """A tester's correct answer: wgrads copied into empty_like instead of clone()."""
+    for buf, g in zip(runner.static_grad_outputs, grads):
+        if buf is not None and buf.data_ptr() != g.data_ptr():
+            buf.copy_(g)
+    runner.bwd_graph.replay()
+    runner.status = GraphStatus.FWD_READY
+    for p, flag in runner.groundtruth_grad_added_to_main_grad.items():
+        p.grad_added_to_main_grad = flag
+    return tuple(t if (i < runner.num_dgrads or t is None) else torch.empty_like(t).copy_(t)
+                 for i, t in enumerate(runner.static_grad_inputs))
+
+
 def test_bridge_backward_accepts_the_reference(B, one_thread, capsys):
     assert check_bridge_backward(bridge.replay_backward, B=B)
     assert check_bridge_backward(bb(), B=B)
-    assert capsys.readouterr().out.count("✅ bridge_backward") == 2
+    assert check_bridge_backward(bb_empty_like_copy, B=B)
+    assert capsys.readouterr().out.count("✅ bridge_backward") == 3
 
 
 @pytest.mark.parametrize("mistake, words", [
@@ -223,6 +287,9 @@ def test_bridge_backward_accepts_the_reference(B, one_thread, capsys):
     ({"wgrads": False}, "one per tensor of runner.input_surface"),
     ({"clone_none": True}, "None stays None"),
     ({"swap": True}, "grads[i] belongs in runner.static_grad_outputs[i]"),
+    ({"drop_none_first": True}, "grads[i] belongs in runner.static_grad_outputs[i]"),
+    ({"rebind": "data"}, "you rebound the buffer"),
+    ({"rebind": "set"}, "you rebound the buffer"),
 ])
 def test_bridge_backward_rejects_learner_mistakes(B, one_thread, mistake, words):
     res = check_bridge_backward(bb(**mistake), B=B, quiet=True)
@@ -237,6 +304,30 @@ def test_bridge_backward_uncloned_explains_why_the_end_to_end_cell_can_pass(B, o
     res = check_bridge_backward(bb(clone=False), B=B, quiet=True)
     assert "end-to-end cell's .grad line can print True" in res.message
     assert "deferred reduction" in res.message
+
+
+def test_bridge_backward_detached_wgrads_are_stolen_by_accumulate_grad(B, one_thread):
+    """A .detach()ed wgrad is a new tensor object over the buffer: AccumulateGrad steals it,
+    so even .grad accumulation is wrong. The message must not claim the .grad line can
+    print True."""
+    res = check_bridge_backward(bb(detach_only=True), B=B, quiet=True)
+    assert "even training with gradients accumulated in .grad differs" in res.message
+    assert "steals it as .grad" in res.message
+    assert "can print True" not in res.message
+
+
+def test_bridge_backward_rebinding_is_not_called_copy_after_replay(B, one_thread):
+    for how in ("data", "set"):
+        res = check_bridge_backward(bb(rebind=how), B=B, quiet=True)
+        assert "after replaying" not in res.message, res.message
+
+
+def test_bridge_backward_first_trial_has_a_none_buffer_before_a_real_one(B, one_thread):
+    """Pairing grads with the non-None buffers fails in trial 1 (outputs without grad come
+    before one with grad there)."""
+    res = check_bridge_backward(bb(drop_none_first=True), B=B, quiet=True)
+    assert "trial 1 of" in res.message and "without grad (grad buffer None), with grad" \
+        in res.message, res.message
 
 
 def test_bridge_backward_not_done_and_forgot_return(B, one_thread):

@@ -266,6 +266,11 @@ def check_connected_params(fn, *, trials: int = 5, quiet: bool = False) -> Check
                        "gradient. Skip both")
             elif isinstance(exc, TypeError) and "not iterable" in text:
                 why = ("`outputs` may be a single tensor or a tuple of tensors: handle both")
+            elif "Boolean value of Tensor" in text and "ambiguous" in text:
+                why = ("`p in some_list` (or a tensor in a set/dict key test, or `==`) "
+                       "compares tensors elementwise with ==, which has no single truth "
+                       "value. Compare parameters by identity: collect id(node.variable) "
+                       "in a set and test id(p), or use `any(p is v for v in found)`")
             else:
                 why = "see the line above"
             return _result(name, False, f"trial {trial + 1} of {trials}: your code raised "
@@ -303,11 +308,17 @@ class _BridgeProbe(nn.Module):
 
 
 def _bridge_config(rng: random.Random, trial: int) -> dict:
-    """Trial 0: two outputs, the second without grad (a None grad buffer). Trial 1: two
+    """Trial 0: two or three outputs, an output without grad (a None grad buffer) before
+    one with grad, at random positions, so that grads[i] must go to buffer i. Trial 1: two
     outputs with grad, two inputs of which one needs no grad (a None dgrad). Later trials:
     1-3 outputs and 1-2 inputs, drawn at random."""
-    if trial == 0:
-        kinds, needs = ["grad", "nograd"], [True]
+    if trial == 0:                           # a None buffer before a real one
+        n = rng.choice((2, 3))
+        kinds = [rng.choice(("grad", "nograd")) for _ in range(n)]
+        last_grad = rng.randrange(1, n)
+        kinds[last_grad] = "grad"
+        kinds[rng.randrange(last_grad)] = "nograd"
+        needs = [True]
     elif trial == 1:
         kinds, needs = ["grad", "grad"], [True, False]
         rng.shuffle(needs)
@@ -422,20 +433,31 @@ def _max_diff(a, b) -> float:
 
 
 def _clone_story(B, fn) -> str:
-    """Why an uncloned wgrad is wrong although plain .grad training matches eager: a
-    consumer that keeps the returned tensor past the next replay. Measured here."""
+    """Why an uncloned wgrad is wrong, measured here: a consumer that keeps the returned
+    tensor past the next replay reads the next microbatch's wgrad; and when the returned
+    tensor is a new object over the buffer's memory (``.detach()``, a view),
+    ``AccumulateGrad`` steals it as ``.grad`` and plain ``.grad`` accumulation breaks
+    too."""
     try:
         plain = _max_diff(_train(B, fn, 5), _train(B, None, 5))
         kept = _max_diff(_train(B, fn, 5, keep_wgrads=True),
                          _train(B, None, 5, keep_wgrads=True))
     except Exception:  # noqa: BLE001 - the story is optional
         return ""
-    return (f"\n   Measured: training with gradients accumulated in .grad differs from eager "
-            f"by {plain:.2g} (AccumulateGrad copies a gradient that the runner still holds: "
-            f"that is why the end-to-end cell's .grad line can print True), but with a hook "
-            f"that keeps each microbatch's wgrad for a deferred reduction it differs by "
-            f"{kept:.2g}: the second microbatch's replay overwrote the first one's wgrad "
-            f"before the reduction read it")
+    deferred = (f"with a hook that keeps each microbatch's wgrad for a deferred reduction "
+                f"it differs by {kept:.2g}: the second microbatch's replay overwrote the "
+                f"first one's wgrad before the reduction read it")
+    if plain <= 1e-4:
+        return (f"\n   Measured: training with gradients accumulated in .grad differs from "
+                f"eager by {plain:.2g} (AccumulateGrad copies a gradient that the runner "
+                f"still holds: that is why the end-to-end cell's .grad line can print "
+                f"True), but {deferred}")
+    return (f"\n   Measured: even training with gradients accumulated in .grad differs from "
+            f"eager by {plain:.2g}: what you return is a new tensor object (a .detach() or "
+            f"a view) over the static buffer's memory, which nothing else references, so "
+            f"AccumulateGrad steals it as .grad instead of copying it; the next "
+            f"microbatch's replay then overwrites .grad itself (lesson 04 §5 walks "
+            f"through it). And {deferred}")
 
 
 def check_bridge_backward(fn, *, B=None, quiet: bool = False, trials: int = 3) -> CheckResult:
@@ -515,6 +537,8 @@ def check_bridge_backward(fn, *, B=None, quiet: bool = False, trials: int = 3) -
             if s is not None:
                 s.copy_(v)
         where = f"trial {trial + 1} of {trials}, {_describe_config(cfg)}"
+        orig = tuple(r.static_grad_outputs)
+        orig_mem = [None if s is None else _storage(s) for s in orig]
         result, bad = call(r, grads, where)
         if bad is not None:
             return bad
@@ -538,8 +562,25 @@ def check_bridge_backward(fn, *, B=None, quiet: bool = False, trials: int = 3) -
                           "has replayed. Look at step 3")
         want = _eager_grads(module, xs, grads, r.params_to_backprop, flags)
         nd = r.num_dgrads
+        moved = [i for i, (s, m) in enumerate(zip(orig, orig_mem))
+                 if s is not None and _storage(s) != m]
+        swapped = [i for i, (s, t) in enumerate(zip(orig, r.static_grad_outputs))
+                   if s is not None and t is not s]
         if _all_close(result, want):
             pass
+        elif moved:
+            return failed(f"{where}: after your function the grad buffers at positions "
+                          f"{moved} of runner.static_grad_outputs point to other memory: "
+                          "you rebound the buffer (`buf.data = "
+                          "g`, `buf.set_(g)`) instead of copying into it. The backward graph "
+                          "was recorded with the buffers' old addresses and still reads "
+                          "them, so it replayed on the previous grads. Write into the "
+                          "buffer's own memory: buf.copy_(g) (step 1)")
+        elif swapped or len(r.static_grad_outputs) != len(orig):
+            return failed(f"{where}: runner.static_grad_outputs holds other tensors after "
+                          "your function: you replaced the buffers (or the tuple) instead "
+                          "of copying into them. The backward graph reads the buffers it "
+                          "was recorded with: buf.copy_(g) into each of them (step 1)")
         elif _all_close(result, _eager_grads(module, xs, stale, r.params_to_backprop, flags)):
             now = [s for s in r.static_grad_outputs if s is not None]
             copied = all(_close(s, g) for s, g in zip(
