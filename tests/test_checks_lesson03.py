@@ -254,6 +254,29 @@ def _isinstance_types(captured, received):  # isinstance(r, type(c)): True passe
     return out
 
 
+def _isinstance_one_way(captured, received):  # isinstance(r, type(c)): 1 captured, True received
+    return [m for m in arg_mismatches(captured, received)
+            if not (m[1] == "type" and m[2] == "int" and m[3] == "bool")]
+
+
+def _newcomers_answer(captured, received):     # range(min(...)), torch.is_tensor, type(c) != type(r)
+    diffs = []
+    if len(captured) != len(received):
+        diffs.append(("args", "count", len(captured), len(received)))
+    for i in range(min(len(captured), len(received))):
+        c, r, where = captured[i], received[i], f"args[{i}]"
+        if torch.is_tensor(c) and torch.is_tensor(r):
+            for field, get in (("shape", lambda t: tuple(t.shape)), ("dtype", lambda t: t.dtype),
+                               ("device", lambda t: t.device)):
+                if get(c) != get(r):
+                    diffs.append((where, field, get(c), get(r)))
+        elif torch.is_tensor(c) or torch.is_tensor(r) or type(c) != type(r):
+            diffs.append((where, "type", type(c).__name__, type(r).__name__))
+        elif c != r:
+            diffs.append((where, "value", c, r))
+    return diffs
+
+
 def _shape_lists(captured, received):
     return [(w, f, list(a), list(b)) if f == "shape" else (w, f, a, b)
             for w, f, a, b in arg_mismatches(captured, received)]
@@ -305,7 +328,8 @@ def test_arg_mismatches_accepts_the_reference(B, capsys):
     assert check_arg_mismatches(arg_mismatches, B=B)
     assert check_arg_mismatches(L._arg_mismatches_reference, B=B)
     assert check_arg_mismatches(lambda c, r: tuple(arg_mismatches(c, r)[::-1]), B=B)
-    assert capsys.readouterr().out.count("✅ arg_mismatches: passed 8 random trials") == 3
+    assert check_arg_mismatches(_newcomers_answer, B=B)
+    assert capsys.readouterr().out.count("✅ arg_mismatches: passed 8 random trials") == 4
 
 
 def test_arg_mismatches_blank_says_not_done(B):
@@ -322,6 +346,8 @@ def test_arg_mismatches_blank_says_not_done(B):
     (_values_too, ["tensor VALUES are never compared"]),
     (_no_type_check, ["equal in Python, but their types differ"]),
     (_isinstance_types, ["equal in Python, but their types differ"]),
+    (_isinstance_one_way, ["the captured 1 (int) and the received True (bool)",
+                           "equal in Python, but their types differ", "baked in an int"]),
     (_shape_lists, ["shape as a list", "tuple of ints"]),
     (_type_objects, ["give their names", "type(c).__name__"]),
     (_type_and_value, ["the types differ", "report only the 'type' tuple"]),
@@ -378,7 +404,7 @@ def test_arg_mismatches_cases_cover_every_rule():
 # ---- build_server (diagnosis) ---------------------------------------------------------------
 
 def _server(*, copy=True, clone=True, temp="tensor", replay_first=False, eager=False,
-            recapture=False):
+            recapture=False, two_captures=False, eager_beside_replay=False):
     def build_server(B):
         static_logits = torch.zeros(4, 16, device=B.device)
         settings = {"temperature": 1.0, "t": torch.ones((), device=B.device)}
@@ -389,6 +415,8 @@ def _server(*, copy=True, clone=True, temp="tensor", replay_first=False, eager=F
             return torch.softmax(logits / settings["temperature"], dim=-1)
 
         graph = {}
+        if two_captures:     # a leftover first attempt, never replayed
+            capture(lambda x: torch.softmax(x, dim=-1), static_logits, B=B)
         graph["g"], graph["out"] = capture(probs, static_logits, B=B)
 
         def serve(batches, temperatures):
@@ -413,7 +441,12 @@ def _server(*, copy=True, clone=True, temp="tensor", replay_first=False, eager=F
                     graph["g"], graph["out"] = capture(probs, static_logits, B=B)
                 if not replay_first:
                     graph["g"].replay()
-                results.append(graph["out"].clone() if clone else graph["out"])
+                if eager_beside_replay:  # replays for the counter, returns eager results
+                    results.append(torch.softmax(logits / t, dim=-1))
+                    continue
+                results.append(graph["out"].clone() if clone is True else graph["out"])
+            if clone == "after the loop":
+                results = [r.clone() for r in results]
             return results
 
         return serve
@@ -432,6 +465,23 @@ def _server_divides_first(B):
             g.replay()
             results.append(out.clone())
         return results
+
+    return serve
+
+
+def _server_newcomer(B):        # multiplies by a static 1/t of shape (1, 1)
+    x = torch.zeros(4, 16, device=B.device)
+    inv_t = torch.ones(1, 1, device=B.device)
+    g, y = capture(lambda logits: torch.softmax(logits * inv_t, dim=-1), x, B=B)
+
+    def serve(batches, temperatures):
+        outs = []
+        for logits, t in zip(batches, temperatures):
+            x.copy_(logits)
+            inv_t.fill_(1.0 / t)
+            g.replay()
+            outs.append(y.clone())
+        return outs
 
     return serve
 
@@ -456,7 +506,8 @@ def _server_item(B):
 def test_build_server_accepts_right_answers(B, capsys):
     assert check_build_server(_server(), B=B)
     assert check_build_server(_server_divides_first, B=B)
-    assert capsys.readouterr().out.count("✅ build_server: passed 2 random trials") == 2
+    assert check_build_server(_server_newcomer, B=B)
+    assert capsys.readouterr().out.count("✅ build_server: passed 2 random trials") == 3
 
 
 def test_build_server_blank_says_not_done(B):
@@ -475,6 +526,10 @@ def test_build_server_blank_says_not_done(B):
     (dict(replay_first=True), ["previous batch's", "Fill first, then replay"]),
     (dict(eager=True), ["replayed the graph 0 times"]),
     (dict(recapture=True), ["serve captured", "capture once, in build_server"]),
+    (dict(clone="after the loop"), ["you kept references to the static output and cloned "
+                                    "after the loop", "every replay overwrote them (section 6)"]),
+    (dict(two_captures=True), ["build_server captured 2 graphs", "ONE graph"]),
+    (dict(eager_beside_replay=True), ["softmax/exp op(s) eagerly", "must come from the graph"]),
 ], ids=lambda v: ",".join(f"{k}={v}" for k, v in v.items()) if isinstance(v, dict) else "")
 def test_build_server_rejects(B, kw, words):
     res = check_build_server(_server(**kw), B=B)

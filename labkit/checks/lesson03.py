@@ -37,15 +37,17 @@ Three exercises, run on the backend of ``labkit.backend.get("auto")`` (or ``B=``
   Order of the list does not matter. Eight trials, each aimed at one rule, with random
   positions, shapes, dtypes and values: several fields of one tensor, a count mismatch, a
   tensor against a number, a clean call whose tensors hold other values, a device
-  mismatch, ``int`` against ``float`` of equal value, a changed Python value, a random mix.
+  mismatch, ``int`` against ``float`` of equal value and ``1`` captured against ``True``
+  received, a changed Python value, a random mix (with ``True`` captured against ``1``).
 * ``build_server(B)`` (diagnosis): the learner fixes a broken server that captures
   ``softmax(logits / temperature)`` once and replays it per batch. The checker gives
   ``build_server`` a backend that counts captures and replays, then calls the returned
-  ``serve(batches, temperatures)``: one graph captured in ``build_server``, none in
-  ``serve``, one replay per batch, results that are separate tensors equal to eager. A
-  wrong answer is told which pitfall it still has: results that share memory (section 6),
-  logits the graph never saw (section 1), a temperature stuck at its capture value
-  (section 7), results one batch behind.
+  ``serve(batches, temperatures)``: exactly one graph captured in ``build_server``, none
+  in ``serve``, one replay per batch, no softmax run eagerly in ``serve`` (results come from
+  the graph), results that are separate tensors equal to eager. A wrong answer is told
+  which pitfall it still has: results that share memory or were cloned after the loop
+  (section 6), logits the graph never saw (section 1), a temperature stuck at its capture
+  value (section 7), results one batch behind.
 
 Every checker leaves a usable process after a learner's failed capture
 (:func:`labkit.backend.recover`), gives learner code a time budget
@@ -64,6 +66,8 @@ from collections import Counter
 from typing import Any, Callable
 
 import torch
+
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.backend import recover as _recover
 from labkit.checks import NOT_DONE, LearnerTimeout, call_learner, compare_outputs, fail, passed
@@ -446,7 +450,9 @@ def _arg_case(trial: int, gen: torch.Generator, device) -> tuple[list, list]:
         shape = _other_shape(gen, c.shape)
         dtype = _other_dtype(gen, c.dtype)
         dev = "meta" if bool(_rand_int(gen, 0, 1)) else device
-        received[t] = torch.empty(shape, dtype=dtype, device=dev)
+        # zeros, not empty: uninitialised memory may hold NaN, and NaN != NaN would make
+        # the "did your function change a received tensor" check blame a right answer
+        received[t] = torch.zeros(shape, dtype=dtype, device=dev)
     elif kind == 2:    # a count mismatch, and a shape mismatch at a position both have
         received[t] = torch.zeros(_other_shape(gen, c.shape), dtype=c.dtype, device=device)
         if bool(_rand_int(gen, 0, 1)):
@@ -466,6 +472,8 @@ def _arg_case(trial: int, gen: torch.Generator, device) -> tuple[list, list]:
         v = float(_rand_int(gen, 1, 8))
         captured.append(v)
         received.append(int(v))
+        captured.append(1)         # bool is a subclass of int: isinstance(True, int) is True
+        received.append(True)      # (kind 7 has the other direction: True captured, 1 received)
     elif kind == 6:    # changed Python values of several kinds
         for kind_ in ("float", "str", "bool"):
             v = _rand_value(gen, kind_)
@@ -641,7 +649,7 @@ def _diagnose_arg_mismatches(captured, received, expected, actual) -> _Failure |
                     f"at {where} the captured {cv!r} ({c}) and the received {rv!r} ({r}) are "
                     f"equal in Python, but their types differ and your list has nothing for "
                     f"it. Compare types before values: a graph captured with {cv!r} baked in "
-                    f"a {c}.",
+                    f"{'an' if c[:1] in 'aeiou' else 'a'} {c}.",
                     ["type(c) is not type(r) (not isinstance: bool is a subclass of int)."])
             return _Failure(
                 f"at {where} one argument is a {c} and the other a {r}, and your list has "
@@ -716,7 +724,7 @@ SERVER_SHAPE = (4, 16)
 
 def _counting_backend(B):
     """A copy of the backend namespace whose graphs count their captures and replays."""
-    stats = {"captures": 0, "replays": 0}
+    stats = {"captures": 0, "replays": 0, "replaying": False}
 
     class CountingGraph(B.CUDAGraph):
         def capture_begin(self, *args, **kwargs):
@@ -725,11 +733,33 @@ def _counting_backend(B):
 
         def replay(self):
             stats["replays"] += 1
-            return super().replay()
+            stats["replaying"] = True     # the emulator replays ATen ops: not eager ones
+            try:
+                return super().replay()
+            finally:
+                stats["replaying"] = False
 
     counted = types.SimpleNamespace(**vars(B))
     counted.CUDAGraph = CountingGraph
     return counted, stats
+
+
+_SOFTMAX_OPS = ("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax", "exp",
+                "exp_")
+
+
+class _EagerSoftmaxCounter(TorchDispatchMode):
+    """Counts softmax (and exp) ATen ops run eagerly: not captured, not replayed."""
+
+    def __init__(self, B, stats: dict):
+        super().__init__()
+        self.B, self.stats, self.count = B, stats, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] in _SOFTMAX_OPS and not self.stats["replaying"] \
+                and not self.B.is_current_stream_capturing():
+            self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 def _implied_temperature(probs: torch.Tensor, logits: torch.Tensor) -> float | None:
@@ -781,6 +811,11 @@ def check_build_server(build_server, *, B=None, trials: int = 2, quiet: bool = F
             raise _Failure("build_server captured no graph: capture the softmax once there, "
                            "with the B it is given (capture(..., B=B))")
         built = stats["captures"]
+        if built > 1:
+            raise _Failure(
+                f"build_server captured {built} graphs: the exercise asks for ONE graph, "
+                f"captured once. Every graph you capture keeps its memory pool reserved for "
+                f"as long as it lives, and serve replays only one of them: drop the others.")
         n = _rand_int(gen, 3, 6)
         batches = [(torch.randn(SERVER_SHAPE, generator=gen) * 3).to(B.device)
                    for _ in range(n)]
@@ -788,9 +823,11 @@ def check_build_server(build_server, *, B=None, trials: int = 2, quiet: bool = F
         while len(set(temps)) < n:
             temps = [t + 0.01 * i for i, t in enumerate(temps)]
         before = stats["replays"]
+        eager = _EagerSoftmaxCounter(B, stats)
         try:
-            results = call_learner(serve, [b.clone() for b in batches], list(temps),
-                                   time_limit=time_limit)
+            with eager:
+                results = call_learner(serve, [b.clone() for b in batches], list(temps),
+                                       time_limit=time_limit)
         except (NotImplementedError, LearnerTimeout):
             raise
         except Exception as exc:
@@ -809,6 +846,12 @@ def check_build_server(build_server, *, B=None, trials: int = 2, quiet: bool = F
             raise _Failure(
                 f"serve replayed the graph {replays} times for {n} batches: compute every "
                 f"batch by one replay of the captured graph (not eagerly).")
+        if eager.count:
+            raise _Failure(
+                f"serve ran {eager.count} softmax/exp op(s) eagerly, outside the graph, for "
+                f"{n} batches: replaying the graph beside an eager computation does not "
+                f"count. Every result must come from the graph: read (and clone) its static "
+                f"output after each replay.")
         if not isinstance(results, (list, tuple)) or len(results) != n:
             got = (f"{len(results)} items" if isinstance(results, (list, tuple))
                    else type(results).__name__)
@@ -836,6 +879,13 @@ def check_build_server(build_server, *, B=None, trials: int = 2, quiet: bool = F
         implied = [_implied_temperature(results[i].detach().float().cpu(),
                                         batches[i].cpu()) for i in range(n)]
         uniform = torch.full(SERVER_SHAPE, 1.0 / SERVER_SHAPE[1])
+        if n > 1 and all(torch.allclose(r.float(), expected[-1], rtol=1e-4, atol=1e-6)
+                         for r in results):
+            raise _Failure(
+                "every result equals the LAST batch's softmax: you kept references to the "
+                "static output and cloned after the loop: every replay overwrote them "
+                "(section 6).",
+                ["Clone the static output right after each replay, inside the loop."])
         if all(torch.allclose(results[i].float().cpu(), uniform, atol=1e-5) for i in wrong) \
                 or all(torch.allclose(results[i].float(), results[0].float()) for i in wrong):
             raise _Failure(
