@@ -33,6 +33,45 @@ def test_simulate_rejects_n_gaps_of_launch_minus_kernel():
     assert "(launch-bound)" in msg and "off by one kernel time" in msg
 
 
+def test_simulate_newcomers_loop_passes():
+    def idle(n, L, K):                      # counts from 1, sums the busy time
+        t_free = busy = 0.0
+        for i in range(1, n + 1):
+            t_free = max(t_free, i * L) + K
+            busy += K
+        return t_free - busy
+    assert check_simulate_launch_bound(idle)
+
+
+def test_simulate_rejects_forgetting_the_first_launch():
+    msg = _msg(check_simulate_launch_bound(lambda n, L, K: (n - 1) * max(0.0, L - K)))
+    assert "(launch-bound)" in msg and "one launch time too little" in msg
+    assert "FIRST launch" in msg
+
+
+def test_simulate_rejects_kernels_starting_with_their_launch():
+    def idle(n, L, K):                      # kernel i starts at i*L, the START of launch i
+        end = 0.0
+        for i in range(n):
+            end = max(i * L, end) + K
+        return end - n * K
+    msg = _msg(check_simulate_launch_bound(idle))
+    assert "one launch time too little" in msg and "not when it starts (i*launch_us)" in msg
+
+
+def test_simulate_rejects_a_rounded_result():
+    msg = _msg(check_simulate_launch_bound(lambda n, L, K: round(_idle_loop(n, L, K))))
+    assert "rounded to a whole number" in msg
+
+
+def test_simulate_rejects_the_idle_fraction():
+    def fraction(n, L, K):
+        idle = _idle_loop(n, L, K)
+        return idle / (idle + n * K)
+    msg = _msg(check_simulate_launch_bound(fraction))
+    assert "idle FRACTION" in msg and "µs" in msg
+
+
 def test_simulate_rejects_the_launch_bound_only_formula():
     msg = _msg(check_simulate_launch_bound(lambda n, L, K: n * (L - K) + K))
     assert "(GPU-bound)" in msg and "one kernel of a stream at a time" in msg

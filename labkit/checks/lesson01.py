@@ -90,6 +90,19 @@ def check_simulate_launch_bound(fn, *, trials: int = 6,
                    "fills up and the GPU waits only for the very first launch.")
         elif regime == "GPU-bound" and math.isclose(actual, 0.0, abs_tol=1e-9):
             why = " Even GPU-bound, the GPU waits for the first launch before kernel 0 can start."
+        elif regime == "launch-bound" and math.isclose(actual, expected - L, rel_tol=1e-6,
+                                                       abs_tol=1e-6):
+            why = (" That is exactly one launch time too little: the GPU also idles while the "
+                   "FIRST launch runs. Kernel i can start only when launch i has ENDED, at "
+                   "(i+1)*launch_us, not when it starts (i*launch_us); so kernel 0 starts at "
+                   "launch_us, and the window starts at 0.")
+        elif actual != expected and float(round(expected)) == actual:
+            why = (" That is the right idle time rounded to a whole number: return the float "
+                   "itself (no round(), int() or //).")
+        elif expected > 0 and math.isclose(actual, expected / (expected + n * K),
+                                           rel_tol=1e-6, abs_tol=1e-9):
+            why = (" That is the idle FRACTION of the window; the exercise asks for the idle "
+                   "time in µs.")
         elif math.isclose(actual, expected - K, rel_tol=1e-6, abs_tol=1e-6):
             why = (" You are off by one kernel time: the window runs from the first launch "
                    "to the END of the last kernel, which starts only after the last launch.")
