@@ -95,7 +95,35 @@ def fill_clone_tuple(buffers, microbatches):
         buffers[i] = tuple(t.clone() for t in mb)
 
 
-@pytest.mark.parametrize("fn", [fill_right, fill_foreach])
+def fill_syncs_stream(buffers, microbatches):
+    fill_right(buffers, microbatches)
+    backend.get("auto").current_stream().synchronize()
+
+
+def fill_syncs_event(buffers, microbatches):
+    fill_right(buffers, microbatches)
+    E.current_stream().record_event().synchronize()
+
+
+def fill_syncs_backend(buffers, microbatches):
+    fill_right(buffers, microbatches)
+    backend.get("auto").synchronize()
+
+
+def fill_syncs_torch_cuda(buffers, microbatches):
+    fill_right(buffers, microbatches)
+    torch.cuda.synchronize()
+
+
+def fill_flattened(buffers, microbatches):
+    """A tester's correct answer: both lists flattened, then one loop."""
+    dst = [t for bufs in buffers for t in bufs]
+    src = [t for mb in microbatches for t in mb]
+    for d, s in zip(dst, src):
+        d.copy_(s, non_blocking=True)
+
+
+@pytest.mark.parametrize("fn", [fill_right, fill_foreach, fill_flattened])
 def test_fill_reference_passes(fn):
     assert L.check_fill_static_buffers(fn, device="cpu")
 
@@ -111,6 +139,10 @@ def test_fill_reference_passes(fn):
     (fill_wrong_direction, "the copy goes the wrong way"),
     (fill_reversed, "each microbatch goes into its own buffers"),
     (fill_own_stream, "Streams are not your job"),
+    (fill_syncs_stream, "calls Stream.synchronize(): the exercise says synchronize nothing"),
+    (fill_syncs_event, "calls Event.synchronize(): the exercise says synchronize nothing"),
+    (fill_syncs_backend, "calls B.synchronize(): the exercise says synchronize nothing"),
+    (fill_syncs_torch_cuda, "calls torch.cuda.synchronize(): the exercise says synchronize"),
 ])
 def test_fill_wrong_answers(fn, words, capsys):
     res = L.check_fill_static_buffers(fn, device="cpu")
@@ -120,6 +152,19 @@ def test_fill_wrong_answers(fn, words, capsys):
     assert res.more_hints and "non_blocking=True" in res.more_hints[-1]
     assert "Traceback" not in capsys.readouterr().out
     usable()
+
+
+def test_fill_torch_cuda_sync_on_a_cpu_names_the_rule_not_the_install():
+    res = L.check_fill_static_buffers(fill_syncs_torch_cuda, device="cpu")
+    assert "not compiled with CUDA" not in res.message, res.message
+    assert res.kind == "mismatch"
+
+
+def test_fill_sync_watch_restores_what_it_patched():
+    from labkit.emulator import streams
+    before = (torch.cuda.synchronize, streams.Stream.synchronize, E.synchronize)
+    L.check_fill_static_buffers(fill_syncs_stream, device="cpu", trials=1)
+    assert (torch.cuda.synchronize, streams.Stream.synchronize, E.synchronize) == before
 
 
 def test_fill_still_holding_old_data_names_the_tensor():
@@ -252,7 +297,16 @@ def inf_inverted(found_inf, loss):
     found_inf.logical_or_(torch.isfinite(loss))
 
 
-@pytest.mark.parametrize("fn", [inf_right, inf_ior])
+def inf_nan_or_plus_inf(found_inf, loss):
+    found_inf.logical_or_(torch.isnan(loss) | (loss == float("inf")))
+
+
+def inf_minus_itself(found_inf, loss):
+    """A tester's correct answer: inf - inf and nan - nan are nan, finite - finite is 0."""
+    found_inf |= (loss - loss) != 0
+
+
+@pytest.mark.parametrize("fn", [inf_right, inf_ior, inf_minus_itself])
 def test_update_found_inf_reference_passes(fn):
     assert L.check_update_found_inf(fn)
 
@@ -265,6 +319,7 @@ def test_update_found_inf_reference_passes(fn):
     (inf_overwrites, "overwrites the flag with the latest loss's verdict"),
     (inf_rebinds, "Update it in place"),
     (inf_inverted, "True for an all-finite step"),
+    (inf_nan_or_plus_inf, "a loss of -inf is not flagged"),
 ])
 def test_update_found_inf_wrong_answers(fn, words):
     res = L.check_update_found_inf(fn)
@@ -272,6 +327,11 @@ def test_update_found_inf_wrong_answers(fn, words):
     assert words in res.message, res.message
     assert "accumulate" not in res.message or fn is inf_overwrites
     usable()
+
+
+def test_nan_and_plus_inf_is_not_told_it_catches_nan_only():
+    res = L.check_update_found_inf(inf_nan_or_plus_inf)
+    assert "NaN only" not in res.message and "catches NaN and inf but not -inf" in res.message
 
 
 def test_nan_only_is_not_told_to_accumulate():
@@ -383,15 +443,73 @@ def step_grads_not_zeroed(model, opt, found_inf, static_batch):
     return step
 
 
+def step_zero_at_the_end(model, opt, found_inf, static_batch):
+    """Skips the bad step, but clears the flag before the host can read it."""
+    grads = FS.ensure_grads(model.parameters())
+
+    def step():
+        torch._foreach_zero_(grads)
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        found_inf.logical_or_(~torch.isfinite(loss))
+        opt.step()
+        found_inf.zero_()
+        return loss
+    return step
+
+
+def step_fresh_flag_copied_in(model, opt, found_inf, static_batch):
+    """A tester's correct answer: a flag made inside step(), copied into found_inf."""
+    grads = FS.ensure_grads(model.parameters())
+
+    def step():
+        torch._foreach_zero_(grads)
+        flag = torch.zeros((), dtype=torch.bool)
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        flag.logical_or_(~torch.isfinite(loss))
+        found_inf.copy_(flag)
+        opt.step()
+        return loss
+    return step
+
+
+def step_fill_false_and_loop_zero(model, opt, found_inf, static_batch):
+    """A tester's correct answer: fill_(False) and a loop of zero_()."""
+    grads = FS.ensure_grads(model.parameters())
+
+    def step():
+        found_inf.fill_(False)
+        for g in grads:
+            g.zero_()
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        found_inf.logical_or_(~torch.isfinite(loss))
+        opt.step()
+        return loss
+    return step
+
+
 def test_make_step_reference_and_a_variant_pass():
     assert L.check_make_step(L._reference_make_step)
     assert L.check_make_step(step_fixed, trials=1)
+    assert L.check_make_step(step_fresh_flag_copied_in, trials=1)
+    assert L.check_make_step(step_fill_false_and_loop_zero, trials=1)
+
+
+def test_make_step_cleared_at_the_end_names_the_host_read():
+    """The optimizer skipped the step; the message must say so and name the real
+    requirement (the host reads the flag after the replay), not a missing verdict."""
+    res = L.check_make_step(step_zero_at_the_end, trials=1)
+    assert not res
+    assert "the optimizer did skip the bad step" in res.message
+    assert "reads the flag after the replay" in res.message
+    assert "get its verdict" not in res.message
 
 
 @pytest.mark.parametrize("fn,words", [
     (step_as_given, "happens only once"),
     (step_never_zeroed, "happens only once"),
     (step_zero_after_update, "the bad step was not flagged"),
+    (step_zero_after_update, "is nothing clearing it between the verdict and opt.step()"),
+    (step_zero_at_the_end, "clear it at the start of step(), not at the end"),
     (step_rebinds_flag, "the very tensor the optimizer holds"),
     (step_flag_after_optimizer, "the flag must be set before opt.step()"),
     (step_grads_not_zeroed, "are the gradients zeroed in place"),

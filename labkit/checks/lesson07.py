@@ -103,6 +103,62 @@ class _CopyLog(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+class _SyncWatch:
+    """Notes every host synchronization made while active, instead of letting a CPU-only
+    torch refuse ``torch.cuda.synchronize()`` with "Torch not compiled with CUDA enabled"
+    (which a learner would read as a broken install, not as the rule). Patched: the
+    ``synchronize`` of ``torch.cuda``, ``torch.accelerator``, every labkit backend
+    namespace and the emulator module, and of the Stream and Event classes of both."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+        self._undo: list[tuple[object, str, object]] = []
+
+    def _patch(self, owner, attr: str, label: str, call_through: bool):
+        orig = getattr(owner, attr, None)
+        if orig is None:
+            return
+
+        def noted(*args, **kwargs):
+            self.calls.append(label)
+            if call_through:
+                return orig(*args, **kwargs)
+            return None
+
+        self._undo.append((owner, attr, orig))
+        setattr(owner, attr, noted)
+
+    def __enter__(self):
+        from labkit import backend
+        from labkit import emulator
+        from labkit.emulator import streams
+
+        on_gpu = torch.cuda.is_available()
+        self._patch(torch.cuda, "synchronize", "torch.cuda.synchronize()", on_gpu)
+        self._patch(torch.cuda.Stream, "synchronize", "Stream.synchronize()", on_gpu)
+        self._patch(torch.cuda.Event, "synchronize", "Event.synchronize()", on_gpu)
+        if hasattr(torch, "accelerator"):
+            self._patch(torch.accelerator, "synchronize", "torch.accelerator.synchronize()",
+                        on_gpu)
+        self._patch(streams.Stream, "synchronize", "Stream.synchronize()", True)
+        self._patch(streams.Event, "synchronize", "Event.synchronize()", True)
+        self._patch(streams, "synchronize", "synchronize()", True)
+        self._patch(emulator, "synchronize", "synchronize()", True)
+        for ns in list(backend._cache.values()):
+            self._patch(ns, "synchronize", "B.synchronize()", ns.name == "emulated" or on_gpu)
+        return self
+
+    def __exit__(self, *exc):
+        for owner, attr, orig in reversed(self._undo):
+            setattr(owner, attr, orig)
+        self._undo.clear()
+        return False
+
+
+_NO_GPU_WORDS = ("Torch not compiled with CUDA", "Found no NVIDIA driver",
+                 "No CUDA GPUs are available")
+
+
 _FILL_HINTS = [
     "A graph holds the addresses of the buffer tensors: write INTO them, element-wise, "
     "with Tensor.copy_. Which tensor is the destination, which the source?",
@@ -152,15 +208,21 @@ def check_fill_static_buffers(fn, *, device: torch.device | str | None = None,
             side = _side_stream(device)
             side.wait_stream(_current_stream(device))   # as the loader does: inputs are ready
             log = _CopyLog(captured, device)
-            with _stream_ctx(side):
-                with log:
+            syncs = _SyncWatch()
+            try:
+                with _stream_ctx(side), syncs, log:
                     fill(buffers, microbatches)
+            except (AssertionError, RuntimeError) as exc:
+                if not any(w in str(exc) for w in _NO_GPU_WORDS):
+                    raise
+                return {"cuda_on_cpu": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             now = _leaves(buffers)
             rebound = (len(now) != len(captured) or any(a is not b for a, b in zip(now, captured))
                        or [t.data_ptr() for t in captured] != ptrs)
-            return {"contents": [t.clone() for t in captured],
+            return {"syncs": syncs.calls,
+                    "contents": [t.clone() for t in captured],
                     "rebound": rebound,
                     "sources_changed": any(not torch.equal(a, b)
                                            for a, b in zip(sources, _leaves(microbatches))),
@@ -173,6 +235,18 @@ def check_fill_static_buffers(fn, *, device: torch.device | str | None = None,
         return f"buffers[{i}][{j}] ({'tokens' if j == 0 else 'targets'} of microbatch {i})"
 
     def compare(expected, actual) -> str | None:
+        if "cuda_on_cpu" in actual:
+            return ("your fill called torch.cuda, which this machine cannot run ("
+                    f"{actual['cuda_on_cpu']}); but the fill needs no torch.cuda call on a "
+                    "GPU either: copy_ on the stream that is current, create no stream, "
+                    "synchronize nothing. StaticBatchLoader.load makes the waits around "
+                    "your call")
+        if actual["syncs"]:
+            return (f"your fill calls {actual['syncs'][0]}: the exercise says synchronize "
+                    "nothing. A synchronize makes the host wait until the GPU has finished "
+                    "the queued work, which throws away what non_blocking=True bought; "
+                    "StaticBatchLoader.load orders the copies with event waits between its "
+                    "stream and the compute stream, so the host never waits")
         width = actual["width"] or 2
         if actual["rebound"]:
             return ("the buffers now hold different tensors than before the call: a graph "
@@ -415,11 +489,16 @@ def _diagnose_found_inf(update) -> str:
     if finite or finite2 or two[1]:
         return ("found_inf is True for an all-finite step: it must become True only when a "
                 "loss is inf, -inf or NaN")
-    if f_nan and not (f_inf and f_ninf):
-        which = "inf and -inf" if not f_inf and not f_ninf else ("inf" if not f_inf else "-inf")
-        what = f"losses of {which} are" if " and " in which else f"a loss of {which} is"
-        return (f"{what} not flagged: your test catches NaN only (torch.isnan, "
-                "or loss != loss). An overflowed loss is inf, and it must skip the step too")
+    if f_nan and not f_inf and not f_ninf:
+        return ("losses of inf and -inf are not flagged: your test catches NaN only "
+                "(torch.isnan, or loss != loss). An overflowed loss is inf, and it must skip "
+                "the step too")
+    if f_nan and f_inf != f_ninf:
+        missed, caught = ("-inf", "inf") if f_inf else ("inf", "-inf")
+        return (f"a loss of {missed} is not flagged: your test catches NaN and {caught} but "
+                f"not {missed} (a comparison with one infinity, such as loss == "
+                f"float('{caught}')?). A loss can overflow to either sign; "
+                "torch.isfinite(loss) is False for inf, -inf and NaN alike")
     if (f_inf or f_ninf) and not f_nan:
         return ("a NaN loss is not flagged: your test catches inf only (torch.isinf, or a "
                 "comparison: every comparison with NaN is False)")
@@ -543,7 +622,9 @@ def _run_guarded(make_step, bad_at: int, n_steps: int, seed: int) -> dict:
 def check_make_step(fn, *, trials: int = 2) -> CheckResult:
     """``fn(model, opt, found_inf, static_batch)`` returns a whole-step function whose
     capture skips a step with a non-finite loss (``opt`` is a ``CapturableAdamW`` with
-    ``skip_if=found_inf``) and trains normally on the steps after it."""
+    ``skip_if=found_inf``) and trains normally on the steps after it. When a replay ends,
+    ``found_inf`` must hold that step's verdict: the host reads it after the replay (the
+    exercise text says so), so clearing it at the end of the step is rejected."""
 
     def make_inputs(gen: torch.Generator):
         n = int(torch.randint(4, 6, (), generator=gen))
@@ -566,10 +647,19 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
         k = expected["bad_at"]
         ef, af, em, am = expected["flags"], actual["flags"], expected["moved"], actual["moved"]
         steps = f"(the bad step is replay {k} of {len(ef)})"
+        if not af[k] and not am[k]:
+            return (f"the optimizer did skip the bad step {steps}, but when its replay ends "
+                    "found_inf is False again: you clear the flag after opt.step(), so the "
+                    "host, which reads the flag after the replay (lesson section 6.2: to log "
+                    "or count skipped steps, or to back off a loss scale), never sees a bad "
+                    "step. The flag must hold the step's verdict until the next step starts: "
+                    "clear it at the start of step(), not at the end")
         if not af[k]:
             return (f"the bad step was not flagged {steps}: after its replay found_inf is "
-                    "False. Does the flag get its verdict after the loss is known, and is it "
-                    "the very tensor the optimizer holds (skip_if)?")
+                    "False and the weights moved, so the verdict never reached opt.step(). "
+                    "Is the flag set after the loss is known, is nothing clearing it between "
+                    "the verdict and opt.step(), and is it the very tensor the optimizer "
+                    "holds (skip_if)?")
         if am[k]:
             return (f"the bad step changed the weights {steps} although found_inf was set: "
                     "the flag must be set before opt.step() reads it")
