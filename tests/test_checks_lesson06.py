@@ -297,7 +297,13 @@ def _fill_right_by_string(slot, src, raw_rows, padded_rows):
 def test_fill_slot_accepts_right_answers(capsys):
     assert check_fill_slot(_fill_right)
     assert check_fill_slot(_fill_right_by_string)
-    assert capsys.readouterr().out.count("✅ fill_slot: passed 8 random trials") == 2
+    assert check_fill_slot(_fill_by_assignment_and_dict)
+    assert capsys.readouterr().out.count("✅ fill_slot: passed 8 random trials") == 3
+
+
+def test_fill_slot_nothing_written_is_not_called_rebinding():
+    res = check_fill_slot(_nothing_when_no_tail)
+    assert "assigning slot.tensor" not in res.message, res.message
 
 
 def _sentinel_hard_coded(slot, src, raw_rows, padded_rows):   # the issue's escapee
@@ -360,7 +366,28 @@ def _fill_whole_buffer_first(slot, src, raw_rows, padded_rows):
     slot.tensor[:raw_rows].copy_(src)
 
 
+def _nothing_when_no_tail(slot, src, raw_rows, padded_rows):
+    if padded_rows > raw_rows:       # the mistake: the head copy sits under the tail test
+        slot.tensor[:raw_rows].copy_(src)
+        if slot.pad is Pad.ZERO_TAIL:
+            slot.tensor[raw_rows:padded_rows].zero_()
+        elif slot.pad is Pad.SENTINEL:
+            slot.tensor[raw_rows:padded_rows].fill_(slot.fill_value)
+
+
+def _fill_by_assignment_and_dict(slot, src, raw_rows, padded_rows):
+    """A tester's correct answer: slice assignment, fill value from a dict."""
+    buf = slot.tensor
+    buf[:raw_rows] = src.to(buf.dtype)
+    fill = {Pad.ZERO_TAIL: 0, Pad.SENTINEL: slot.fill_value}.get(slot.pad)
+    if fill is not None and padded_rows > raw_rows:
+        buf[raw_rows:padded_rows] = fill
+
+
 FILL_WRONG = {
+    "nothing written when raw == padded": (_nothing_when_no_tail,
+                                           ["wrote nothing", "fills its bucket exactly",
+                                            "skip the head copy"]),
     "sentinel hard-coded as 1": (_sentinel_hard_coded, ["slot.fill_value", "not a constant"]),
     "tail never zeroed": (_head_only_everywhere, ["zero_tail leaves no stale value",
                                                   "illegal memory access"]),
@@ -370,7 +397,8 @@ FILL_WRONG = {
     "head_only tail cleared": (_clear_every_tail, ["head_only leaves the tail"]),
     "tail off by one": (_off_by_one_tail, ["Rows [6] kept their stale values",
                                            "bounds of your slice"]),
-    "written into a copy": (_copy_into_a_new_tensor, ["was not written"]),
+    "written into a copy": (_copy_into_a_new_tensor, ["was not written",
+                                                      "Writing into a copy"]),
     "whole buffer cleared first": (_fill_whole_buffer_first, ["Rows past padded_rows"]),
     "head not copied": (lambda slot, src, r, p: slot.tensor[r:p].zero_()
                         if slot.pad is Pad.ZERO_TAIL else None, ["rows 0..", "src"]),

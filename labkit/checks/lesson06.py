@@ -488,10 +488,21 @@ def check_fill_slot(fn, *, device=None, trials: int = 8) -> CheckResult:
                 f"raw_rows={raw}, padded_rows={padded}")
         if torch.equal(a, e) and not actual["rebound"]:
             return None
-        if actual["rebound"] or torch.equal(a, stale):
+        if actual["rebound"]:
             return (f"{what}: the buffer the graph reads was not written. A graph recorded "
-                    "the address of slot.tensor; assigning slot.tensor = ... (or writing into "
-                    "a new tensor) changes nothing it reads. Write into it in place")
+                    "the address of slot.tensor; assigning slot.tensor = ... changes nothing "
+                    "it reads. Write into it in place")
+        if torch.equal(a, stale) and raw == padded:
+            return (f"{what}: your function wrote nothing. This batch fills its bucket "
+                    "exactly, so there is no padding tail, but the head still holds the real "
+                    "requests: copy src into rows 0..raw_rows every time. Does a condition "
+                    "on the tail (padded_rows > raw_rows, an early return) skip the head "
+                    "copy too?")
+        if torch.equal(a, stale):
+            return (f"{what}: not one row of slot.tensor changed: the buffer the graph reads "
+                    "was not written. Writing into a copy (slot.tensor.clone(), a new "
+                    "tensor) or rebinding a local name changes nothing the graph reads. "
+                    "Write into slot.tensor in place")
         if not torch.equal(a[:raw], e[:raw]):
             return (f"{what}: rows 0..{raw} should be the batch {e[:raw].tolist()}, got "
                     f"{a[:raw].tolist()}: the head holds the real requests, src")
