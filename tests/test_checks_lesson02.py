@@ -6,6 +6,7 @@ Runs on every backend (``B`` fixture): the emulator here, the GPU too where ther
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from labkit.capture import side_stream_warmup
@@ -432,6 +433,25 @@ def test_capture_chain_rejects_g1_that_also_computes_f2(B):
         with B.graph(g1, pool=pool):
             mid = f1(static_input)
             _peek = f2(mid)            # a throwaway: nobody keeps it
+        with B.graph(g2, pool=pool):
+            out = f2(mid)
+        return g1, g2, mid, out
+
+    msg = _msg(check_capture_chain(chain, B=B))
+    assert "one capture called f1 and f2 both: g1 records f2 as well" in msg
+    assert "f1 and nothing else" in msg
+
+
+def test_capture_chain_rejects_g1_with_an_extra_op_on_the_emulator(B):
+    if not B.is_emulated:
+        pytest.skip("kernel counts are probed on the emulator only (a GPU needs the profiler)")
+
+    def chain(f1, f2, static_input):
+        pool = B.graph_pool_handle()
+        g1, g2 = B.CUDAGraph(), B.CUDAGraph()
+        with B.graph(g1, pool=pool):
+            mid = f1(static_input)
+            _extra = mid.sin()         # not f2, but still more than f1
         with B.graph(g2, pool=pool):
             out = f2(mid)
         return g1, g2, mid, out

@@ -259,7 +259,7 @@ def _isinstance_one_way(captured, received):  # isinstance(r, type(c)): 1 captur
             if not (m[1] == "type" and m[2] == "int" and m[3] == "bool")]
 
 
-def _newcomers_answer(captured, received):     # range(min(...)), torch.is_tensor, type(c) != type(r)
+def _newcomers_answer(captured, received):  # range(min(...)), torch.is_tensor, type(c) != type(r)
     diffs = []
     if len(captured) != len(received):
         diffs.append(("args", "count", len(captured), len(received)))
@@ -270,7 +270,7 @@ def _newcomers_answer(captured, received):     # range(min(...)), torch.is_tenso
                                ("device", lambda t: t.device)):
                 if get(c) != get(r):
                     diffs.append((where, field, get(c), get(r)))
-        elif torch.is_tensor(c) or torch.is_tensor(r) or type(c) != type(r):
+        elif torch.is_tensor(c) or torch.is_tensor(r) or type(c) != type(r):  # noqa: E721
             diffs.append((where, "type", type(c).__name__, type(r).__name__))
         elif c != r:
             diffs.append((where, "value", c, r))

@@ -66,7 +66,6 @@ from collections import Counter
 from typing import Any, Callable
 
 import torch
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.backend import recover as _recover
