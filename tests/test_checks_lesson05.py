@@ -44,9 +44,39 @@ def ofob(*, warm=lambda P, M, s: min(P - s - 1, M), backward_first=False,
     return fn
 
 
+def _ofob_iterators(P, M):
+    """A tester's correct answer: iterators over forwards and backwards."""
+    res = []
+    for s in range(P):
+        warm = min(P - s - 1, M)
+        fwd, bwd, order = iter(range(M)), iter(range(M)), []
+        order += [("F", next(fwd)) for _ in range(warm)]
+        for _ in range(M - warm):
+            order += [("F", next(fwd)), ("B", next(bwd))]
+        order += [("B", m) for m in bwd]
+        res.append(order)
+    return res
+
+
+def _ofob_warmup_m_minus_1(P, M):
+    """Warm-up min(P - s - 1, M - 1): the same orders (with M forwards in warm-up, the
+    last one moves into the steady phase and is still followed by B0)."""
+    res = []
+    for s in range(P):
+        warm = min(P - s - 1, M - 1)
+        order = [("F", m) for m in range(warm)]
+        for k in range(M - warm):
+            order += [("F", warm + k), ("B", k)]
+        order += [("B", m) for m in range(M - warm, M)]
+        res.append(order)
+    return res
+
+
 def test_one_f_one_b_accepts_the_reference(capsys):
     assert check_one_f_one_b(S.one_f_one_b)
     assert check_one_f_one_b(ofob())
+    assert check_one_f_one_b(_ofob_iterators, quiet=True)
+    assert check_one_f_one_b(_ofob_warmup_m_minus_1, quiet=True)
     assert check_one_f_one_b(lambda P, M: [[list(op) for op in o] for o in ofob()(P, M)])
     np = pytest.importorskip("numpy")                   # numpy ints are ints too
     assert check_one_f_one_b(lambda P, M: [[(k, np.int64(m)) for k, m in o]
@@ -129,8 +159,18 @@ def test_one_f_one_b_not_done():
 # ---- create_in_order ------------------------------------------------------------------------
 
 
+def _create_unpacking(entries):
+    """A tester's correct answer: star-unpacking each entry."""
+    for runner, what, *rest in entries:
+        if what == "bwd":
+            runner.create_bwd_graph()
+        else:
+            runner.create_fwd_graph(*rest)
+
+
 def test_create_in_order_accepts_the_reference(B, one_thread):
     assert check_create_in_order(create_in_order, B=B, quiet=True)
+    assert check_create_in_order(_create_unpacking, B=B, quiet=True)
 
 
 def _fwd_then_bwd_sorted(entries):
@@ -221,7 +261,21 @@ def ph(*, only_after=False, only_before=False, swap_lists=False, unbounded=False
     return fn
 
 
+def _hazards_by_index(created, replayed):
+    """A tester's correct answer: creation positions looked up with list.index."""
+    res = []
+    for i, f in enumerate(replayed):
+        if f.split()[0] != "fwd":
+            continue
+        b = "bwd " + f.split(" ", 1)[1]
+        j = replayed.index(b)
+        lo, hi = created.index(f), created.index(b)
+        res += [(b, x) for x in replayed[i + 1:j] if not lo < created.index(x) < hi]
+    return res
+
+
 def test_pool_hazards_accepts_the_reference(capsys):
+    assert check_pool_hazards(_hazards_by_index, quiet=True)
     assert check_pool_hazards(reference_pool_hazards)
     assert check_pool_hazards(ph())
     assert check_pool_hazards(lambda c, r: set(reference_pool_hazards(c, r)))
