@@ -230,6 +230,37 @@ def run_capture_too_early(it, warmup_steps, ops):
     return ops.replay()
 
 
+def run_capture_then_eager(it, warmup_steps, ops):
+    if it < warmup_steps:
+        return ops.eager()
+    if not ops.captured:
+        ops.capture()
+        return ops.eager()
+    return ops.replay()
+
+
+def run_keyed_on_equality(it, warmup_steps, ops):
+    """A tester's correct answer: capture exactly at it == warmup_steps."""
+    if it < warmup_steps:
+        return ops.eager()
+    if it == warmup_steps:
+        ops.capture()
+    return ops.replay()
+
+
+def run_short_circuit(it, warmup_steps, ops):
+    """A tester's correct answer: `ops.captured or ops.capture()`."""
+    if it >= warmup_steps:
+        ops.captured or ops.capture()
+        return ops.replay()
+    return ops.eager()
+
+
+@pytest.mark.parametrize("fn", [run_keyed_on_equality, run_short_circuit])
+def test_run_iteration_testers_answers_pass(fn):
+    assert L.check_run_iteration(fn)
+
+
 def test_run_iteration_reference_passes():
     assert L.check_run_iteration(run_right)
 
@@ -241,6 +272,7 @@ def test_run_iteration_reference_passes():
     (run_never_captures, "without a preceding successful capture"),
     (run_forgets_return, "did you forget `return`?"),
     (run_capture_too_early, "Too early"),
+    (run_capture_then_eager, "Replay the graph you just captured"),
 ])
 def test_run_iteration_wrong_answers(fn, words):
     res = L.check_run_iteration(fn)

@@ -379,6 +379,10 @@ def check_run_iteration(fn, *, trials: int = 4) -> CheckResult:
             if e == "capture + replay" and a == "capture":
                 why = (" Capture records the step and computes nothing: replay right after "
                        "capturing, or this iteration's batch is never trained on.")
+            elif e == "capture + replay" and a == "capture + eager":
+                why = (" Replay the graph you just captured (ops.replay()), as every later "
+                       "iteration does: it trains this iteration's batch, and this first "
+                       "replay is where a broken capture shows.")
             elif "capture" in a and "capture" not in e and it > w:
                 why = " Capture once: after that ops.captured is True, and you only replay."
             elif "capture" in a and it < w:
