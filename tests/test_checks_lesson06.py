@@ -38,6 +38,27 @@ def _sglang_right(max_bs):
     return sorted({b for b in _sglang_raw(max_bs) if b <= max_bs} | {max_bs})
 
 
+def _sglang_below_then_max(max_bs):
+    """A tester's correct answer: every listed size below max_bs, then max_bs."""
+    listed = ([1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16))
+              + list(range(512, max_bs + 1, 32)))
+    return [b for b in listed if b < max_bs] + [max_bs]
+
+
+def _pad_bisect_left_named_message(raw_bs, buckets):
+    """A tester's correct answer: bisect_left, a message naming both numbers."""
+    pos = bisect.bisect_left(buckets, raw_bs)
+    if pos < len(buckets):
+        return buckets[pos]
+    raise BatchTooLargeError(f"{raw_bs} requests do not fit: the largest captured batch is "
+                             f"{buckets[-1]}")
+
+
+def test_testers_right_answers_pass():
+    assert check_sglang_buckets(_sglang_below_then_max)
+    assert check_pad_to_bucket(_pad_bisect_left_named_message)
+
+
 def test_sglang_buckets_accepts_right_answers(capsys):
     assert check_sglang_buckets(default_buckets)
     assert check_sglang_buckets(_sglang_right)
