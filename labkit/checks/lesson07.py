@@ -129,8 +129,7 @@ class _SyncWatch:
         setattr(owner, attr, noted)
 
     def __enter__(self):
-        from labkit import backend
-        from labkit import emulator
+        from labkit import backend, emulator
         from labkit.emulator import streams
 
         on_gpu = torch.cuda.is_available()
@@ -243,8 +242,8 @@ def check_fill_static_buffers(fn, *, device: torch.device | str | None = None,
                     "your call")
         if actual["syncs"]:
             return (f"your fill calls {actual['syncs'][0]}: the exercise says synchronize "
-                    "nothing. A synchronize makes the host wait until the GPU has finished "
-                    "the queued work, which throws away what non_blocking=True bought; "
+                    "nothing. A synchronize makes the host wait for work queued on the GPU, "
+                    "which throws away what non_blocking=True bought; "
                     "StaticBatchLoader.load orders the copies with event waits between its "
                     "stream and the compute stream, so the host never waits")
         width = actual["width"] or 2
@@ -654,10 +653,9 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
         if not af[k] and not am[k]:
             return (f"the optimizer did skip the bad step {steps}, but when its replay ends "
                     "found_inf is False again: you clear the flag after opt.step(), so the "
-                    "host, which reads the flag after the replay (lesson section 6.2: to log "
-                    "or count skipped steps, or to back off a loss scale), never sees a bad "
-                    "step. The flag must hold the step's verdict until the next step starts: "
-                    "clear it at the start of step(), not at the end")
+                    "host, which reads the flag after the replay (lesson section 6.2), never "
+                    "sees a bad step. The flag must hold the step's verdict until the next "
+                    "step starts: clear it at the start of step(), not at the end")
         if not af[k]:
             return (f"the bad step was not flagged {steps}: after its replay found_inf is "
                     "False and the weights moved, so the verdict never reached opt.step(). "
