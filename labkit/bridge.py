@@ -82,8 +82,8 @@ from labkit.capture import (
     _check_graph_options,
     check_backend,
     cleanup_on_failure,
-    fresh_cublas_workspaces,
     on_side_stream,
+    own_cublas_workspace,
 )
 from labkit.guards import ArgMetadata, GraphArgumentError, _values_equal, get_mismatch_errors
 
@@ -499,11 +499,9 @@ class GraphRunner:
             g = B.CUDAGraph()
             for gen in self.generators:              # RNG the layer draws from
                 g.register_generator_state(gen)
-            if self.pool is None:
-                fresh_cublas_workspaces(B)           # a new pool owns its cuBLAS workspace
             ctx = torch.enable_grad() if self.grad_enabled else torch.no_grad()
-            with cleanup_on_failure(B), ctx, B.graph(g, pool=self.pool,
-                                                     stream=capture_stream(B)):
+            with cleanup_on_failure(B), own_cublas_workspace(B, g, self.pool), ctx, B.graph(
+                    g, pool=self.pool, stream=capture_stream(B)):
                 outs = self.func(*static)
         finally:
             if backup is not None:
@@ -544,7 +542,8 @@ class GraphRunner:
         flags_before = {p: p.grad_added_to_main_grad for p in self.params_to_backprop
                         if hasattr(p, "grad_added_to_main_grad")}
         try:
-            with cleanup_on_failure(B), B.graph(g, pool=self.pool, stream=capture_stream(B)):
+            with cleanup_on_failure(B), own_cublas_workspace(B, g, self.pool), B.graph(
+                    g, pool=self.pool, stream=capture_stream(B)):
                 grads = torch.autograd.grad(outs, wants, grad_outputs=douts,
                                             only_inputs=True, allow_unused=True)
         except BaseException:
@@ -810,9 +809,7 @@ def make_graphed_callables(callables, sample_args, *, B=None, pool=None,
     callables, sample_args, single = _check_callables(callables, sample_args)
     _check_count(num_warmup_iters, "num_warmup_iters", minimum=0)
     _check_graph_options(B, pool, None, where="make_graphed_callables")
-    if pool is None:
-        pool = B.graph_pool_handle()
-        fresh_cublas_workspaces(B)      # the new pool's graphs allocate their own workspace
+    pool = pool if pool is not None else B.graph_pool_handle()
     runners = []
     for c, args in zip(callables, sample_args):
         module = c if isinstance(c, torch.nn.Module) else torch.nn.Module()

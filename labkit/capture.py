@@ -59,7 +59,7 @@ from torch.utils._pytree import tree_map
 
 __all__ = [
     "on_side_stream", "side_stream_warmup", "capture", "cleanup_on_failure", "Captured",
-    "fresh_cublas_workspaces",
+    "fresh_cublas_workspaces", "own_cublas_workspace",
     "StaticGraph",
     "recorded_kernels",
     "short_kernel_name", "format_pool_stats",
@@ -157,6 +157,31 @@ def fresh_cublas_workspaces(B) -> None:
             clear()
 
 
+_POOLS_WITH_WORKSPACE: set = set()   # pools whose graphs already own a cuBLAS workspace
+
+
+def _pool_key(pool):
+    return tuple(pool) if isinstance(pool, (list, tuple)) else pool
+
+
+@contextlib.contextmanager
+def own_cublas_workspace(B, g, pool=None):
+    """Wrap a capture into ``pool`` so that its graph uses a cuBLAS workspace of its pool.
+
+    Before the first capture into a pool (``pool=None``: a new private one) the cached
+    workspaces are dropped (:func:`fresh_cublas_workspaces`), so the capture allocates one
+    from the pool; later captures into the same pool, on the same stream, reuse it. It is
+    not dropped again for them: that would free a block the pool's earlier graphs still
+    write to, and a later capture into the pool could put a tensor there.
+    """
+    if getattr(B, "name", None) == "cuda" and (
+            pool is None or _pool_key(pool) not in _POOLS_WITH_WORKSPACE):
+        fresh_cublas_workspaces(B)
+    yield
+    if getattr(B, "name", None) == "cuda":
+        _POOLS_WITH_WORKSPACE.add(_pool_key(g.pool()))
+
+
 class Captured(NamedTuple):
     """What :func:`capture` returns: the graph and ``fn``'s result, now static outputs."""
 
@@ -186,9 +211,7 @@ def capture(fn: Callable, *args, B=None, pool=None, stream=None, warmup: int = 3
     if warmup:
         side_stream_warmup(fn, *args, B=B, iters=warmup, **kwargs)
     g = B.CUDAGraph()
-    if pool is None:
-        fresh_cublas_workspaces(B)      # a new pool: its graph allocates its own workspace
-    with cleanup_on_failure(B):
+    with cleanup_on_failure(B), own_cublas_workspace(B, g, pool):
         with B.graph(g, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
             out = fn(*args, **kwargs)
     return Captured(g, out)

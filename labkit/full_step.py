@@ -76,7 +76,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from labkit.capture import fresh_cublas_workspaces, on_side_stream
+from labkit.capture import on_side_stream, own_cublas_workspace
 
 __all__ = [
     "LMConfig", "CONFIGS", "Block", "TinyLM", "build_lm", "lm_loss", "random_microbatches",
@@ -623,10 +623,10 @@ class FullCudaGraphWrapper:
         for gen in self.generators:
             g.register_generator_state(gen)
         B.synchronize()                 # the barrier before: nothing in flight is captured
-        fresh_cublas_workspaces(B)      # the graph's cuBLAS workspace comes from its pool
         try:
-            with B.graph(g, pool=self.pool, stream=self.stream,
-                         capture_error_mode=self.capture_error_mode):
+            with own_cublas_workspace(B, g, self.pool), B.graph(
+                    g, pool=self.pool, stream=self.stream,
+                    capture_error_mode=self.capture_error_mode):
                 self.result = self.step_fn()
         except BaseException:
             self.result = None
@@ -713,7 +713,7 @@ class FullStepTrainer:
        recorded the old workspace then writes into freed memory (seen on an H200 with
        torch 2.11 as "an illegal memory access was encountered", which poisons the CUDA
        context). So the capture first drops the cached workspaces, and the graph gets
-       its own, from its pool (see :func:`labkit.capture.fresh_cublas_workspaces`).
+       its own, from its pool (see :func:`labkit.capture.own_cublas_workspace`).
     """
 
     def __init__(self, model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,

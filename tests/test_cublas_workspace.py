@@ -53,3 +53,35 @@ def test_bridge_graphs_survive_a_workspace_clear(B):
     ref.sum().backward()
     assert torch.allclose(out, ref, rtol=1e-3, atol=1e-3)
     assert torch.allclose(xi.grad, ref_x.grad, rtol=1e-3, atol=1e-3)
+
+
+def test_warmup_on_the_capture_stream_then_capture_survives_a_clear(B):
+    # the hazard itself: warm-up caches a workspace on the stream capture will use
+    w = torch.randn(256, 256, device=B.device)
+    x = torch.randn(64, 256, device=B.device)
+    s = B.Stream()
+    s.wait_stream(B.current_stream())
+    with B.stream(s):
+        for _ in range(3):
+            torch.relu(x @ w) @ w
+    B.current_stream().wait_stream(s)
+    cap = C.capture(lambda t: torch.relu(t @ w) @ w, x, B=B, stream=s, warmup=0)
+    _ = _clear_and_scribble(B)
+    x.copy_(torch.randn(64, 256, device=B.device))
+    cap.graph.replay()
+    B.synchronize()
+    assert torch.allclose(cap.output, torch.relu(x @ w) @ w, rtol=1e-3, atol=1e-3)
+
+
+def test_decode_graphs_survive_a_workspace_clear(B):
+    from labkit.decode import DecodeGraphRunner, build_model, make_decode_batch
+
+    m = build_model("tiny", max_requests=8, device=B.device, dtype=torch.float32)
+    r = DecodeGraphRunner(m, B, progress=False, max_bs=8)
+    r.capture()
+    _ = _clear_and_scribble(B)
+    slots = [1, 2, 3]
+    batch = make_decode_batch(m, slots, [5, 6, 7], [0, 0, 0])
+    eager = r.eager_forward(batch).clone()
+    graphed = r.forward(batch)
+    torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-4)

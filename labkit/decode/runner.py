@@ -36,7 +36,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from labkit.capture import fresh_cublas_workspaces
+from labkit.capture import own_cublas_workspace
 
 from .attention import TorchNativeAttnBackend, make_attn_backend
 from .batch import ForwardBatch, ForwardMode, _check_model, _is_int, check_batch
@@ -120,7 +120,6 @@ class FullGraphBackend:
     @contextlib.contextmanager
     def capture_session(self):
         self.pool = self.B.graph_pool_handle()  # ONE pool shared by every bucket's graph
-        fresh_cublas_workspaces(self.B)         # ...which allocates its own cuBLAS workspace
         self.stream = self.B.Stream()           # capture happens off the default stream
         yield self
 
@@ -137,7 +136,8 @@ class FullGraphBackend:
                 post_warmup_hook()
         B.synchronize()
         g = B.CUDAGraph()
-        with B.graph(g, pool=self.pool, stream=self.stream):
+        with own_cublas_workspace(B, g, self.pool), B.graph(g, pool=self.pool,
+                                                             stream=self.stream):
             out = forward_fn()
         B.synchronize()
         self.graphs[key] = g

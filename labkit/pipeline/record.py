@@ -25,7 +25,6 @@ from typing import Callable
 import torch
 
 from labkit.bridge import ArgMeta, GraphOrderError, GraphRunner, GraphStatus
-from labkit.capture import fresh_cublas_workspaces
 
 __all__ = ["GlobalRecord", "RecordNode", "reorder", "ORDERS"]
 
@@ -81,7 +80,6 @@ class GlobalRecord:
             list(self.entries))
         if pool == "shared":
             shared = B.graph_pool_handle()
-            fresh_cublas_workspaces(B)        # the pool's graphs allocate their own workspace
             self.pools = [shared]
             for e in entries:
                 e[0].pool = shared
@@ -90,7 +88,6 @@ class GlobalRecord:
             self.pools = []
             for e in entries:                 # a new pool for each graph as it is created
                 e[0].pool = B.graph_pool_handle()
-                fresh_cublas_workspaces(B)
                 self.pools.append(e[0].pool)
                 (create or create_in_order)([e])
         for e in entries:
