@@ -521,12 +521,34 @@ def test_serve_rejects_the_broken_version(B):
 
 
 def test_serve_rejects_half_fixes(B):
+    # static_x = x frees the captured input: a GPU reuses its memory, the emulator keeps
+    # reading its old values, so the message rests on the tensor being gone, not on values
     msg = _msg(check_serve(_serve(B, copy=False), B=B))
-    assert "hold the same values" in msg and "copy_" in msg
+    assert "by replay 1 the tensor model was captured on (your static input) was gone" in msg
+    assert "static_x = x?" in msg and "copy_ each batch into it" in msg and "section 4" in msg
     msg = _msg(check_serve(_serve(B, clone="none"), B=B))
     assert "results are the same tensor" in msg
     msg = _msg(check_serve(_serve(B, clone="all but last"), B=B))
     assert "the last result IS the graph's static output (static_y)" in msg
+
+
+def test_serve_rejects_rebinding_an_alias_of_a_live_static_input(B):
+    def serve(model, requests):
+        static_x = torch.zeros_like(requests[0])
+        side_stream_warmup(model, static_x, B=B)
+        g = B.CUDAGraph()
+        with B.graph(g):
+            static_y = model(static_x)
+        outputs = []
+        for x in requests:
+            inp = static_x
+            inp = x  # noqa: F841 - rebinds the alias; static_x stays alive and unwritten
+            g.replay()
+            outputs.append(static_y.clone())
+        return outputs
+    msg = _msg(check_serve(serve, B=B))
+    assert "gone" not in msg
+    assert "hold the same values" in msg and "copy_ into it (section 4" in msg
 
 
 def test_serve_rejects_eager_and_per_request_capture(B):

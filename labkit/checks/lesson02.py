@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import os
 import traceback
+import weakref
 
 import torch
 
@@ -147,6 +148,10 @@ class _Counted:
         self.after = 0
         self.static_out: torch.Tensor | None = None
         self.captured_on: int | None = None  # data_ptr of the tensor fn was captured on
+        # the tensor fn was captured on, weakly: a graph keeps no Python reference to it
+        self.captured_ref: weakref.ref | None = None
+        self.replays = 0
+        self.dropped_at: int | None = None  # first replay at which that tensor was gone
         self.__name__ = "fn"
 
     def compute(self, x: torch.Tensor) -> torch.Tensor:
@@ -158,6 +163,7 @@ class _Counted:
             self.captured += 1
             self.log.append(("capture", None))
             self.captured_on = x.data_ptr() if isinstance(x, torch.Tensor) else None
+            self.captured_ref = weakref.ref(x) if isinstance(x, torch.Tensor) else None
             out = self.compute(x)
             self.static_out = out
             return out
@@ -195,6 +201,38 @@ def _recording_waits(B, fn: _Counted):
             cls.wait_stream = original
         else:
             del cls.wait_stream
+
+
+@contextlib.contextmanager
+def _recording_replays(B, fn: _Counted):
+    """Note in ``fn.dropped_at`` the first replay at which fn's captured input was gone.
+
+    A graph reads its input by address and holds no Python reference to it. If the
+    learner rebinds the only name of the static input (``static_x = x``), the tensor is
+    freed: the emulator's recorded ops still alias its memory (so replays keep reading
+    the values it held), while a GPU's caching allocator hands the block to the next
+    tensor of that size (so replays read whatever lands there). Whether the tensor object
+    is still alive at each replay is the same on both backends, so that is what is probed.
+    """
+    cls = B.CUDAGraph
+    had = "replay" in vars(cls)
+    original = vars(cls).get("replay", cls.replay)
+
+    def replay(self, *args, **kwargs):
+        if fn.captured_ref is not None and fn.dropped_at is None \
+                and fn.captured_ref() is None:
+            fn.dropped_at = fn.replays
+        fn.replays += 1
+        return original(self, *args, **kwargs)
+
+    cls.replay = replay
+    try:
+        yield
+    finally:
+        if had:
+            cls.replay = original
+        else:
+            del cls.replay
 
 
 def _missing_waits(fn: _Counted) -> str | None:
@@ -288,6 +326,15 @@ def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
                     "in place (section 5). Clone every result, the last one too")
     msg = compare_outputs(expected, list(out), rtol=1e-4, atol=1e-5)
     if msg:
+        if fn.dropped_at is not None:
+            # checked before the values: on a GPU, replays of a freed input read whatever
+            # the allocator put in its memory since, so the values say nothing reliable
+            return (msg + f"; by replay {fn.dropped_at + 1} the tensor {what} was captured "
+                    "on (your static input) was gone: nothing of yours held it any more, "
+                    "so you gave its name another tensor (static_x = x?). The graph still "
+                    "reads the old tensor's memory, never the batch (on a GPU that memory "
+                    "is free and the next tensor allocated may land there). Keep the static "
+                    "input and copy_ each batch into it before g.replay() (section 4)")
         if len(tensors) == len(out) > 1 and all(
                 t.shape == tensors[0].shape and torch.equal(t, tensors[0]) for t in tensors):
             if len(expected) == len(out) and tensors[-1].shape == expected[-1].shape and \
@@ -396,7 +443,7 @@ def check_serve(serve, *, B=None, trials: int = 3,
         kept = [r.clone() for r in requests]
         ptrs = [r.data_ptr() for r in requests]
         try:
-            with _recording_waits(B, model):
+            with _recording_waits(B, model), _recording_replays(B, model):
                 out = _call(B, serve, model, list(requests))
         except _Reported as rep:
             return {"bad": str(rep)}
