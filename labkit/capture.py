@@ -173,6 +173,13 @@ def own_cublas_workspace(B, g, pool=None):
     from the pool; later captures into the same pool, on the same stream, reuse it. It is
     not dropped again for them: that would free a block the pool's earlier graphs still
     write to, and a later capture into the pool could put a tensor there.
+
+    .. warning::
+        The first capture into a *new* pool drops the workspace an older pool's graphs
+        use; the block goes back to that older pool (which lives as long as its graphs),
+        not to the device. Capturing into the older pool again after that can place a
+        tensor in the block those graphs still write to: finish one pool's captures before
+        starting another's, as labkit's runners do.
     """
     if getattr(B, "name", None) == "cuda" and (
             pool is None or _pool_key(pool) not in _POOLS_WITH_WORKSPACE):
