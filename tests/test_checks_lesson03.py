@@ -408,9 +408,11 @@ def _server(*, copy=True, clone=True, temp="tensor", replay_first=False, eager=F
     def build_server(B):
         static_logits = torch.zeros(4, 16, device=B.device)
         settings = {"temperature": 1.0, "t": torch.ones((), device=B.device)}
+        if temp == "new_tensor_kept":         # the captured temperature tensor lives on
+            settings["kept"] = settings["t"]
 
         def probs(logits):
-            if temp == "tensor" or temp == "new_tensor":
+            if temp in ("tensor", "new_tensor", "new_tensor_kept"):
                 return torch.softmax(logits / settings["t"], dim=-1)
             return torch.softmax(logits / settings["temperature"], dim=-1)
 
@@ -433,7 +435,7 @@ def _server(*, copy=True, clone=True, temp="tensor", replay_first=False, eager=F
                     static_logits_ = logits   # noqa: F841 - rebinding: the graph never sees it
                 if temp == "tensor":
                     settings["t"].fill_(t)
-                elif temp == "new_tensor":
+                elif temp in ("new_tensor", "new_tensor_kept"):
                     settings["t"] = torch.tensor(t, device=B.device)
                 else:
                     settings["temperature"] = t
@@ -486,6 +488,30 @@ def _server_newcomer(B):        # multiplies by a static 1/t of shape (1, 1)
     return serve
 
 
+def _server_rebinds_logits(B):   # the static logits live only in a dict, rebound by serve
+    state = {"logits": torch.zeros(4, 16, device=B.device)}
+    t_static = torch.ones((), device=B.device)
+    g, out = capture(lambda x: torch.softmax(x / t_static, dim=-1), state["logits"], B=B)
+
+    def serve(batches, temperatures):
+        results = []
+        for logits, t in zip(batches, temperatures):
+            state["logits"] = logits      # drops the captured static logits
+            t_static.fill_(t)
+            g.replay()
+            results.append(out.clone())
+        return results
+
+    return serve
+
+
+def test_build_server_rejects_static_logits_rebound_away(B):
+    _assert_rejects(check_build_server(_server_rebinds_logits, B=B),
+                    "By replay 1, a tensor of shape (4, 16) (your static logits?)",
+                    "static_logits = logits", "copy_ each batch into it (section 1)")
+    _usable(B)
+
+
 def _server_lazy(B):
     def serve(batches, temperatures):
         return [torch.softmax(b / t, dim=-1) for b, t in zip(batches, temperatures)]
@@ -521,7 +547,14 @@ def test_build_server_blank_says_not_done(B):
     (dict(copy=False), ["do not depend on the batches", "section 1"]),
     (dict(temp="python"), ["temperature is the one the graph was captured with",
                            "section 7"]),
-    (dict(temp="new_tensor"), ["temperature is the one the graph was captured with"]),
+    # a captured tensor rebound away is freed: a GPU reuses its memory, the emulator keeps
+    # reading its old value, so the message rests on the tensor being gone, not on values
+    (dict(temp="new_tensor"), ["By replay 1, a tensor of shape () (your temperature?) that "
+                               "the graph reads was gone", "t = torch.tensor(temperature)",
+                               "fill_ it with each temperature (section 7)"]),
+    (dict(temp="new_tensor_kept"), ["temperature is the one the graph was captured with",
+                                    "a tensor of shape () that nothing wrote after the "
+                                    "capture", "section 7"]),
     (dict(clone=False), ["same memory"]),
     (dict(replay_first=True), ["previous batch's", "Fill first, then replay"]),
     (dict(eager=True), ["replayed the graph 0 times"]),

@@ -47,7 +47,9 @@ Three exercises, run on the backend of ``labkit.backend.get("auto")`` (or ``B=``
   the graph), results that are separate tensors equal to eager. A wrong answer is told
   which pitfall it still has: results that share memory or were cloned after the loop
   (section 6), logits the graph never saw (section 1), a temperature stuck at its capture
-  value (section 7), results one batch behind.
+  value (section 7), results one batch behind, a tensor the graph reads that was given up
+  before a replay (a name given a new tensor: told by the tensor being gone, since a GPU
+  reuses its freed memory and the emulator keeps reading it, so the values differ).
 
 Every checker leaves a usable process after a learner's failed capture
 (:func:`labkit.backend.recover`), gives learner code a time budget
@@ -62,11 +64,14 @@ import math
 import os
 import traceback
 import types
+import weakref
 from collections import Counter
 from typing import Any, Callable
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from labkit.backend import recover as _recover
 from labkit.checks import NOT_DONE, LearnerTimeout, call_learner, compare_outputs, fail, passed
@@ -722,8 +727,12 @@ SERVER_SHAPE = (4, 16)
 
 
 def _counting_backend(B):
-    """A copy of the backend namespace whose graphs count their captures and replays."""
-    stats = {"captures": 0, "replays": 0, "replaying": False}
+    """A copy of the backend namespace whose graphs count their captures and replays.
+
+    At each replay it also notes (``stats["dropped"]``) every tensor the captures read
+    that is gone by then (see :class:`_CaptureReads`).
+    """
+    stats = {"captures": 0, "replays": 0, "replaying": False, "reads": {}, "dropped": None}
 
     class CountingGraph(B.CUDAGraph):
         def capture_begin(self, *args, **kwargs):
@@ -731,6 +740,10 @@ def _counting_backend(B):
             return super().capture_begin(*args, **kwargs)
 
         def replay(self):
+            if stats["dropped"] is None:
+                gone = [shape for ref, shape, _ in stats["reads"].values() if ref() is None]
+                if gone:
+                    stats["dropped"] = (stats["replays"], gone)
             stats["replays"] += 1
             stats["replaying"] = True     # the emulator replays ATen ops: not eager ones
             try:
@@ -741,6 +754,68 @@ def _counting_backend(B):
     counted = types.SimpleNamespace(**vars(B))
     counted.CUDAGraph = CountingGraph
     return counted, stats
+
+
+_METADATA = {"__get__", "size", "dim", "stride", "numel", "data_ptr", "element_size",
+             "is_contiguous", "storage_offset", "untyped_storage", "__len__", "nelement"}
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (bumped by every in-place write), None if it has none."""
+    try:
+        return t._version
+    except RuntimeError:        # inference tensors have no version counter
+        return None
+
+
+def _never_written(stats: dict) -> list[tuple]:
+    """Shapes of the one-element tensors the captures read that nothing wrote since."""
+    out = []
+    for ref, shape, version in stats["reads"].values():
+        t = ref()
+        if t is not None and t.numel() == 1 and version is not None \
+                and _version(t) == version:
+            out.append(shape)
+    return out
+
+
+def _shape_str(shape: tuple) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+class _CaptureReads(TorchFunctionMode):
+    """Notes, weakly, every tensor made before a capture that the capture reads.
+
+    A graph reads its inputs by address and keeps no Python reference to them. If the
+    learner gives the only name of one a new tensor (``t = torch.tensor(temperature)``),
+    the captured one is freed: the emulator's recorded ops still alias its memory (so
+    replays keep reading the value it held at capture), while a GPU's caching allocator
+    hands the block to the next tensor allocated (so replays read whatever lands there).
+    Whether the tensor object is still alive at a replay is the same on both backends.
+    Active around ``build_server``; records only while the current stream captures.
+    """
+
+    def __init__(self, B, stats: dict):
+        super().__init__()
+        self.B, self.reads = B, stats["reads"]
+        self.made: dict[int, weakref.ref] = {}   # tensors the captures created
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        capturing = getattr(func, "__name__", "") not in _METADATA and \
+            self.B.is_current_stream_capturing()
+        if capturing:
+            for t in tree_flatten((args, kwargs))[0]:
+                if isinstance(t, torch.Tensor) and id(t) not in self.reads:
+                    made = self.made.get(id(t))
+                    if made is None or made() is not t:
+                        self.reads[id(t)] = (weakref.ref(t), tuple(t.shape), _version(t))
+        out = func(*args, **kwargs)
+        if capturing:
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and id(t) not in self.reads:
+                    self.made[id(t)] = weakref.ref(t)
+        return out
 
 
 _SOFTMAX_OPS = ("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax", "exp",
@@ -797,7 +872,8 @@ def check_build_server(build_server, *, B=None, trials: int = 2, quiet: bool = F
     def one_trial(trial, gen):
         counted, stats = _counting_backend(B)
         try:
-            serve = call_learner(build_server, counted, time_limit=time_limit)
+            with _CaptureReads(B, stats):
+                serve = call_learner(build_server, counted, time_limit=time_limit)
         except (NotImplementedError, LearnerTimeout, _Failure):
             raise
         except Exception as exc:
@@ -875,6 +951,29 @@ def check_build_server(build_server, *, B=None, trials: int = 2, quiet: bool = F
                  if not torch.allclose(results[i].float(), expected[i], rtol=1e-4, atol=1e-6)]
         if not wrong:
             return
+        if stats["dropped"] is not None:
+            # checked before the values: on a GPU, replays of a freed input read whatever
+            # the allocator put in its memory since, so the values say nothing reliable
+            at, shapes = stats["dropped"]
+            shape = shapes[0]
+            if shape == SERVER_SHAPE:
+                what, example = " (your static logits?)", "static_logits = logits"
+                fix = "copy_ each batch into it (section 1)"
+            elif math.prod(shape) == 1:
+                what, example = " (your temperature?)", "t = torch.tensor(temperature)"
+                fix = "fill_ it with each temperature (section 7)"
+            else:
+                what, example = "", "x = new_tensor"
+                fix = "fill it in place before each replay (sections 1 and 7)"
+            raise _Failure(
+                f"result {wrong[0]} is not softmax(logits / t). By replay {at + 1}, a tensor "
+                f"of shape {_shape_str(shape)}{what} that the graph reads was gone: nothing "
+                f"in your code held it any more. Giving a name a new tensor ({example}) "
+                f"does not change what the graph reads: it still reads the old tensor's "
+                f"memory (on a GPU that memory is free, and the next tensor allocated may "
+                f"land there). Keep the captured tensor and {fix}.",
+                ["The graph was captured on the tensors that existed then; it reads them by "
+                 "address at every replay. Write new values into them in place."])
         implied = [_implied_temperature(results[i].detach().float().cpu(),
                                         batches[i].cpu()) for i in range(n)]
         uniform = torch.full(SERVER_SHAPE, 1.0 / SERVER_SHAPE[1])
@@ -899,6 +998,15 @@ def check_build_server(build_server, *, B=None, trials: int = 2, quiet: bool = F
                 "each result is the previous batch's: serve replays before it fills the "
                 "static inputs. Fill first, then replay, then read.")
         finite = [t for t in implied if t is not None and math.isfinite(t)]
+        if len(finite) == n and max(finite) - min(finite) < 1e-3 and _never_written(stats):
+            raise _Failure(
+                f"every result is softmax(logits / {finite[0]:.3g}): the temperature is the "
+                f"one the graph was captured with, whatever serve is given. The graph divides "
+                f"by a tensor of shape {_shape_str(_never_written(stats)[0])} that nothing "
+                f"wrote after the capture: giving a name a new tensor does not change what "
+                f"the graph reads (section 7).",
+                ["Fill the captured temperature tensor in place before each replay: "
+                 "t.fill_(temperature)."])
         if len(finite) == n and max(finite) - min(finite) < 1e-3:
             raise _Failure(
                 f"every result is softmax(logits / {finite[0]:.3g}): the temperature is the "
