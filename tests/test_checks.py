@@ -201,3 +201,25 @@ def test_call_learner_restores_the_alarm_handler():
     assert _checks.call_learner(lambda: 3, time_limit=1.0) == 3
     assert signal.getsignal(signal.SIGALRM) is before
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_library_catch_all_does_not_swallow_the_timeout():
+    def library_op():
+        try:
+            _time.sleep(0.01)
+        except Exception:   # torch has catch-alls like this around dispatch and meta code
+            pass
+
+    def endless():
+        while True:
+            library_op()
+
+    import time as _time
+    t0 = _time.monotonic()
+    try:
+        _checks.call_learner(endless, time_limit=0.3)
+    except _checks.LearnerTimeout:
+        pass
+    else:
+        raise AssertionError("no timeout")
+    assert _time.monotonic() - t0 < 5

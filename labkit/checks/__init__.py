@@ -57,6 +57,7 @@ PASS = "✅"
 FAIL = "❌"
 NOT_DONE = "not done yet: fill in the cell marked YOUR CODE HERE"
 DEFAULT_TIME_LIMIT = 10.0  # seconds a learner's function may run in one trial
+_ALARM_REPEAT_S = 0.25     # after the budget, the timeout is raised again this often
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -137,6 +138,12 @@ def passed(name: str, message: str, *, quiet: bool = False, **fields: Any) -> Ch
 # --- the time budget -----------------------------------------------------------------------
 
 
+class _Deadline(BaseException):
+    """Raised into the learner's code when its budget is spent. A ``BaseException``, like
+    ``KeyboardInterrupt``, so that library ``except Exception`` blocks do not swallow it;
+    :func:`call_learner` turns it into :class:`LearnerTimeout` for the checkers."""
+
+
 class LearnerTimeout(Exception):
     """The learner's code did not finish within its time budget."""
 
@@ -165,27 +172,42 @@ def call_learner(fn: Callable, *args: Any, time_limit: float | None = DEFAULT_TI
     if not time_limit:
         return fn(*args, **kwargs)
     if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+        active = [True]
+
         def _alarm(signum, frame):
-            raise LearnerTimeout(time_limit, name)
+            if active[0]:
+                raise _Deadline
 
         old = signal.signal(signal.SIGALRM, _alarm)
-        signal.setitimer(signal.ITIMER_REAL, time_limit)
+        # the timer repeats: code that catches even a BaseException cannot keep an
+        # endless loop alive for long
+        signal.setitimer(signal.ITIMER_REAL, time_limit, _ALARM_REPEAT_S)
         try:
             return fn(*args, **kwargs)
+        except _Deadline:
+            raise LearnerTimeout(time_limit, name) from None
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
+            while True:         # an alarm landing in here must not skip the clean-up
+                try:
+                    active[0] = False
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    signal.signal(signal.SIGALRM, old)
+                    break
+                except _Deadline:
+                    continue
     deadline = time.monotonic() + time_limit
 
     def _trace(frame, event, arg):
         if time.monotonic() > deadline:
-            raise LearnerTimeout(time_limit, name)
+            raise _Deadline
         return _trace
 
     old_trace = sys.gettrace()
     sys.settrace(_trace)
     try:
         return fn(*args, **kwargs)
+    except _Deadline:
+        raise LearnerTimeout(time_limit, name) from None
     finally:
         sys.settrace(old_trace)
 
