@@ -18,7 +18,8 @@
 #
 # The learner's JupyterLab holds only what learning needs: `make lab` installs labkit's
 # runtime dependencies (no test or authoring tools) and starts the server with nbgrader's
-# server and lab extensions disabled, in case an older .venv still has nbgrader installed.
+# server and lab extensions disabled (`make test` installs nbgrader into the same .venv:
+# its ClearSolutions generates exercises/).
 
 PYTHON        ?= python3
 VENV          ?= .venv
@@ -125,10 +126,10 @@ test-notebooks: $(TEST_STAMP)
 
 # --- authoring ----------------------------------------------------------------------
 
-exercises: $(STAMP)
+exercises: $(TEST_STAMP)
 	$(VPY) -m labkit exercises
 
-exercises-check: $(STAMP)
+exercises-check: $(TEST_STAMP)
 	$(VPY) -m labkit exercises --check
 
 doctor: $(STAMP)

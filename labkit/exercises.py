@@ -14,11 +14,11 @@ The exercise keeps everything else and gets a stub instead of the marked lines::
         # YOUR CODE HERE
         raise NotImplementedError()
 
-This is the rule of nbgrader's ``ClearSolutions`` preprocessor (same markers, same stub,
-the stub indented like the ``BEGIN`` line; a marked region in a Markdown cell becomes
-``YOUR ANSWER HERE``), done here in a few lines so that generating exercises needs no
-authoring tool. Outputs, execution counts and run metadata are cleared, so the same
-solution always gives the same bytes.
+The replacement is nbgrader's own ``ClearSolutions`` preprocessor (a marked region in a
+Markdown cell becomes ``YOUR ANSWER HERE``); markers that do not pair up are reported first,
+with the file and cell. nbgrader is an authors' tool: ``make test`` installs it (the
+``test`` extra), ``make lab`` neither installs nor loads it. Outputs, execution counts and
+run metadata are cleared, so the same solution always gives the same bytes.
 
 Every generated notebook records, in ``metadata.labkit.cells_sha256``, a hash of its cells
 (types and sources) as generated. That is how regeneration tells the two kinds of
@@ -49,7 +49,6 @@ import argparse
 import datetime as _dt
 import hashlib
 import json
-import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -116,9 +115,8 @@ def cells_hash(cells) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
-def _clear_solution(source: str, stub: str, where: str) -> str:
-    """nbgrader's ``ClearSolutions`` rule for one cell; raises ExerciseError on bad markers."""
-    out: list[str] = []
+def _check_markers(source: str, where: str) -> None:
+    """Raise :class:`ExerciseError` unless every ``BEGIN SOLUTION`` has its ``END SOLUTION``."""
     inside = False
     for n, line in enumerate(source.split("\n"), 1):
         if BEGIN in line:
@@ -126,18 +124,31 @@ def _clear_solution(source: str, stub: str, where: str) -> str:
                 raise ExerciseError(f"{where}, line {n}: a second '### {BEGIN}' before the "
                                     f"'### {END}' of the first; close each region first")
             inside = True
-            indent = re.match(r"\s*", line).group(0)
-            out.extend(indent + s for s in stub.split("\n"))
         elif END in line:
             if not inside:
                 raise ExerciseError(f"{where}, line {n}: '### {END}' without a "
                                     f"'### {BEGIN}' above it")
             inside = False
-        elif not inside:
-            out.append(line)
     if inside:
         raise ExerciseError(f"{where}: '### {BEGIN}' is never closed by '### {END}'")
-    return "\n".join(out)
+
+
+def _clear_solutions(nb):
+    """nbgrader's ``ClearSolutions``: marked regions (and whole solution cells) → stubs."""
+    try:
+        from nbgrader.preprocessors import ClearSolutions
+    except ImportError:
+        raise ExerciseError("generating exercises needs nbgrader (an authors' tool): run "
+                            "`make test` once, or `pip install nbgrader`") from None
+    from traitlets.config import Config
+
+    config = Config()
+    config.ClearSolutions.code_stub = {"python": CODE_STUB}
+    config.ClearSolutions.text_stub = TEXT_STUB
+    config.ClearSolutions.enforce_metadata = False  # markers alone are enough
+    nb.metadata["kernelspec"] = dict(_KERNELSPEC)    # ClearSolutions reads the language
+    nb, _ = ClearSolutions(config=config).preprocess(nb, {})
+    return nb
 
 
 def _read_solution(solution: Path):
@@ -177,18 +188,13 @@ def build_exercise(solution: Path | str) -> str:
 
     solution = Path(solution)
     nb = _read_solution(solution)
+    for i, cell in enumerate(nb.cells):
+        _check_markers(_source(cell), f"{solution}, cell {i + 1} ({cell.get('cell_type')})")
+    nb = _clear_solutions(nb)
     seen: set[str] = set()
     for i, cell in enumerate(nb.cells):
         ctype = cell.get("cell_type")
-        src = _source(cell)
-        where = f"{solution}, cell {i + 1} ({ctype})"
-        is_solution = bool(cell.get("metadata", {}).get("nbgrader", {}).get("solution"))
-        stub = CODE_STUB if ctype == "code" else TEXT_STUB
-        if BEGIN in src or END in src:
-            src = _clear_solution(src, stub, where)
-        elif is_solution:  # nbgrader's whole-cell solution (metadata only)
-            src = stub
-        cell["source"] = src
+        cell["source"] = _source(cell)
         if ctype == "code":
             cell["outputs"] = []
             cell["execution_count"] = None
