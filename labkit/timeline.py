@@ -86,6 +86,113 @@ REFERENCE_H200 = {
 }
 
 
+
+# --------------------------------------------------------------------------- input checks
+# Small named checks, so every public function says what was given, what was expected and
+# what to do, instead of failing deep inside matplotlib or torch (or computing nonsense).
+
+
+def _check_count(name: str, value, minimum: int = 0) -> int:
+    """``value`` as an int >= ``minimum``; bools, floats and strings are refused."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} "
+                        f"({type(value).__name__}); pass a whole number such as {max(minimum, 1)}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}; pass a count of "
+                         f"at least {minimum}")
+    return value
+
+
+def _check_us(name: str, value, positive: bool = False) -> float:
+    """``value`` as a finite float >= 0 (> 0 if ``positive``): a duration in µs."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of µs, got {value!r} "
+                        f"({type(value).__name__}); pass a float such as 2.0")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of µs, got {value}; "
+                         "pass a real duration such as 2.0")
+    if value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be {bound} µs, got {value}; a duration cannot be "
+                         f"{'zero or ' if positive else ''}negative")
+    return value
+
+
+def _check_timeline(name: str, tl) -> "Timeline":
+    if not isinstance(tl, Timeline):
+        raise TypeError(f"{name} must be a labkit.timeline.Timeline, got {type(tl).__name__}; "
+                        "build one with simulate(...), profile_timeline(...) or "
+                        "timeline_from_chrome_trace(...)")
+    return tl
+
+
+def _check_dtype(dtype) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r} "
+                        f"({type(dtype).__name__})")
+    return dtype
+
+
+def _check_backend(B, what: str):
+    if not (hasattr(B, "name") and hasattr(B, "device") and hasattr(B, "CUDAGraph")):
+        raise TypeError(f"{what} needs a labkit backend, got {type(B).__name__}; "
+                        "pass B = labkit.backend.get() (or labkit.backend.get('emulated'))")
+    return B
+
+
+def _check_numels(numels) -> list[int]:
+    if isinstance(numels, (str, bytes)) or not isinstance(numels, Iterable):
+        raise TypeError(f"numels must be a list of ints (elements per kernel), got {numels!r}")
+    out = list(numels)
+    if not out:
+        raise ValueError("numels is empty: pass at least one size, e.g. [256, 4096, 65536]")
+    return [_check_count("each entry of numels", n, 1) for n in out]
+
+
+def _check_folder_of(path, what: str) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a file path (str or Path), got {type(path).__name__}")
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ValueError(f"{what} {str(path)!r} is in a folder that does not exist "
+                         f"({str(path.parent)!r}); create it first or pick another path")
+    if path.is_dir():
+        raise ValueError(f"{what} {str(path)!r} is a folder; pass a file name such as "
+                         f"{str(path / 'trace.json')!r}")
+    return path
+
+
+def _check_rows(rows, what: str) -> list[dict]:
+    if isinstance(rows, (str, bytes, dict)) or not isinstance(rows, Iterable):
+        raise TypeError(f"{what} takes the list of rows from sweep_measured/sweep_simulated, "
+                        f"got {type(rows).__name__}")
+    rows = list(rows)
+    for i, r in enumerate(rows):
+        missing = [k for k in ("numel", "eager_us", "graph_us")
+                   if not isinstance(r, dict) or k not in r]
+        if missing:
+            raise ValueError(f"{what}: row {i} lacks {', '.join(missing)}; rows come from "
+                             "sweep_measured or sweep_simulated")
+    return rows
+
+
+def _check_tolerance(tolerance) -> float:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)):
+        raise TypeError(f"tolerance must be a fraction such as 0.10, got {tolerance!r}")
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a finite fraction >= 0 such as 0.10, "
+                         f"got {tolerance}")
+    return float(tolerance)
+
+
+class UnknownPresetError(KeyError, ValueError):
+    """An unknown GPU preset name (a KeyError for old callers, a ValueError by kind)."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+
 # --------------------------------------------------------------------------- data model
 
 @dataclass(frozen=True)
@@ -96,6 +203,17 @@ class Span:
     name: str
     start_us: float
     dur_us: float
+
+    def __post_init__(self):
+        for f in ("lane", "name"):
+            if not isinstance(getattr(self, f), str):
+                raise TypeError(f"Span.{f} must be a str, got {getattr(self, f)!r}; "
+                                f"lanes are {CPU!r}, {GPU!r} or {OPS!r}")
+        if isinstance(self.start_us, bool) or not isinstance(self.start_us, (int, float)) \
+                or not math.isfinite(self.start_us):
+            raise ValueError(f"Span.start_us must be a finite number of µs, got "
+                             f"{self.start_us!r}")
+        _check_us("Span.dur_us", self.dur_us)
 
     @property
     def end_us(self) -> float:
@@ -121,6 +239,13 @@ class Timeline:
     def __post_init__(self):
         if self.source not in ("measured", "simulated"):
             raise ValueError(f"source must be 'measured' or 'simulated', not {self.source!r}")
+        if isinstance(self.spans, (str, bytes)) or not isinstance(self.spans, Iterable):
+            raise TypeError(f"spans must be a list of Span, got {type(self.spans).__name__}")
+        self.spans = list(self.spans)
+        bad = [x for x in self.spans if not isinstance(x, Span)]
+        if bad:
+            raise TypeError(f"spans must hold Span objects only, got {type(bad[0]).__name__} "
+                            f"({bad[0]!r}); build each with Span(lane, name, start_us, dur_us)")
         self.spans = sorted(self.spans, key=lambda s: (s.start_us, s.lane))
 
     @property
@@ -135,6 +260,8 @@ class Timeline:
         return ordered + sorted(present - set(ordered))
 
     def lane(self, name: str) -> list[Span]:
+        if not isinstance(name, str):
+            raise TypeError(f"lane name must be a str such as {GPU!r}, got {name!r}")
         return [s for s in self.spans if s.lane == name]
 
     @property
@@ -152,6 +279,8 @@ class Timeline:
 
     def shifted(self, to: float = 0.0) -> "Timeline":
         """The same timeline with its first span starting at ``to``."""
+        if isinstance(to, bool) or not isinstance(to, (int, float)) or not math.isfinite(to):
+            raise ValueError(f"shifted(to=...) takes a finite number of µs, got {to!r}")
         d = to - self.start_us
         spans = [Span(s.lane, s.name, s.start_us + d, s.dur_us) for s in self.spans]
         return Timeline(spans, self.source, self.label, self.device, dict(self.meta))
@@ -186,7 +315,8 @@ class GPUPreset:
             return self.fp16_tflops * 1e12
         if dtype in ("fp32", "float", "float32"):
             return self.fp32_tflops * 1e12
-        raise ValueError(f"dtype must be 'fp16' or 'fp32', not {dtype!r}")
+        raise ValueError(f"dtype must be one of 'fp16', 'bf16', 'half', 'float16', 'bfloat16', "
+                         f"'fp32', 'float', 'float32', not {dtype!r}")
 
 
 GPU_PRESETS: dict[str, GPUPreset] = {
@@ -209,10 +339,13 @@ def get_preset(preset: str | GPUPreset) -> GPUPreset:
     """A preset by name (case-insensitive), or the preset itself."""
     if isinstance(preset, GPUPreset):
         return preset
+    if not isinstance(preset, str):
+        raise TypeError(f"preset must be a preset name or a GPUPreset, got "
+                        f"{type(preset).__name__}; choose one of {', '.join(GPU_PRESETS)}")
     for name, p in GPU_PRESETS.items():
-        if name.lower() == str(preset).lower():
+        if name.lower() == preset.lower():
             return p
-    raise KeyError(f"no GPU preset {preset!r}; choose one of {', '.join(GPU_PRESETS)}")
+    raise UnknownPresetError(f"no GPU preset {preset!r}; choose one of {', '.join(GPU_PRESETS)}")
 
 
 def preset_for(device_name: str, default: str = "H200") -> GPUPreset:
@@ -220,10 +353,13 @@ def preset_for(device_name: str, default: str = "H200") -> GPUPreset:
     else ``default``: a simulation next to a measurement should model the same GPU."""
     import re
 
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be a str such as 'NVIDIA H200', got {device_name!r}")
+    get_preset(default)  # an unknown default fails here, naming the presets
     for name, p in GPU_PRESETS.items():
         if re.search(rf"(?<![A-Za-z0-9]){name}(?![0-9])", device_name, re.IGNORECASE):
             return p
-    return GPU_PRESETS[default]
+    return get_preset(default)
 
 
 def roofline_kernel_us(flops: float, bytes: float, preset: str | GPUPreset = "H200",
@@ -237,6 +373,7 @@ def roofline_kernel_us(flops: float, bytes: float, preset: str | GPUPreset = "H2
     cost look *worse*, only as much as the hardware allows.
     """
     p = get_preset(preset)
+    flops, bytes = _check_amount("flops", flops), _check_amount("bytes", bytes)
     compute_us = flops / p.peak_flops(dtype) * 1e6
     memory_us = bytes / (p.hbm_gbps * 1e9) * 1e6
     return max(p.kernel_floor_us, compute_us, memory_us)
@@ -244,7 +381,8 @@ def roofline_kernel_us(flops: float, bytes: float, preset: str | GPUPreset = "H2
 
 def add_chain_cost(numel: int, dtype: torch.dtype = torch.float32) -> tuple[float, float]:
     """(flops, bytes) of one ``y = y + 1`` kernel on ``numel`` elements: read y, write y'."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    _check_count("numel", numel, 0)
+    itemsize = torch.empty((), dtype=_check_dtype(dtype)).element_size()
     return float(numel), float(2 * numel * itemsize)
 
 
@@ -275,19 +413,16 @@ def simulate(n_kernels: int, launch_us: float, kernel_us: float | Sequence[float
     launch queue's depth limit (~1000 entries: a far-ahead CPU eventually blocks), the
     small gaps between queued eager kernels, and launch latency on the device.
     """
-    if n_kernels < 0:
-        raise ValueError("n_kernels must be >= 0")
-    if isinstance(kernel_us, (int, float)):
-        durations = [float(kernel_us)] * n_kernels
-    else:
-        durations = [float(k) for k in kernel_us]
-        if len(durations) != n_kernels:
-            raise ValueError(f"kernel_us has {len(durations)} entries for {n_kernels} kernels")
+    n_kernels = _check_count("n_kernels", n_kernels, 0)
+    launch_us = _check_us("launch_us", launch_us)
+    durations = _kernel_durations(kernel_us, n_kernels)
     p = get_preset(preset) if preset is not None else None
-    if gap_us is None:
-        gap_us = p.kernel_gap_us if p is not None else 0.1
-    if graph_launch_us is None:
-        graph_launch_us = launch_us
+    gap_us = _check_us("gap_us", gap_us) if gap_us is not None else (
+        p.kernel_gap_us if p is not None else 0.1)
+    graph_launch_us = (_check_us("graph_launch_us", graph_launch_us)
+                       if graph_launch_us is not None else launch_us)
+    if label is not None and not isinstance(label, str):
+        raise TypeError(f"label must be a str, got {type(label).__name__}")
 
     spans: list[Span] = []
     if graphed:
@@ -315,9 +450,35 @@ def simulate(n_kernels: int, launch_us: float, kernel_us: float | Sequence[float
     )
 
 
+def _check_amount(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}; "
+                         "add_chain_cost(numel) gives both for the lesson's chain")
+    return float(value)
+
+
+def _kernel_durations(kernel_us, n_kernels: int) -> list[float]:
+    """One duration per kernel from one number or a list of ``n_kernels`` numbers."""
+    if isinstance(kernel_us, (int, float)) and not isinstance(kernel_us, bool):
+        return [_check_us("kernel_us", kernel_us)] * n_kernels
+    if isinstance(kernel_us, (str, bytes)) or not isinstance(kernel_us, Iterable):
+        raise TypeError(f"kernel_us must be a number of µs or a list of them, got "
+                        f"{kernel_us!r} ({type(kernel_us).__name__})")
+    durations = [_check_us(f"kernel_us[{i}]", k) for i, k in enumerate(kernel_us)]
+    if len(durations) != n_kernels:
+        raise ValueError(f"kernel_us has {len(durations)} entries for {n_kernels} kernels; "
+                         "pass one number for all kernels or exactly one per kernel")
+    return durations
+
+
 def simulate_pair(n_kernels: int, launch_us: float, kernel_us: float | Sequence[float],
                   **kw) -> tuple[Timeline, Timeline]:
     """(eager, graphed) timelines of the same chain: the before/after of one graph."""
+    if "graphed" in kw:
+        raise TypeError("simulate_pair makes both the eager and the graphed timeline; "
+                        "drop graphed=..., or call simulate(..., graphed=True) for one")
     return (simulate(n_kernels, launch_us, kernel_us, graphed=False, **kw),
             simulate(n_kernels, launch_us, kernel_us, graphed=True, **kw))
 
@@ -338,6 +499,7 @@ def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
 
 def gpu_busy_us(tl: Timeline, lane: str = GPU) -> float:
     """Time at least one kernel runs (overlapping kernels of several streams count once)."""
+    _check_timeline("tl", tl)
     return _union_length((s.start_us, s.end_us) for s in tl.lane(lane))
 
 
@@ -349,6 +511,7 @@ def gpu_idle_us(tl: Timeline, lane: str = GPU) -> float:
     that launch the GPU has nothing to do either, and a graph pays it once instead of N
     times. Zero for a timeline without kernels.
     """
+    _check_timeline("tl", tl)
     kernels = tl.lane(lane)
     if not kernels:
         return 0.0
@@ -358,6 +521,7 @@ def gpu_idle_us(tl: Timeline, lane: str = GPU) -> float:
 
 def gpu_idle_fraction(tl: Timeline, lane: str = GPU) -> float:
     """:func:`gpu_idle_us` as a fraction of the step's window (0 = always busy)."""
+    _check_timeline("tl", tl)
     kernels = tl.lane(lane)
     if not kernels:
         return 0.0
@@ -367,6 +531,7 @@ def gpu_idle_fraction(tl: Timeline, lane: str = GPU) -> float:
 
 def summarize(tl: Timeline) -> dict:
     """The numbers a timeline's picture shows, rounded for printing."""
+    _check_timeline("tl", tl)
     launches = [s for s in tl.spans if s.lane == CPU]
     return {
         "tag": tl.tag,
@@ -388,6 +553,10 @@ def chain(x: torch.Tensor, n_ops: int = 100) -> torch.Tensor:
     Each ``x + 1`` is one kernel launch on a GPU; the result of one feeds the next, as the
     ops of a layer do.
     """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"chain(x, n_ops) needs a tensor x, got {type(x).__name__}; "
+                        "e.g. torch.zeros(256, device=B.device)")
+    _check_count("n_ops", n_ops, 0)
     for _ in range(n_ops):
         x = x + 1
     return x
@@ -415,6 +584,7 @@ def chain_steps(B, n_ops: int = 100, numel: int = 256, dtype: torch.dtype = torc
     (``B.graph`` captures on a side stream of its own). Capture records the ops, it does
     not run them: ``out`` holds the result only after the first replay.
     """
+    _check_chain_args(B, "chain_steps", n_ops=n_ops, numel=numel, dtype=dtype, warmup=warmup)
     x = torch.zeros(numel, device=B.device, dtype=dtype)
     side_stream_warmup(chain, x, n_ops, B=B, iters=warmup)
     g = B.CUDAGraph()
@@ -423,6 +593,16 @@ def chain_steps(B, n_ops: int = 100, numel: int = 256, dtype: torch.dtype = torc
     B.synchronize()
     return ChainSteps(eager=lambda: chain(x, n_ops), graphed=g.replay, graph=g, x=x, out=out,
                       n_ops=n_ops)
+
+
+def _check_chain_args(B, what: str, *, n_ops, numel, dtype, warmup, repeats=1) -> None:
+    """The arguments every measurement of a chain shares, checked before any capture."""
+    _check_backend(B, what)
+    _check_count("n_ops", n_ops, 1)
+    _check_count("numel", numel, 1)
+    _check_count("warmup", warmup, 0)
+    _check_count("repeats", repeats, 1)
+    _check_dtype(dtype)
 
 
 class _Timer:
@@ -480,8 +660,8 @@ def measure_launch_cost(B, n_ops: int = 100, numel: int = 256, repeats: int = 20
     CPU too. It shows the mechanism (one call replays N ops), not what a GPU gains; the
     ``note`` key says so.
     """
-    if n_ops < 1 or repeats < 1:
-        raise ValueError("n_ops and repeats must be >= 1")
+    _check_chain_args(B, "measure_launch_cost", n_ops=n_ops, numel=numel, dtype=dtype,
+                      warmup=warmup, repeats=repeats)
     steps = chain_steps(B, n_ops=n_ops, numel=numel, dtype=dtype, warmup=warmup)
     for _ in range(warmup):
         steps.eager()
@@ -525,6 +705,9 @@ def sweep_measured(B, numels: Sequence[int], n_ops: int = 50, repeats: int = 10,
     Meaningful on a GPU. On the emulator both curves are CPU compute once tensors grow,
     so use :func:`sweep_simulated` there for the GPU picture.
     """
+    numels = _check_numels(numels)
+    _check_chain_args(B, "sweep_measured", n_ops=n_ops, numel=1, dtype=dtype, warmup=0,
+                      repeats=repeats)
     rows = []
     for numel in numels:
         m = measure_launch_cost(B, n_ops=n_ops, numel=int(numel), repeats=repeats, dtype=dtype)
@@ -539,6 +722,9 @@ def sweep_simulated(numels: Sequence[int], launch_us: float, preset: str | GPUPr
                     n_kernels: int = 100, dtype: torch.dtype = torch.float32,
                     graph_launch_us: float | None = None) -> list[dict]:
     """The same sweep from :func:`simulate`, with roofline kernel times of ``preset``."""
+    numels = _check_numels(numels)
+    launch_us = _check_us("launch_us", launch_us)
+    _check_count("n_kernels", n_kernels, 1)
     p = get_preset(preset)
     tdtype = "fp16" if dtype in (torch.float16, torch.bfloat16) else "fp32"
     rows = []
@@ -558,7 +744,8 @@ def crossover(rows: Sequence[dict], tolerance: float = 0.10) -> int | None:
     Past this size the kernels are long enough to hide the launches, and a graph saves
     less than ``tolerance`` of a step. None if the sweep never gets there.
     """
-    rows = sorted(rows, key=lambda r: r["numel"])
+    rows = sorted(_check_rows(rows, "crossover"), key=lambda r: r["numel"])
+    tolerance = _check_tolerance(tolerance)
     found = None
     for r in rows:
         close = r["eager_us"] <= (1 + tolerance) * r["graph_us"]
@@ -578,6 +765,28 @@ _LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cuGraphLaunch"
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
+def _load_trace(trace) -> dict:
+    """The trace dict, read from a path if need be, with a clear error for a bad file."""
+    if isinstance(trace, dict):
+        return trace
+    if not isinstance(trace, (str, os.PathLike)):
+        raise TypeError(f"trace must be a Chrome-trace dict or a path to its JSON file, got "
+                        f"{type(trace).__name__}")
+    path = Path(trace)
+    if not path.is_file():
+        raise ValueError(f"no trace file at {str(path)!r}; pass the path that "
+                         "profile_timeline(trace_path=...) or prof.export_chrome_trace wrote")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{str(path)!r} is not Chrome-trace JSON ({e}); record it again "
+                         "with prof.export_chrome_trace") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{str(path)!r} holds a JSON {type(data).__name__}, expected an "
+                         'object with "traceEvents"')
+    return data
+
+
 def timeline_from_chrome_trace(trace: dict | str | os.PathLike, label: str = "",
                                device: str | None = None, ops_lane: bool = True) -> Timeline:
     """A measured :class:`Timeline` from a ``torch.profiler`` Chrome trace.
@@ -594,9 +803,7 @@ def timeline_from_chrome_trace(trace: dict | str | os.PathLike, label: str = "",
 
     Times are shifted so the first span starts at 0.
     """
-    if not isinstance(trace, dict):
-        with open(trace) as f:
-            trace = json.load(f)
+    trace = _load_trace(trace)
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     spans: list[Span] = []
     ops: list[dict] = []
@@ -645,6 +852,12 @@ def profile_timeline(fn: Callable[[], Any], B, label: str = "", warmup: int = 2,
             f"{getattr(B, 'name', B)!r}, which has no device trace to record. On a CPU use "
             "timeline.simulate(n_kernels, launch_us, kernel_us), with launch_us from "
             "measure_launch_cost(B)['cpu_us_per_launch'] and kernel_us from roofline_kernel_us().")
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable that runs one step (e.g. steps.eager or "
+                        f"g.replay), got {type(fn).__name__}; pass the function, not its result")
+    _check_count("warmup", warmup, 0)
+    if trace_path is not None:
+        _check_folder_of(trace_path, "trace_path")
     from torch.profiler import ProfilerActivity, profile, schedule
 
     for _ in range(warmup):
@@ -686,7 +899,15 @@ def chrome_trace_events(spans: Iterable[Span]) -> list[dict]:
     ``ts`` and ``dur`` in **microseconds**, which is what :class:`Span` holds. Each lane
     gets its own pid, so Perfetto draws it as its own track, CPU lanes above the GPU.
     """
+    if isinstance(spans, Timeline):
+        raise TypeError("chrome_trace_events takes spans: pass tl.spans (or use "
+                        "to_chrome_trace(tl) for the whole trace)")
+    if isinstance(spans, (str, bytes)) or not isinstance(spans, Iterable):
+        raise TypeError(f"spans must be a list of Span, got {type(spans).__name__}")
     spans = list(spans)
+    bad = [x for x in spans if not isinstance(x, Span)]
+    if bad:
+        raise TypeError(f"spans must hold Span objects only, got {type(bad[0]).__name__}")
     present = {s.lane for s in spans}
     lanes = [lane for lane in _LANE_ORDER if lane in present] + sorted(present - set(_LANE_ORDER))
     pid = {lane: i + 1 for i, lane in enumerate(lanes)}
@@ -700,6 +921,9 @@ def to_chrome_trace(tl: Timeline, path: str | os.PathLike | None = None) -> dict
     Metadata events name each lane's process and thread (``ph: "M"``), so the tracks read
     "GPU — simulated (H200)" in Perfetto (https://ui.perfetto.dev → Open trace file).
     """
+    _check_timeline("tl", tl)
+    if path is not None:
+        path = _check_folder_of(path, "path")
     events = chrome_trace_events(tl.spans)
     meta = []
     for ev in {(e["cat"], e["pid"], e["tid"]) for e in events}:
@@ -736,6 +960,9 @@ def plot_timeline(tl: Timeline, ax=None, shade_idle: bool = True, xlim: float | 
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    _check_timeline("tl", tl)
+    if xlim is not None:
+        _check_us("xlim", xlim, positive=True)
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 0.6 + 0.55 * max(2, len(tl.lanes))))
     lanes = tl.lanes or [CPU, GPU]
@@ -778,6 +1005,7 @@ def plot_timelines(timelines: Sequence[Timeline], share_x: bool = True, titles=N
     """
     import matplotlib.pyplot as plt
 
+    timelines = _check_timeline_list(timelines, titles)
     heights = [0.6 + 0.55 * max(2, len(t.lanes)) for t in timelines]
     fig, axes = plt.subplots(len(timelines), 1, figsize=(10, sum(heights) + 0.4),
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
@@ -788,6 +1016,25 @@ def plot_timelines(timelines: Sequence[Timeline], share_x: bool = True, titles=N
     return fig
 
 
+def _check_timeline_list(timelines, titles) -> list:
+    if isinstance(timelines, Timeline):
+        raise TypeError("plot_timelines takes a list of timelines: pass [tl], "
+                        "or use plot_timeline(tl) for one")
+    if isinstance(timelines, (str, bytes)) or not isinstance(timelines, Iterable):
+        raise TypeError(f"timelines must be a list of Timeline, got {type(timelines).__name__}")
+    timelines = list(timelines)
+    if not timelines:
+        raise ValueError("plot_timelines got no timelines; pass at least one, e.g. "
+                         "list(simulate_pair(...))")
+    for i, tl in enumerate(timelines):
+        _check_timeline(f"timelines[{i}]", tl)
+    if titles is not None:
+        if isinstance(titles, str) or len(titles) != len(timelines):
+            raise ValueError(f"titles must be a list of one title per timeline "
+                             f"({len(timelines)}), got {titles!r}")
+    return timelines
+
+
 def plot_sweep(rows: Sequence[dict], ax=None, tolerance: float = 0.10, title: str | None = None):
     """Time per step, eager vs graphed, against elements per kernel (log-log).
 
@@ -796,6 +1043,11 @@ def plot_sweep(rows: Sequence[dict], ax=None, tolerance: float = 0.10, title: st
     """
     import matplotlib.pyplot as plt
 
+    rows = _check_rows(rows, "plot_sweep")
+    if not rows:
+        raise ValueError("plot_sweep got no rows; pass what sweep_measured or "
+                         "sweep_simulated returned")
+    tolerance = _check_tolerance(tolerance)
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 4.2))
     rows = sorted(rows, key=lambda r: r["numel"])
@@ -819,6 +1071,25 @@ def plot_sweep(rows: Sequence[dict], ax=None, tolerance: float = 0.10, title: st
 # --------------------------------------------------------------------------- live panel
 
 
+_PANEL_LAUNCH_US = (0.1, 100.0)   # the sliders' ranges (log sliders: 10**-1 .. 10**2, 10**3)
+_PANEL_KERNEL_US = (0.1, 1000.0)
+_PANEL_KERNELS = (1, 100)
+
+
+def _check_panel_settings(launch_us, kernel_us, n_kernels) -> tuple[float, float, int]:
+    """The panel's start values, within its sliders' ranges (a slider would clamp silently)."""
+    for name, v, (lo, hi) in (("launch_us", launch_us, _PANEL_LAUNCH_US),
+                              ("kernel_us", kernel_us, _PANEL_KERNEL_US)):
+        v = _check_us(name, v, positive=True)
+        if not lo <= v <= hi:
+            raise ValueError(f"{name} must be within the slider's range {lo}..{hi} µs, got {v}")
+    n = _check_count("n_kernels", n_kernels, _PANEL_KERNELS[0])
+    if n > _PANEL_KERNELS[1]:
+        raise ValueError(f"n_kernels must be within the slider's range 1..100, got {n}; "
+                         "for longer chains use simulate_pair(...) and plot_timelines")
+    return float(launch_us), float(kernel_us), n
+
+
 class TimelinePanel:
     """Sliders for launch cost, kernel time and number of kernels over a live picture.
 
@@ -831,7 +1102,8 @@ class TimelinePanel:
 
     def __init__(self, launch_us: float = 10.0, kernel_us: float = 2.0, n_kernels: int = 12,
                  preset: str | GPUPreset | None = None, widgets: bool | None = None):
-        self.launch_us, self.kernel_us, self.n_kernels = launch_us, kernel_us, n_kernels
+        self.launch_us, self.kernel_us, self.n_kernels = _check_panel_settings(
+            launch_us, kernel_us, n_kernels)
         self.preset = get_preset(preset) if preset is not None else None
         self.widget = self._build() if widgets_wanted(widgets) else None
 
