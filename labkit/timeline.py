@@ -239,6 +239,13 @@ class Timeline:
     def __post_init__(self):
         if self.source not in ("measured", "simulated"):
             raise ValueError(f"source must be 'measured' or 'simulated', not {self.source!r}")
+        if not isinstance(self.label, str):
+            raise TypeError(f"label must be a str, got {type(self.label).__name__}")
+        if self.device is not None and not isinstance(self.device, str):
+            raise TypeError(f"device must be a str (the GPU's name) or None, got "
+                            f"{type(self.device).__name__}")
+        if not isinstance(self.meta, dict):
+            raise TypeError(f"meta must be a dict, got {type(self.meta).__name__}")
         if isinstance(self.spans, (str, bytes)) or not isinstance(self.spans, Iterable):
             raise TypeError(f"spans must be a list of Span, got {type(self.spans).__name__}")
         self.spans = list(self.spans)
@@ -309,6 +316,18 @@ class GPUPreset:
     kernel_floor_us: float
     kernel_gap_us: float = 0.1
     memory: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"GPUPreset.name must be a non-empty str, got {self.name!r}")
+        for f in ("fp16_tflops", "fp32_tflops", "hbm_gbps"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) \
+                    or not (math.isfinite(v) and v > 0):
+                raise ValueError(f"GPUPreset.{f} must be a finite number > 0 (a datasheet "
+                                 f"peak), got {v!r}")
+        _check_us("GPUPreset.kernel_floor_us", self.kernel_floor_us)
+        _check_us("GPUPreset.kernel_gap_us", self.kernel_gap_us)
 
     def peak_flops(self, dtype: str = "fp32") -> float:
         if dtype in ("fp16", "bf16", "half", "float16", "bfloat16"):

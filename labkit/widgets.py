@@ -26,7 +26,8 @@ _ENV_OFF = ("0", "false", "no", "off")
 
 
 def _check_png(png) -> bytes:
-    if not isinstance(png, (bytes, bytearray, memoryview)):  # ipywidgets.Image.value is a memoryview
+    # ipywidgets.Image.value comes back as a memoryview
+    if not isinstance(png, (bytes, bytearray, memoryview)):
         raise TypeError(f"expected PNG bytes (from figure_png), got {type(png).__name__}; "
                         "pass figure_png(fig), not the figure or a file name")
     return bytes(png)
