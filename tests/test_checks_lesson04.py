@@ -342,3 +342,98 @@ def test_bridge_backward_not_done_and_forgot_return(B, one_thread):
 
     res = check_bridge_backward(no_return, B=B, quiet=True)
     assert not res and "did you forget `return`" in res.message
+
+
+# ---- graph_stage (diagnosis) ------------------------------------------------------------------
+
+from labkit.checks.lesson04 import check_graph_stage  # noqa: E402
+
+
+def gs(*, fix="all", first="keep", inplace=False, same_sample=False, forget_return=False):
+    """The exercise's graph_stage: ``fix`` says which samples of blocks 1.. require grad
+    ("none" is the broken version, "last" fixes only the last block, "flag" copies the
+    stage input's flag); ``first`` says what block 0 gets."""
+
+    def fn(blocks, sample):
+        samples, h = [], sample
+        with torch.no_grad():
+            for i, blk in enumerate(blocks):
+                if same_sample:
+                    s = sample
+                elif i == 0:
+                    s = {"keep": sample,
+                         "grad": sample.detach().clone().requires_grad_()}[first]
+                    if inplace:
+                        s = sample.requires_grad_()
+                elif fix == "all" or (fix == "last" and i == len(blocks) - 1):
+                    s = h.detach().clone().requires_grad_()
+                elif fix == "flag":
+                    s = h.detach().clone().requires_grad_(sample.requires_grad)
+                else:
+                    s = h.clone()
+                samples.append((s,))
+                h = blk(h)
+        out = bridge.make_graphed_callables(tuple(blocks), tuple(samples), num_warmup_iters=1)
+        if not forget_return:
+            return out
+
+    return fn
+
+
+def gs_eager_walk(blocks, sample):
+    """A tester's correct answer: the shapes from a walk with grad, then detached leaves."""
+    samples, h = [(sample.detach().clone().requires_grad_(sample.requires_grad),)], sample
+    for blk in blocks[:-1]:
+        h = blk(h)
+        samples.append((torch.zeros_like(h, requires_grad=True),))
+    return bridge.make_graphed_callables(tuple(blocks), tuple(samples))
+
+
+def test_graph_stage_accepts_the_reference(B, one_thread, capsys):
+    assert check_graph_stage(gs(), B=B)
+    assert check_graph_stage(gs_eager_walk, B=B)
+    assert capsys.readouterr().out.count("✅ graph_stage") == 2
+
+
+@pytest.mark.parametrize("mistake, words", [
+    ({"fix": "none"}, "block 1 was captured from a sample that does not require grad"),
+    ({"fix": "last"}, "block 1 was captured from a sample that does not require grad"),
+    ({"fix": "flag"}, "trial 1 of"),
+    ({"first": "grad"}, "computes a dgrad nobody uses"),
+    ({"inplace": True}, "you changed the caller's `sample`"),
+    ({"same_sample": True}, "your code raised"),
+    ({"forget_return": True}, "did you forget `return`"),
+])
+def test_graph_stage_rejects_learner_mistakes(B, one_thread, mistake, words):
+    res = check_graph_stage(gs(**mistake), B=B, quiet=True)
+    assert not res, mistake
+    assert words in res.message, (mistake, res.message)
+    assert "requires_grad_()" not in res.message.split("Look at")[0] or "in place" in \
+        res.message   # the first message names the mistake, not the fix
+
+
+def test_graph_stage_broken_version_fails_in_the_first_stage_trial(B, one_thread):
+    res = check_graph_stage(gs(fix="none"), B=B, quiet=True)
+    assert "trial 1 of" in res.message and "needs no grad (a first stage)" in res.message
+    res = check_graph_stage(gs(fix="flag"), B=B, quiet=True)
+    assert "block 0's output, which requires grad" in res.message
+
+
+def test_graph_stage_recovers_after_a_failed_capture(B, one_thread):
+    def bad_shapes(blocks, sample):
+        return bridge.make_graphed_callables(
+            tuple(blocks), tuple((sample.detach().clone(),) for _ in blocks))
+
+    res = check_graph_stage(bad_shapes, B=B, quiet=True)
+    assert not res and res.kind == "exception"
+    assert check_graph_stage(gs(), B=B, quiet=True)        # the backend still captures
+
+
+def test_graph_stage_not_done_and_not_callable(B):
+    def blank(blocks, sample):
+        raise NotImplementedError()
+
+    res = check_graph_stage(blank, B=B, quiet=True)
+    assert not res and res.kind == "not_implemented"
+    res = check_graph_stage(42, B=B, quiet=True)
+    assert not res and "expected a function, got int" in res.message
