@@ -279,6 +279,22 @@ def test_trace_from_missing_or_corrupt_file(tmp_path):
         T.timeline_from_chrome_trace(3)
 
 
+def test_trace_dict_with_malformed_events():
+    with pytest.raises(ValueError, match='"traceEvents" must be a list of events, got dict'):
+        T.timeline_from_chrome_trace({"traceEvents": {}})
+    bad = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "dur": 1.0}]}
+    with pytest.raises(ValueError, match="trace event 0 \\('k'\\) has no numeric ts/dur"):
+        T.timeline_from_chrome_trace(bad)
+    with pytest.raises(ValueError, match="no GPU kernels"):
+        T.timeline_from_chrome_trace({})
+
+
+def test_measure_fp16_long_chain_is_not_called_broken(B):
+    # fp16 x + 1 stops growing at 2048: replay and eager agree, the capture is fine
+    m = T.measure_launch_cost(B, n_ops=2100, numel=4, repeats=1, warmup=0, dtype=torch.float16)
+    assert m["n_ops"] == 2100 and m["dtype"] == "torch.float16"
+
+
 def test_to_chrome_trace_path_in_missing_folder(tmp_path):
     target = tmp_path / "missing" / "t.json"
     with pytest.raises(ValueError, match="folder that does not exist.*create it first"):
