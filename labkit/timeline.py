@@ -62,7 +62,7 @@ from labkit.capture import cleanup_on_failure, side_stream_warmup
 from labkit.widgets import column, figure_png, image_widget, mimebundle, set_image, widgets_wanted
 
 __all__ = [
-    "Span", "Timeline", "GPUPreset", "GPU_PRESETS", "REFERENCE_H200", "CPU", "GPU", "OPS",
+    "Span", "Timeline", "GPUPreset", "UnknownPresetError", "GPU_PRESETS", "REFERENCE_H200", "CPU", "GPU", "OPS",
     "simulate", "simulate_pair", "gpu_busy_us", "gpu_idle_us", "gpu_idle_fraction",
     "summarize", "roofline_kernel_us", "add_chain_cost", "get_preset", "preset_for",
     "chain", "chain_steps", "ChainSteps", "measure_launch_cost", "sweep_measured",
@@ -355,7 +355,11 @@ GPU_PRESETS: dict[str, GPUPreset] = {
 
 
 def get_preset(preset: str | GPUPreset) -> GPUPreset:
-    """A preset by name (case-insensitive), or the preset itself."""
+    """A preset by name (case-insensitive), or the preset itself.
+
+    An unknown name raises :class:`UnknownPresetError` (a ValueError, and a KeyError for
+    callers written against older labkit) listing the names of :data:`GPU_PRESETS`.
+    """
     if isinstance(preset, GPUPreset):
         return preset
     if not isinstance(preset, str):
@@ -963,6 +967,10 @@ def to_chrome_trace(tl: Timeline, path: str | os.PathLike | None = None) -> dict
 
     Metadata events name each lane's process and thread (``ph: "M"``), so the tracks read
     "GPU — simulated (H200)" in Perfetto (https://ui.perfetto.dev → Open trace file).
+
+    .. warning::
+        ``path``'s folder must exist: it is checked *before* anything is written, so a
+        mistyped folder raises ValueError naming it instead of failing halfway.
     """
     _check_timeline("tl", tl)
     if path is not None:
@@ -1141,6 +1149,11 @@ class TimelinePanel:
     ipywidgets missing, ``LABKIT_WIDGETS=0``) it falls back to a plain PNG of the initial
     settings: the display bundle carries both, and a frontend that cannot render widgets
     picks the image. ``figure()`` draws the current settings as a matplotlib Figure.
+
+    .. warning::
+        Start values must lie within the sliders' ranges (launch 0.1–100 µs, kernel
+        0.1–1000 µs, 1–100 kernels); outside them ValueError is raised, because a slider
+        would clamp the value silently and the picture would not show what was asked.
     """
 
     def __init__(self, launch_us: float = 10.0, kernel_us: float = 2.0, n_kernels: int = 12,

@@ -41,7 +41,16 @@ def _check_widget(obj, what: str, needs: str = "layout"):
 
 
 def widgets_wanted(widgets: bool | None) -> bool:
-    """``widgets`` if given, else whether ``LABKIT_WIDGETS`` allows them (default: yes)."""
+    """``widgets`` if given, else whether ``LABKIT_WIDGETS`` allows them (default: yes).
+
+    ``LABKIT_WIDGETS`` takes a fixed set (any case): ``1/true/yes/on`` or empty turn
+    widgets on, ``0/false/no/off`` turn them off.
+
+    .. warning::
+        Any other value raises ValueError instead of being read as "on": a typo such as
+        ``LABKIT_WIDGETS=of`` would otherwise silently keep widgets in a notebook that
+        was meant to render static pictures.
+    """
     if widgets is not None:
         if not isinstance(widgets, bool):
             raise TypeError(f"widgets must be True, False or None (follow LABKIT_WIDGETS), "
