@@ -62,7 +62,8 @@ from labkit.capture import cleanup_on_failure, side_stream_warmup
 from labkit.widgets import column, figure_png, image_widget, mimebundle, set_image, widgets_wanted
 
 __all__ = [
-    "Span", "Timeline", "GPUPreset", "UnknownPresetError", "GPU_PRESETS", "REFERENCE_H200", "CPU", "GPU", "OPS",
+    "Span", "Timeline", "GPUPreset", "UnknownPresetError", "GPU_PRESETS", "REFERENCE_H200",
+    "CPU", "GPU", "OPS",
     "simulate", "simulate_pair", "gpu_busy_us", "gpu_idle_us", "gpu_idle_fraction",
     "summarize", "roofline_kernel_us", "add_chain_cost", "get_preset", "preset_for",
     "chain", "chain_steps", "ChainSteps", "measure_launch_cost", "sweep_measured",
