@@ -380,8 +380,18 @@ def gs(*, fix="all", first="keep", inplace=False, same_sample=False, forget_retu
     return fn
 
 
+def gs_no_grad_walk(blocks, sample):
+    """A tester's correct answer: the shapes from a walk under no_grad, then fresh leaves."""
+    samples, h = [(sample.detach().clone().requires_grad_(sample.requires_grad),)], sample
+    with torch.no_grad():
+        for blk in blocks[:-1]:
+            h = blk(h)
+            samples.append((torch.zeros_like(h, requires_grad=True),))
+    return bridge.make_graphed_callables(tuple(blocks), tuple(samples))
+
+
 def gs_eager_walk(blocks, sample):
-    """A tester's correct answer: the shapes from a walk with grad, then detached leaves."""
+    """The shapes from a walk *with* grad whose last output is still alive at capture."""
     samples, h = [(sample.detach().clone().requires_grad_(sample.requires_grad),)], sample
     for blk in blocks[:-1]:
         h = blk(h)
@@ -391,8 +401,19 @@ def gs_eager_walk(blocks, sample):
 
 def test_graph_stage_accepts_the_reference(B, one_thread, capsys):
     assert check_graph_stage(gs(), B=B)
-    assert check_graph_stage(gs_eager_walk, B=B)
+    assert check_graph_stage(gs_no_grad_walk, B=B)
     assert capsys.readouterr().out.count("✅ graph_stage") == 2
+
+
+def test_graph_stage_eager_walk_with_live_autograd_graph(B, one_thread):
+    # On a GPU the live autograd graph of the eager walk (AccumulateGrad nodes on the
+    # default stream) invalidates the backward capture (seen on the H200, torch 2.11); the
+    # emulator does not model autograd's per-stream state, so there the answer passes.
+    res = check_graph_stage(gs_eager_walk, B=B, quiet=True)
+    if B.name == "cuda":
+        assert not res and "torch.no_grad()" in res.message and "AccumulateGrad" in res.message
+    else:
+        assert res
 
 
 @pytest.mark.parametrize("mistake, words", [

@@ -765,10 +765,17 @@ def check_graph_stage(fn, *, B=None, trials: int = 4, quiet: bool = False) -> Ch
                            more_hints=_GS_HINTS, quiet=quiet)
         except Exception as exc:  # noqa: BLE001 - reported to the learner
             _backend_mod.recover(B)
+            look = ("the samples you pass: one tuple (x,) per block, each shaped like that "
+                    "block's input (block i's input is block i-1's output)")
+            if "during capture" in str(exc) or "legacy stream" in str(exc):
+                look = ("a capture that failed on the GPU. An eager forward of these blocks "
+                        "whose outputs are still alive keeps its autograd graph, and that "
+                        "graph's AccumulateGrad nodes belong to the default stream: the "
+                        "backward capture then cannot run (torch warns about an AccumulateGrad "
+                        "stream mismatch). Find shapes under torch.no_grad(), or drop those "
+                        "outputs (del) before capturing (lesson 04 §2)")
             return _result(name, False, f"{where}: your code raised "
-                           f"{describe_exception(exc)}\n   what to look at: the samples you "
-                           "pass: one tuple (x,) per block, each shaped like that block's "
-                           "input (block i's input is block i-1's output)",
+                           f"{describe_exception(exc)}\n   what to look at: {look}",
                            kind="exception", more_hints=_GS_HINTS, quiet=quiet)
         if got is None:
             return _result(name, False, f"{where}: returned None (did you forget `return`?)",
