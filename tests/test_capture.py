@@ -15,7 +15,6 @@ from labkit.capture import (
     short_kernel_name,
     side_stream_warmup,
 )
-from labkit.checks.lesson02 import check_capture_chain, check_graphed_run
 from labkit.guards import GraphArgumentError
 
 
@@ -194,88 +193,6 @@ def test_format_pool_stats():
 
 
 # ---- the lesson 02 checkers --------------------------------------------------------------
-
-def _graphed_run_solution(B):
-    def graphed_run(fn, static_input, batches):
-        s = B.Stream()
-        s.wait_stream(B.current_stream())
-        with B.stream(s):
-            for _ in range(3):
-                fn(static_input)
-        B.current_stream().wait_stream(s)
-        g = B.CUDAGraph()
-        with B.graph(g):
-            static_out = fn(static_input)
-        results = []
-        for batch in batches:
-            static_input.copy_(batch)
-            g.replay()
-            results.append(static_out.clone())
-        return results
-    return graphed_run
-
-
-def test_check_graphed_run_accepts_the_solution(B, capsys):
-    assert check_graphed_run(_graphed_run_solution(B), B=B)
-    assert capsys.readouterr().out == "✅ graphed_run: passed 3 random trials\n"
-
-
-def test_check_graphed_run_rejects_typical_mistakes(B):
-    def no_clone(fn, static_input, batches):
-        g = B.CUDAGraph()
-        with B.graph(g):
-            out = fn(static_input)
-        res = []
-        for b in batches:
-            static_input.copy_(b)
-            g.replay()
-            res.append(out)
-        return res
-
-    res = check_graphed_run(no_clone, B=B, trials=1)
-    assert not res and "the same tensor" in res.message and "clone()" in res.message
-    eager = check_graphed_run(lambda fn, s, bs: [fn(b) for b in bs], B=B, trials=1)
-    assert not eager and "never called during a capture" in eager.message
-
-    def rebinding(fn, static_input, batches):
-        g = B.CUDAGraph()
-        with B.graph(g):
-            out = fn(static_input)
-        res = []
-        for b in batches:
-            static_input = b                      # the bug lesson 03 starts with
-            g.replay()
-            res.append(out.clone())
-        return res
-
-    stale = check_graphed_run(rebinding, B=B, trials=1)
-    assert not stale and "values differ" in stale.message and "copy_" in stale.message
-
-
-def test_check_capture_chain(B):
-    def capture_chain(f1, f2, static_input):
-        pool = B.graph_pool_handle()
-        g1, g2 = B.CUDAGraph(), B.CUDAGraph()
-        with B.graph(g1, pool=pool):
-            mid = f1(static_input)
-        with B.graph(g2, pool=pool):
-            out = f2(mid)
-        return g1, g2, mid, out
-
-    assert check_capture_chain(capture_chain, B=B)
-
-    def separate_pools(f1, f2, static_input):
-        g1, g2 = B.CUDAGraph(), B.CUDAGraph()
-        with B.graph(g1):
-            mid = f1(static_input)
-        with B.graph(g2):
-            out = f2(mid)
-        return g1, g2, mid, out
-
-    res = check_capture_chain(separate_pools, B=B, trials=1)
-    assert not res and "different memory pools" in res.message and "pool=g1.pool()" in res.message
-    res = check_capture_chain(lambda f1, f2, x: None, B=B, trials=1)
-    assert not res and "expected a tuple (g1, g2, static_mid, static_out)" in res.message
 
 
 def test_static_graph_nested_arguments(B):

@@ -223,23 +223,6 @@ def test_two_rank_nccl_pipeline_matches_single_process():
 
 # ---- checkers ------------------------------------------------------------------------------------
 
-def test_check_one_f_one_b_accepts_and_explains():
-    from labkit.checks.lesson05 import check_one_f_one_b
-
-    assert check_one_f_one_b(one_f_one_b)
-    res = check_one_f_one_b(S.gpipe)
-    assert not res and "GPipe" in res.message
-
-
-def test_check_create_in_order_accepts_and_explains(B):
-    from labkit.checks.lesson05 import check_create_in_order
-    from labkit.pipeline.record import create_in_order, reorder
-
-    assert check_create_in_order(create_in_order, B=B, quiet=True)
-    res = check_create_in_order(lambda e: create_in_order(reorder(e, "grouped")), B=B,
-                                quiet=True)
-    assert not res and "in step 1" in res.message
-
 
 def test_pre_forward_hooks_called_by_hand_on_replay(B):
     from labkit.pipeline.runner import graph_safe
