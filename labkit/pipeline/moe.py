@@ -9,7 +9,7 @@ in one step's token counts.
 
 Megatron therefore graphs only the static sub-regions of an MoE layer
 (``cuda_graph_modules`` = ``moe_router``, ``moe_preprocess``;
-``transformer_layer.py`` L1371-1425): layer norm, router logits, softmax and top-k have
+``transformer_layer.py``): layer norm, router logits, softmax and top-k have
 fixed shapes, and their graph hands its outputs (normalised hidden states, routing
 probabilities, expert indices) to the eager dispatch. The bridge makes this work for
 training: the router's graph is a :class:`~labkit.bridge.GraphRunner` whose wgrads

@@ -8,14 +8,14 @@ graph that reads it was captured) is reused by the *next* capture in the pool. T
 safe only if, at replay time, the next graph also runs *after* the first one is done
 with the block, i.e. if graphs replay in the order they were captured. The only order
 known to be the replay order is the one step 1 actually ran, so Megatron records it
-(``_CudagraphGlobalRecord``, ``megatron/core/transformer/cuda_graphs.py`` L345) and
-replays its creation (``create_cudagraphs``, L447-453, called at the end of the schedule
-function, ``schedules.py`` L815).
+(``_CudagraphGlobalRecord``, ``megatron/core/transformer/cuda_graphs.py``) and
+replays its creation (``create_cudagraphs``, called at the end of the schedule
+function, ``schedules.py``).
 
 The backward half of the order is caught by :class:`RecordNode`, a no-op
-``autograd.Function`` put on each recorded output (Megatron's ``_CudagraphRecordNode``,
-L553-582): autograd calls its ``backward`` exactly when the backward pass reaches that
-layer, and it appends ``(runner, "bwd")`` then.
+``autograd.Function`` put on each recorded output (Megatron's ``_CudagraphRecordNode``):
+autograd calls its ``backward`` exactly when the backward pass reaches that layer, and it
+appends ``(runner, "bwd")`` then.
 """
 
 from __future__ import annotations

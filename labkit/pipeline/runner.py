@@ -1,20 +1,19 @@
 """Which graph runner serves a call: the per-layer manager of Megatron's ``local`` path.
 
 A :class:`CudaGraphManager` sits where a layer is called (Megatron hooks it into
-``GraphableMegatronModule.__call__``, ``module.py`` L341-352) and owns that layer's
+``GraphableMegatronModule.__call__``, ``module.py``) and owns that layer's
 :class:`~labkit.bridge.GraphRunner` objects (``CudaGraphManager``,
-``megatron/core/transformer/cuda_graphs.py`` L1437). It has two phases, switched by the
+``megatron/core/transformer/cuda_graphs.py`` at e03878b5f). It has two phases, switched by the
 shared :class:`~labkit.pipeline.record.GlobalRecord`:
 
 * **record** (step 1, ``record.created`` is False): run the layer eagerly, put a
   :class:`~labkit.pipeline.record.RecordNode` on its outputs, and append the runner's
-  first forward to the record (``record_graph_capture``, L1697);
+  first forward to the record (``record_graph_capture``);
 * **replay** (after ``record.create_cudagraphs``): pick a runner and replay its graphs
-  through the bridge (``replay_graph_capture``, L1643).
+  through the bridge (``replay_graph_capture``).
 
 How many runners a layer needs depends on how many microbatches are in flight through
-it (``reuse_cudagraphs = pp.size() == 1``, L1519; ``get_cudagraph_runner``,
-L1541-1606):
+it (``reuse_cudagraphs = pp.size() == 1``; ``get_cudagraph_runner``):
 
 * **PP == 1** (``reuse=True``): each microbatch's backward finishes before the next
   forward, so one runner per layer serves every microbatch; a new runner is made only
@@ -26,7 +25,7 @@ L1541-1606):
 
 A graph replay does not run module hooks, so before a replay Megatron calls the layer's
 DDP pre-forward hook (the async parameter all-gather) by hand and refuses any other
-pre-forward hook (``call_ddp_preforward_hook``, L1526-1539). Here a hook is allowed when
+pre-forward hook (``call_ddp_preforward_hook``). Here a hook is allowed when
 it is marked ``hook.graph_safe = True`` (see :func:`graph_safe`).
 """
 

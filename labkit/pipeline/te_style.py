@@ -1,14 +1,14 @@
 """The Transformer Engine path: per layer × microbatch graphs from ``make_graphed_callables``.
 
 Megatron's ``cuda_graph_impl="transformer_engine"`` (``TECudaGraphHelper``,
-``megatron/core/transformer/cuda_graphs.py`` L1760) does not record anything. It finds
+``megatron/core/transformer/cuda_graphs.py``) does not record anything. It finds
 the graphable layers, builds sample arguments for every layer and microbatch, and hands
-them all to TE's ``make_graphed_callables`` (L2389), which captures a forward and a
+them all to TE's ``make_graphed_callables``, which captures a forward and a
 backward graph per (layer, microbatch) and bridges them with an ``autograd.Function``
 (lesson 04's bridge, inside TE). The graphs land in ``layer.cuda_graphs``, one per
-microbatch (L2395); before each forward the schedule calls ``set_current_microbatch``
-(``schedules.py`` L455) and the layer replays ``cuda_graphs[microbatch % len]``
-(``module.py`` L300-305).
+microbatch; before each forward the schedule calls ``set_current_microbatch``
+(``schedules.py``) and the layer replays ``cuda_graphs[microbatch % len]``
+(``module.py``).
 
 Here ``B.make_graphed_callables`` (``torch.cuda``'s own on a GPU) plays TE's part. Two
 details of torch's version shape the code:
