@@ -51,6 +51,7 @@ __all__ = [
     "fail",
     "hint",
     "passed",
+    "verdict",
 ]
 
 PASS = "✅"
@@ -124,10 +125,22 @@ def _with_hint_tail(message: str, more_hints: list[str] | None) -> str:
 
 def fail(name: str, message: str, *, more_hints: list[str] | None = None,
          kind: str = "mismatch", quiet: bool = False, **fields: Any) -> CheckResult:
-    """Build, remember and print a failed :class:`CheckResult`: ``❌ name: message``."""
-    hints = list(more_hints or [])
+    """Build, remember and print a failed :class:`CheckResult`: ``❌ name: message``.
+
+    An untouched blank (``kind="not_implemented"``) gets no hints: nothing was tried yet.
+    """
+    hints = list(more_hints or []) if kind != "not_implemented" else []
     text = _with_hint_tail(f"{FAIL} {name}: {message}", hints)
     return _report(CheckResult(name, False, text, kind=kind, more_hints=hints, **fields), quiet)
+
+
+def verdict(name: str, ok: bool, message: str, **fields: Any) -> CheckResult:
+    """:func:`passed` when ``ok``, else :func:`fail` (``more_hints``, ``kind`` go to it)."""
+    if ok:
+        fields.pop("more_hints", None)
+        fields.pop("kind", None)
+        return passed(name, message, **fields)
+    return fail(name, message, **fields)
 
 
 def passed(name: str, message: str, *, quiet: bool = False, **fields: Any) -> CheckResult:

@@ -29,17 +29,9 @@ from labkit.checks import CheckResult, describe_exception
 
 __all__ = ["check_connected_params", "check_bridge_backward"]
 
-from labkit.checks import LearnerTimeout, call_learner, fail, passed
+from labkit.checks import LearnerTimeout, call_learner
+from labkit.checks import verdict as _result
 
-
-def _result(name: str, ok: bool, message: str, *, kind: str = "mismatch",
-            more_hints=(), quiet: bool = False, trials: int = 0) -> CheckResult:
-    """Print and return one verdict (``labkit.checks.passed`` / ``fail``); a failure is
-    remembered for ``labkit.checks.hint()``, which then gives ``more_hints`` one by one."""
-    if ok:
-        return passed(name, message, quiet=quiet, trials=trials)
-    return fail(name, message, kind=kind, quiet=quiet, trials=trials,
-                more_hints=list(more_hints) if kind != "not_implemented" else [])
 
 def _backend(B):
     if B is None:

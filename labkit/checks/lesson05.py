@@ -26,18 +26,8 @@ from labkit.pipeline import schedule as S
 
 __all__ = ["check_one_f_one_b", "check_create_in_order", "check_pool_hazards"]
 
-from labkit.checks import LearnerTimeout, call_learner, fail, passed
-
-
-def _result(name: str, ok: bool, message: str, *, kind: str = "mismatch",
-            more_hints=(), quiet: bool = False, trials: int = 0) -> CheckResult:
-    """Print and return one verdict (``labkit.checks.passed`` / ``fail``); a failure is
-    remembered for ``labkit.checks.hint()``, which then gives ``more_hints`` one by one."""
-    if ok:
-        return passed(name, message, quiet=quiet, trials=trials)
-    return fail(name, message, kind=kind, quiet=quiet, trials=trials,
-                more_hints=list(more_hints) if kind != "not_implemented" else [])
-
+from labkit.checks import LearnerTimeout, call_learner
+from labkit.checks import verdict as _result
 
 # ---- one_f_one_b ---------------------------------------------------------------------------------
 
