@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_usable
 
 from labkit.capture import capture
 from labkit.checks import lesson03 as L
@@ -21,16 +22,6 @@ def _assert_rejects(res, *words):
     for w in words:
         assert w in res.message, f"{w!r} not in:\n{res.message}"
 
-
-def _usable(B):
-    """The process is usable: default stream current, capture + replay + random op work."""
-    assert B.current_stream() == B.default_stream()
-    x = torch.ones(3, device=B.device)
-    g, y = capture(lambda t: t * 2, x, B=B)
-    x.fill_(4.0)
-    g.replay()
-    assert y.tolist() == [8.0, 8.0, 8.0]
-    assert torch.randn(2, device=B.device).shape == (2,)
 
 
 # ---- capturable_clip ------------------------------------------------------------------------
@@ -125,7 +116,7 @@ def test_capturable_clip_rejects(B, fn, words):
     res = check_capturable_clip(fn, B=B)
     _assert_rejects(res, *words)
     assert "torch.where(m > 1, x / m, x)" not in res.message   # never the answer first
-    _usable(B)
+    assert_usable(B)
 
 
 def test_capturable_clip_rejects_a_per_row_maximum(B):
@@ -143,7 +134,7 @@ def test_capturable_clip_rejects_a_graph_that_baked_a_branch_in(B):
 
     res = check_capturable_clip(decided_at_capture, B=B, trials=1)
     _assert_rejects(res, "its graph", "both cases")
-    _usable(B)
+    assert_usable(B)
 
 
 def test_capturable_clip_leaves_a_usable_process_after_a_failed_capture(B):
@@ -154,7 +145,7 @@ def test_capturable_clip_leaves_a_usable_process_after_a_failed_capture(B):
 
     res = check_capturable_clip(syncs_only_in_capture, B=B, trials=1)
     _assert_rejects(res, "capture of your function failed")
-    _usable(B)
+    assert_usable(B)
 
 
 def test_capturable_clip_times_out_an_endless_loop(B):
@@ -164,7 +155,7 @@ def test_capturable_clip_times_out_an_endless_loop(B):
 
     res = check_capturable_clip(endless, B=B, time_limit=0.3)
     assert not res and res.kind == "timeout" and "did not finish" in res.message
-    _usable(B)
+    assert_usable(B)
 
 
 # ---- arg_mismatches -------------------------------------------------------------------------
@@ -509,7 +500,7 @@ def test_build_server_rejects_static_logits_rebound_away(B):
     _assert_rejects(check_build_server(_server_rebinds_logits, B=B),
                     "By replay 1, a tensor of shape (4, 16) (your static logits?)",
                     "static_logits = logits", "copy_ each batch into it (section 1)")
-    _usable(B)
+    assert_usable(B)
 
 
 def _server_lazy(B):
@@ -567,14 +558,14 @@ def test_build_server_blank_says_not_done(B):
 def test_build_server_rejects(B, kw, words):
     res = check_build_server(_server(**kw), B=B)
     _assert_rejects(res, *words)
-    _usable(B)
+    assert_usable(B)
 
 
 def test_build_server_rejects_no_capture_and_a_failed_capture(B):
     _assert_rejects(check_build_server(_server_lazy, B=B), "captured no graph")
     res = check_build_server(_server_item, B=B)
     _assert_rejects(res, "build_server raised", ".item()")
-    _usable(B)
+    assert_usable(B)
 
 
 def test_hints_come_in_steps_after_a_failure(B, capsys):

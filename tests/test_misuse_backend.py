@@ -10,6 +10,7 @@ import re
 
 import pytest
 import torch
+from helpers import assert_usable
 
 from labkit import backend
 from labkit.capture import (
@@ -23,17 +24,6 @@ from labkit.guards import GuardedGraph, error_text, lint_capture
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-
-def assert_usable(B, stream_before):
-    """After a failed capture: the stream that was current is current again, and a new
-    capture, its replay and a random op outside any capture all work."""
-    assert B.current_stream() == stream_before
-    assert not B.is_current_stream_capturing()
-    x = torch.ones(4, device=B.device)
-    g, y = capture(lambda t: t * 3, x, B=B, warmup=1)
-    g.replay()
-    assert y.tolist() == [3.0] * 4
-    torch.rand(2, device=B.device)           # raises if the generator is left in capture mode
 
 
 def _host_read(t):

@@ -6,10 +6,10 @@ import re
 
 import pytest
 import torch
+from helpers import assert_usable
 
 from labkit import bridge
 from labkit.bridge import GraphRunner
-from labkit.capture import capture
 from labkit.guards import error_text
 from labkit.pipeline.models import CallCounter, TransformerBlock
 
@@ -27,15 +27,6 @@ def _graphed(B, block, *, requires_grad=True):
     sample = (torch.randn(SHAPE, device=B.device, requires_grad=requires_grad),)
     return bridge.make_graphed_callables(block, sample, B=B, num_warmup_iters=1)
 
-
-def assert_usable(B, stream_before):
-    """A new capture, its replay and a random op outside capture all work."""
-    assert B.current_stream() == stream_before
-    x = torch.ones(4, device=B.device)
-    g, y = capture(lambda t: t * 3, x, B=B, warmup=1)
-    g.replay()
-    assert y.tolist() == [3.0] * 4
-    torch.rand(2, device=B.device)
 
 
 # ---- requires_grad at call time ---------------------------------------------------------------

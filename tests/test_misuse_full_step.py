@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_usable
 
 from labkit import full_step as FS
 
@@ -22,23 +23,6 @@ def trainer(B, warmup_steps=1, **kw):
     return FS.FullStepTrainer(model, FS.lm_loss, opt, B, CFG.num_microbatches,
                               warmup_steps=warmup_steps, **kw)
 
-
-def usable(B):
-    """The process is usable: a capture + replay works, and a random op outside capture."""
-    x = torch.zeros(4, device=B.device)
-    s = B.Stream()
-    s.wait_stream(B.current_stream())
-    with B.stream(s):
-        x.add_(1)
-    B.current_stream().wait_stream(s)
-    g = B.CUDAGraph()
-    with B.graph(g):
-        x.add_(1)
-    g.replay()
-    B.synchronize()
-    assert x.tolist() == [2.0] * 4                   # warm-up, capture (no compute), replay
-    assert B.current_stream() == B.default_stream()
-    torch.rand(3, device=B.device)                   # no "Offset increment outside graph"
 
 
 @pytest.mark.parametrize("n", [0, -1, 1.5, True])
@@ -69,7 +53,7 @@ def test_non_capturable_optimizer_is_refused_before_capture(B):
         assert "AdamW(..., capturable=True)" in msg
     else:
         assert "CapturableAdamW" in msg
-    usable(B)
+    assert_usable(B)
 
 
 def test_torch_capturable_adamw_on_the_emulator_is_refused(E):
@@ -100,10 +84,10 @@ def test_failed_capture_leaves_a_usable_process(B):
     with pytest.raises(RuntimeError):
         w()
     assert w.graph is None and w.result is None       # nothing half-built is kept
-    usable(B)
+    assert_usable(B)
     flag["sync"] = False
     assert torch.equal(w().cpu(), torch.full((3,), 2.0))   # it can capture again
-    usable(B)
+    assert_usable(B)
 
 
 def test_trainer_with_a_syncing_loss_fails_cleanly(B):
@@ -120,7 +104,7 @@ def test_trainer_with_a_syncing_loss_fails_cleanly(B):
     with pytest.raises(RuntimeError):
         t.step(batch(B, 1))
     assert not t.captured
-    usable(B)
+    assert_usable(B)
 
 
 def test_first_step_with_another_sequence_length(B):
@@ -131,7 +115,7 @@ def test_first_step_with_another_sequence_length(B):
         t.step(short)
     msg = str(info.value)
     assert "(batch, seq_len=16)" in msg and "(2, 8)" in msg and "seq_len=8" in msg
-    usable(B)
+    assert_usable(B)
 
 
 def test_later_step_with_another_sequence_length(B):
@@ -152,7 +136,7 @@ def test_tokens_out_of_vocabulary(B, bad, where):
     msg = str(info.value)
     assert "microbatch 1: tokens hold the " + where in msg
     assert "vocabulary [0, 64)" in msg and "vocab_size" in msg
-    usable(B)
+    assert_usable(B)
 
 
 def test_tokens_out_of_vocabulary_after_capture_on_the_cpu(E):

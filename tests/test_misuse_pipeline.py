@@ -6,8 +6,8 @@ import re
 
 import pytest
 import torch
+from helpers import assert_usable
 
-from labkit.capture import capture
 from labkit.guards import error_text
 from labkit.pipeline import schedule as S
 from labkit.pipeline.models import make_blocks
@@ -30,15 +30,6 @@ def _data(B, M):
     return ([torch.randn(SHAPE, generator=g).to(B.device) for _ in range(M)],
             [torch.randn(SHAPE, generator=g).to(B.device) for _ in range(M)])
 
-
-def assert_usable(B, stream_before):
-    """A new capture, its replay and a random op outside capture all work."""
-    assert B.current_stream() == stream_before
-    x = torch.ones(4, device=B.device)
-    g, y = capture(lambda t: t * 3, x, B=B, warmup=1)
-    g.replay()
-    assert y.tolist() == [3.0] * 4
-    torch.rand(2, device=B.device)
 
 
 # ---- schedules --------------------------------------------------------------------------------
