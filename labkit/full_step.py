@@ -76,7 +76,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from labkit.capture import on_side_stream, own_cublas_workspace
+from labkit.capture import cleanup_on_failure, on_side_stream, own_cublas_workspace
 
 __all__ = [
     "LMConfig", "CONFIGS", "Block", "TinyLM", "build_lm", "lm_loss", "random_microbatches",
@@ -558,17 +558,6 @@ def _check_count(name: str, value, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
-def _recover_after_failed_capture(B) -> None:
-    """A capture raised: put the default stream back and take the default generator out
-    of capture mode (see :func:`labkit.backend.recover`), never hiding the first error."""
-    from labkit import backend
-
-    try:
-        backend.recover(B)
-    except Exception:       # the original error matters more than a failed cleanup
-        B.set_stream(B.default_stream())
-
-
 class FullCudaGraphWrapper:
     """Run ``step_fn()`` eagerly ``warmup_steps`` times, capture it at the next call, and
     replay it from then on (Megatron's ``FullCudaGraphWrapper.__call__``).
@@ -623,15 +612,11 @@ class FullCudaGraphWrapper:
         for gen in self.generators:
             g.register_generator_state(gen)
         B.synchronize()                 # the barrier before: nothing in flight is captured
-        try:
-            with own_cublas_workspace(B, g, self.pool), B.graph(
-                    g, pool=self.pool, stream=self.stream,
-                    capture_error_mode=self.capture_error_mode):
-                self.result = self.step_fn()
-        except BaseException:
-            self.result = None
-            _recover_after_failed_capture(B)
-            raise
+        self.result = None              # a capture that raises leaves no result
+        with cleanup_on_failure(B), own_cublas_workspace(B, g, self.pool), B.graph(
+                g, pool=self.pool, stream=self.stream,
+                capture_error_mode=self.capture_error_mode):
+            self.result = self.step_fn()
         B.synchronize()                 # the barrier after: the capture has fully ended
         self.graph = g
         if self.pool is None:

@@ -36,7 +36,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from labkit.capture import own_cublas_workspace
+from labkit.capture import cleanup_on_failure, own_cublas_workspace
 
 from .attention import TorchNativeAttnBackend, make_attn_backend
 from .batch import ForwardBatch, ForwardMode, _check_model, _is_int, check_batch
@@ -73,17 +73,14 @@ def _clean_up_after_failure(runner: "BaseGraphRunner"):
     """A capture that raises leaves no half-captured runner and a usable process: the
     graphs captured so far are dropped (``captured`` is False again, so nothing replays a
     bucket that has no graph) and :func:`labkit.backend.recover` puts the default stream
-    back and takes the generator out of capture mode. The error itself propagates."""
+    back and takes the generator out of capture mode (:func:`labkit.capture.cleanup_on_failure`).
+    The error itself propagates."""
     try:
-        yield
+        with cleanup_on_failure(runner.B):
+            yield
     except BaseException:
         runner.backend.cleanup()
         runner.capture_log = []
-        try:
-            from labkit import backend as _backend
-            _backend.recover(runner.B)
-        except Exception:  # pragma: no cover - recover is best effort; the error matters
-            logger.exception("labkit.backend.recover failed after a failed capture")
         raise
 
 
