@@ -33,7 +33,6 @@ ends, which names no line of the learner's code.
 from __future__ import annotations
 
 import contextlib
-import os
 import traceback
 import weakref
 
@@ -41,14 +40,12 @@ import torch
 
 from labkit.backend import recover as _recover
 from labkit.capture import capture, recorded_kernels
-from labkit.checks import DEFAULT_TIME_LIMIT, CheckResult, check, compare_outputs
+from labkit.checks import DEFAULT_TIME_LIMIT, CheckResult, _is_learner_frame, check, compare_outputs
 
 __all__ = ["check_graphed_run", "check_capture_chain", "check_serve", "WARMUP_ITERS"]
 
 WARMUP_ITERS = 3  # what the exercise text asks for
 
-_LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
 def _backend(B):
@@ -81,13 +78,6 @@ def _first_cause(exc: BaseException) -> BaseException:
     return exc
 
 
-def _is_labkit_or_torch(filename: str) -> bool:
-    if filename.startswith("<"):
-        return False
-    path = os.path.abspath(filename)
-    return path.startswith(_LABKIT_DIR + os.sep) or path.startswith(_TORCH_DIR + os.sep)
-
-
 def _describe(exc: BaseException) -> str:
     """``Type: first line`` and the deepest line of the learner's own code that raised it."""
     first = str(exc).strip().splitlines()
@@ -96,7 +86,7 @@ def _describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     pick = None
     for fr in traceback.extract_tb(exc.__traceback__):
-        if not _is_labkit_or_torch(fr.filename):
+        if _is_learner_frame(fr.filename):
             pick = fr
     if pick is None:
         return text
