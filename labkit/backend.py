@@ -40,7 +40,7 @@ import types
 
 import torch
 
-__all__ = ["get", "resolve", "recover", "NAMES"]
+__all__ = ["get", "resolve", "ensure", "recover", "NAMES"]
 
 NAMES = ("auto", "cuda", "emulated")
 
@@ -149,6 +149,26 @@ def get(name: str = "auto") -> types.SimpleNamespace:
     if name not in _cache:
         _cache[name] = _make_cuda() if name == "cuda" else _make_emulated()
     return _cache[name]
+
+
+def ensure(B=None, where: str = "B") -> types.SimpleNamespace:
+    """``B`` itself if it is a namespace :func:`get` returned; ``get("auto")`` if ``B`` is None.
+
+    Every labkit function that takes a backend calls this, so a wrong one reads the same
+    everywhere.
+
+    Raises:
+        TypeError: ``B`` is something else, e.g. the name ``"cuda"`` instead of
+            ``get("cuda")``.
+    """
+    if B is None:
+        return get("auto")
+    if not all(hasattr(B, a) for a in ("CUDAGraph", "graph", "device", "name")):
+        hint = f": write {where} = labkit.backend.get({B!r})" if isinstance(B, str) else (
+            ": pass B = labkit.backend.get('auto') (or get('emulated'))")
+        raise TypeError(f"{where} must be the backend namespace that labkit.backend.get() "
+                        f"returns, got {type(B).__name__} {B!r:.40}{hint}")
+    return B
 
 
 def recover(B) -> None:

@@ -67,21 +67,16 @@ __all__ = [
 
 
 def _default_backend(B):
-    if B is not None:
-        check_backend(B)
-        return B
     from labkit import backend
 
-    return backend.get("auto")
+    return backend.ensure(B)
 
 
 def check_backend(B, where: str = "B") -> None:
     """``B`` must be the namespace :func:`labkit.backend.get` returns (not its name)."""
-    if not (hasattr(B, "CUDAGraph") and hasattr(B, "graph") and hasattr(B, "device")):
-        hint = (f": write B = labkit.backend.get({B!r})" if isinstance(B, str)
-                else "")
-        raise TypeError(f"{where} must be the backend namespace that labkit.backend.get() "
-                        f"returns, got {type(B).__name__} {B!r:.40}{hint}")
+    from labkit import backend
+
+    backend.ensure(B, where)
 
 
 # ---- steps 1 and 2 ---------------------------------------------------------------------
