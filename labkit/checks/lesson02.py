@@ -38,6 +38,7 @@ import weakref
 
 import torch
 
+from labkit.backend import ensure as _backend
 from labkit.backend import recover as _recover
 from labkit.capture import capture, recorded_kernels
 from labkit.checks import DEFAULT_TIME_LIMIT, CheckResult, _is_learner_frame, check, compare_outputs
@@ -46,14 +47,6 @@ __all__ = ["check_graphed_run", "check_capture_chain", "check_serve", "WARMUP_IT
 
 WARMUP_ITERS = 3  # what the exercise text asks for
 
-
-
-def _backend(B):
-    if B is not None:
-        return B
-    from labkit import backend
-
-    return backend.get("auto")
 
 
 # ---- reporting an error raised in the learner's capture ---------------------------------
