@@ -85,7 +85,13 @@ from labkit.capture import (
     on_side_stream,
     own_cublas_workspace,
 )
-from labkit.guards import ArgMetadata, GraphArgumentError, _values_equal, get_mismatch_errors
+from labkit.core.main_grad import FusedLinear, attach_main_grad, zero_main_grad
+from labkit.core.main_grad import check_module as _check_module
+from labkit.core.signature import ArgMetadata as ArgMeta
+from labkit.core.signature import GraphArgumentError
+from labkit.core.signature import GraphArgumentError as GraphArgMismatch
+from labkit.core.signature import get_mismatch_errors
+from labkit.core.signature import values_equal as _values_equal
 
 __all__ = [
     "GraphStatus", "GraphOrderError", "GraphArgMismatch", "ArgMeta", "mismatch_errors",
@@ -106,59 +112,15 @@ class GraphOrderError(RuntimeError):
     """A runner's forward or backward graph was called when the other one was due."""
 
 
-# Lesson 03's guard error: a ValueError listing every mismatch (Megatron's message style).
-GraphArgMismatch = GraphArgumentError
-
-
 # ---- argument metadata and guards --------------------------------------------------------
-# The checks themselves are lesson 03's (labkit.guards, Megatron's ArgMetadata /
-# get_mismatch_errors). The runner also needs ``requires_grad`` and a way to make a
-# fresh static buffer from recorded metadata (lesson 05 creates graphs from what step 1
-# recorded), hence this small record type.
-
-@dataclass(frozen=True)
-class ArgMeta:
-    """What a runner remembers about one argument: a tensor's shape/dtype/device and
-    whether it requires grad, or a non-tensor's value (baked in at capture)."""
-
-    type: type
-    shape: tuple | None = None
-    dtype: torch.dtype | None = None
-    device: torch.device | None = None
-    requires_grad: bool = False
-    value: Any = None
-
-    @classmethod
-    def of(cls, arg) -> "ArgMeta":
-        if isinstance(arg, ArgMeta):
-            return arg
-        if isinstance(arg, torch.Tensor):
-            return cls(torch.Tensor, tuple(arg.shape), arg.dtype, arg.device,
-                       bool(arg.requires_grad))
-        return cls(type(arg), value=arg)
-
-    @property
-    def is_tensor(self) -> bool:
-        return self.type is torch.Tensor
-
-    def zeros(self) -> torch.Tensor:
-        """A zero tensor with this metadata (a fresh static buffer)."""
-        return torch.zeros(self.shape, dtype=self.dtype, device=self.device,
-                           requires_grad=self.requires_grad)
-
-    def guard(self) -> ArgMetadata:
-        """The same, as lesson 03's :class:`labkit.guards.ArgMetadata`."""
-        if self.is_tensor:
-            return ArgMetadata(torch.Tensor, self.shape, self.dtype, self.device)
-        return ArgMetadata(self.type, value=self.value)
-
+# ArgMeta is labkit.core.signature.ArgMetadata (Megatron's ArgMetadata), GraphArgMismatch its
+# GraphArgumentError: one home for argument metadata, re-exported under lesson 04's names.
 
 def mismatch_errors(expected: Sequence[ArgMeta], args: Sequence) -> list[str]:
     """One line per difference between ``args`` and the captured metadata: shape, dtype,
-    device of tensors, type and value of the rest, and the count (lesson 03's
-    :func:`labkit.guards.get_mismatch_errors`). Empty when they match."""
-    return get_mismatch_errors([ArgMeta.of(m).guard() for m in expected],
-                               list(args) if isinstance(args, (tuple, list)) else args)
+    device of tensors, type and value of the rest, and the count (Megatron's
+    ``get_mismatch_errors``, :func:`labkit.core.signature.get_mismatch_errors`)."""
+    return get_mismatch_errors([ArgMeta.of(m) for m in expected], args)
 
 
 def _raise_if_mismatch(name: str, expected: Sequence[ArgMeta], args: Sequence) -> None:
@@ -204,14 +166,6 @@ def _check_connected_params_args(outputs, module) -> None:
     if not isinstance(outputs, (torch.Tensor, tuple, list)):
         raise TypeError(f"get_connected_params: outputs must be a tensor or a tuple of "
                         f"tensors (what the layer returned), got {type(outputs).__name__}")
-
-
-def _check_module(module, where: str) -> None:
-    if not isinstance(module, torch.nn.Module):
-        what = ("a generator (model.parameters()?)" if hasattr(module, "__next__")
-                else type(module).__name__)
-        raise TypeError(f"{where}: module must be a torch.nn.Module, got {what}; pass the "
-                        f"model itself")
 
 
 def get_connected_params(outputs, module: torch.nn.Module) -> tuple[torch.nn.Parameter, ...]:
@@ -827,74 +781,3 @@ def make_graphed_callables(callables, sample_args, *, B=None, pool=None,
     out = tuple(GraphedModule(c, r) if isinstance(c, torch.nn.Module) else r
                 for c, r in zip(callables, runners))
     return out[0] if single else out
-
-
-# ---- main_grad: Megatron DDP's gradient buffer, and gradient-accumulation fusion -------------
-
-def attach_main_grad(module: torch.nn.Module, dtype=torch.float32) -> None:
-    """Give every trainable parameter a ``main_grad`` buffer, like Megatron's DDP.
-
-    A hook on each parameter's ``AccumulateGrad`` adds ``param.grad`` into ``main_grad``
-    and clears ``.grad`` — unless the layer's backward already added it itself
-    (``grad_added_to_main_grad``: gradient-accumulation fusion, see :class:`FusedLinear`).
-    Call :func:`zero_main_grad` at the start of each step.
-    """
-    _check_module(module, "attach_main_grad")
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"attach_main_grad: dtype must be a floating torch.dtype such as "
-                        f"torch.float32, got {dtype!r}")
-    for p in module.parameters():
-        if not p.requires_grad or hasattr(p, "main_grad"):
-            continue
-        p.main_grad = torch.zeros_like(p, dtype=dtype)
-        p.grad_added_to_main_grad = False
-
-        def hook(param):
-            if param.grad is not None and not param.grad_added_to_main_grad:
-                param.main_grad.add_(param.grad)
-            param.grad = None
-
-        p.register_post_accumulate_grad_hook(hook)
-
-
-def zero_main_grad(module: torch.nn.Module) -> None:
-    """Zero every ``main_grad`` and clear ``grad_added_to_main_grad`` (a new step)."""
-    _check_module(module, "zero_main_grad")
-    for p in module.parameters():
-        if hasattr(p, "main_grad"):
-            p.main_grad.zero_()
-            p.grad_added_to_main_grad = False
-
-
-class _LinearGradAccumulation(torch.autograd.Function):
-    """``y = x W^T + b`` whose backward adds ``dW`` into ``W.main_grad`` itself.
-
-    Megatron's ``LinearWithGradAccumulationAndAsyncCommunication`` with
-    ``gradient_accumulation_fusion``: the wgrad GEMM accumulates into ``main_grad`` and
-    the layer sets ``grad_added_to_main_grad`` so that the DDP hook skips it. Megatron
-    then returns an uninitialised dummy wgrad; this toy returns the real one, so that a
-    forgotten flag shows up as a *doubled* gradient on every backend.
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight)
-        return torch.nn.functional.linear(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, gy):
-        x, weight = ctx.saved_tensors
-        gx = gy @ weight
-        gw = gy.reshape(-1, gy.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
-        gb = gy.reshape(-1, gy.shape[-1]).sum(0)
-        if hasattr(weight, "main_grad"):
-            weight.main_grad.add_(gw)
-            weight.grad_added_to_main_grad = True
-        return gx, gw, gb
-
-
-class FusedLinear(torch.nn.Linear):
-    """``nn.Linear`` with gradient-accumulation fusion into ``weight.main_grad``."""
-
-    def forward(self, x):
-        return _LinearGradAccumulation.apply(x, self.weight, self.bias)
