@@ -55,7 +55,15 @@ import warnings
 from typing import Any, Callable, NamedTuple
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map
+
+from labkit.core.signature import (
+    GraphArgumentError,
+    describe_tree,
+    get_mismatch_errors,
+    leaf_pairs,
+    metadata_tree,
+)
 
 __all__ = [
     "on_side_stream", "side_stream_warmup", "capture", "cleanup_on_failure", "Captured",
@@ -286,13 +294,7 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
                       and a.shape == b.shape and a.dtype == b.dtype and a.device == b.device)
 
 
-def _describe(meta) -> str:
-    """``Tensor(8, 16) float32``, ``[Tensor(3) float32, float 2.0]``: a metadata tree, briefly."""
-    if isinstance(meta, (list, tuple)):
-        return "[" + ", ".join(_describe(m) for m in meta) + "]"
-    if isinstance(meta, dict):
-        return "{" + ", ".join(f"{k!r}: {_describe(m)}" for k, m in meta.items()) + "}"
-    return meta.describe()
+_describe = describe_tree
 
 
 def _static_copy(x):
@@ -359,8 +361,6 @@ class StaticGraph:
 
     def capture(self, *sample_args, **sample_kwargs) -> "StaticGraph":
         """Allocate static inputs like ``sample_args``, warm up, capture; return ``self``."""
-        from labkit.guards import metadata_tree
-
         self._refuse_kwargs(sample_kwargs, "capture")
         if self.captured:
             raise RuntimeError(
@@ -383,15 +383,12 @@ class StaticGraph:
 
     def _check_devices(self, args, where: str) -> None:
         want = torch.device(self.B.device)
-        items = args.items() if isinstance(args, dict) else enumerate(args)
-        for i, a in items:
-            at = f"{where}[{i!r}]" if isinstance(args, dict) else f"{where}[{i}]"
+        for path, a in tree_flatten_with_path(args)[0]:
             if isinstance(a, torch.Tensor) and a.device.type != want.type:
                 raise ValueError(
-                    f"{self._label()}: {at} is on {a.device}, but this backend "
-                    f"({self.B.name}) captures on {want}. Move it first: x.to(B.device).")
-            if isinstance(a, (list, tuple, dict)):
-                self._check_devices(a, at)
+                    f"{self._label()}: {where}{keystr(path)} is on {a.device}, but this "
+                    f"backend ({self.B.name}) captures on {want}. Move it first: "
+                    f"x.to(B.device).")
 
     def reset(self) -> None:
         """Forget the graph and its static buffers, so ``capture`` may run again."""
@@ -409,15 +406,13 @@ class StaticGraph:
 
     def __call__(self, *args, **kwargs):
         """Check ``args``, ``copy_`` them into the static inputs, replay, return the outputs."""
-        from labkit.guards import GraphArgumentError, _leaf_pairs, get_mismatch_errors
-
         self._refuse_kwargs(kwargs, "call")
         self._require_captured("calling it")
         errors = get_mismatch_errors(self.arg_metadata, args)
         if errors:
             raise GraphArgumentError(self._label(), errors)
         with torch.no_grad():
-            for static, a in _leaf_pairs(self.static_inputs, args):
+            for static, a in leaf_pairs(self.static_inputs, args):
                 if isinstance(a, torch.Tensor) and not _same_memory(a, static):
                     static.copy_(a)
                     self.copies += 1
@@ -460,7 +455,7 @@ class StaticGraph:
     def __repr__(self) -> str:
         if not self.captured:
             return f"<{self._label()}: not captured>"
-        sig = ", ".join(_describe(m) for m in self.arg_metadata)
+        sig = ", ".join(describe_tree(m) for m in self.arg_metadata)
         return f"<{self._label()}: captured for ({sig}); {self.replays} replays>"
 
 

@@ -52,6 +52,19 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from labkit.backend import recover as _recover
 from labkit.capture import StaticGraph, _same_memory, _static_copy
+from labkit.core.signature import (
+    ArgMetadata,
+    GraphArgumentError,
+    get_mismatch_errors,
+    leaf_pairs,
+    metadata_tree,
+    signature_lines,
+)
+from labkit.core.signature import _short, _type_name  # noqa: F401  (old private names)
+from labkit.core.signature import fmt_shape as _fmt_shape  # noqa: F401
+from labkit.core.signature import values_equal as _values_equal
+
+_leaf_pairs = leaf_pairs
 
 __all__ = [
     "ArgMetadata", "metadata_tree", "get_mismatch_errors", "GraphArgumentError",
@@ -61,219 +74,8 @@ __all__ = [
 
 
 # =====================================================================================
-# Argument metadata and mismatch errors
-# =====================================================================================
-
-def _fmt_shape(shape) -> str:
-    return str(tuple(int(s) for s in shape))
-
-
-@dataclass(frozen=True, eq=False)
-class ArgMetadata:
-    """What a graph remembers about one argument at capture.
-
-    Tensors: ``shape``, ``dtype``, ``device`` and ``data_ptr`` (the graph reads that
-    address on every replay). Anything else: its ``type`` and ``value``, because capture
-    ran Python once with that value and baked its effect into the kernels.
-    """
-
-    type: type
-    shape: tuple | None = None
-    dtype: torch.dtype | None = None
-    device: torch.device | None = None
-    data_ptr: int | None = None
-    value: Any = None
-
-    @classmethod
-    def of(cls, x: Any) -> "ArgMetadata":
-        if isinstance(x, torch.Tensor):
-            return cls(torch.Tensor, tuple(x.shape), x.dtype, x.device, x.data_ptr())
-        return cls(type(x), value=x)
-
-    @property
-    def is_tensor(self) -> bool:
-        return self.type is torch.Tensor
-
-    def describe(self) -> str:
-        """``Tensor(8, 16) float32`` or ``float 0.5`` (no device or address: portable)."""
-        if self.is_tensor:
-            dims = ", ".join(str(s) for s in self.shape)
-            return f"Tensor({dims}) {str(self.dtype).replace('torch.', '')}"
-        text = repr(self.value)
-        return f"{self.type.__name__} {text if len(text) <= 40 else text[:37] + '...'}"
-
-
-def metadata_tree(obj: Any) -> Any:
-    """``obj`` with every leaf replaced by its :class:`ArgMetadata` (lists, tuples, dicts kept)."""
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(metadata_tree(v) for v in obj) if type(obj) in (list, tuple) \
-            else [metadata_tree(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: metadata_tree(v) for k, v in obj.items()}
-    return ArgMetadata.of(obj)
-
-
-def _type_name(x: Any) -> str:
-    if isinstance(x, torch.Tensor):
-        return "Tensor"
-    if isinstance(x, ArgMetadata):
-        return "Tensor" if x.is_tensor else x.type.__name__
-    return type(x).__name__
-
-
-def _values_equal(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
-
-
-def _short(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _compare(meta: Any, val: Any, where: str, errors: list[str], check_address: bool) -> None:
-    """Append to ``errors`` every way ``val`` differs from the captured ``meta`` tree."""
-    if isinstance(meta, (list, tuple)):
-        if not isinstance(val, (list, tuple)):
-            errors.append(f"Type mismatch at {where}: received {_type_name(val)}, "
-                          f"captured {type(meta).__name__}")
-            return
-        if len(val) != len(meta):
-            errors.append(f"Structure mismatch at {where}: received {len(val)} items, "
-                          f"captured {len(meta)}")
-        for i, (m, v) in enumerate(zip(meta, val)):
-            _compare(m, v, f"{where}[{i}]", errors, check_address)
-        return
-    if isinstance(meta, dict):
-        if not isinstance(val, dict):
-            errors.append(f"Type mismatch at {where}: received {_type_name(val)}, captured dict")
-            return
-        for k in meta:
-            if k not in val:
-                errors.append(f"Missing {where}[{k!r}]: it was passed at capture")
-            else:
-                _compare(meta[k], val[k], f"{where}[{k!r}]", errors, check_address)
-        for k in val:
-            if k not in meta:
-                errors.append(f"Unexpected {where}[{k!r}]: it was not passed at capture")
-        return
-    # a leaf
-    if meta.is_tensor != isinstance(val, torch.Tensor) or (
-            not meta.is_tensor and type(val) is not meta.type):
-        errors.append(f"Type mismatch at {where}: received {_type_name(val)}, "
-                      f"captured {_type_name(meta)}")
-        return
-    if meta.is_tensor:
-        if tuple(val.shape) != meta.shape:
-            errors.append(f"Tensor mismatch at {where}: received shape {_fmt_shape(val.shape)}, "
-                          f"captured {_fmt_shape(meta.shape)}")
-        if val.dtype != meta.dtype:
-            errors.append(f"Tensor mismatch at {where}: received dtype {val.dtype}, "
-                          f"captured {meta.dtype}")
-        if val.device != meta.device:
-            errors.append(f"Tensor mismatch at {where}: received device {val.device}, "
-                          f"captured {meta.device}")
-        if check_address and val.data_ptr() != meta.data_ptr:
-            errors.append(f"Address mismatch at {where}: received a tensor at another address "
-                          f"than the captured static input, which is the only memory the "
-                          f"graph reads")
-    elif not _values_equal(val, meta.value):
-        errors.append(f"Value mismatch at {where}: received {_short(val)}, "
-                      f"captured {_short(meta.value)}")
-
-
-def _check_arg_sequences(captured_args, args, captured_kwargs, kwargs) -> None:
-    """Positional arguments come as sequences (a bare tensor would be iterated row by row)."""
-    for name, seq in (("captured_args", captured_args), ("args", args)):
-        if isinstance(seq, torch.Tensor) or not isinstance(seq, (tuple, list)):
-            what = (f"a Tensor of shape {tuple(seq.shape)}" if isinstance(seq, torch.Tensor)
-                    else type(seq).__name__)
-            raise TypeError(f"get_mismatch_errors: {name} must be a tuple or list of "
-                            f"arguments, got {what}; for one argument write (x,)")
-    for name, d in (("captured_kwargs", captured_kwargs), ("kwargs", kwargs)):
-        if d is not None and not isinstance(d, dict):
-            raise TypeError(f"get_mismatch_errors: {name} must be a dict or None, got "
-                            f"{type(d).__name__}")
-
-
-def get_mismatch_errors(captured_args: Iterable, args: Iterable,
-                        captured_kwargs: dict | None = None, kwargs: dict | None = None,
-                        *, check_address: bool = False) -> list[str]:
-    """Every difference between the arguments of a call and those captured, one line each.
-
-    ``captured_args`` / ``captured_kwargs`` are :func:`metadata_tree` results (or plain
-    sequences of :class:`ArgMetadata`). Lines look like
-    ``Tensor mismatch at args[0]: received shape (4, 8), captured (8, 8)``; an empty list
-    means the call may replay. With ``check_address`` a tensor that is not at the captured
-    address is a mismatch too (for callers that must pass the static inputs themselves).
-
-    Checks everything before reporting, so one message lists all problems at once
-    (Megatron's ``get_mismatch_errors`` does the same).
-    """
-    _check_arg_sequences(captured_args, args, captured_kwargs, kwargs)
-    captured_args, args = list(captured_args), list(args)
-    errors: list[str] = []
-    if len(args) != len(captured_args):
-        errors.append(f"Count mismatch: received {len(args)} positional args, "
-                      f"captured {len(captured_args)}")
-    for i, (m, v) in enumerate(zip(captured_args, args)):
-        _compare(m, v, f"args[{i}]", errors, check_address)
-    if captured_kwargs or kwargs:
-        _compare(dict(captured_kwargs or {}), dict(kwargs or {}), "kwargs", errors,
-                 check_address)
-    return errors
-
-
-_HINTS = (
-    ("shape", "shapes are fixed at capture: capture one graph per shape, or pad to a "
-              "captured shape (bucket + pad, lesson 06)"),
-    ("dtype", "convert before calling (x.to(dtype)): copy_ would convert silently"),
-    ("device", "move the tensor first (x.to(B.device))"),
-    ("Value", "Python values are baked in at capture: pass a tensor you copy_ into "
-              "instead, or capture one graph per value"),
-    ("Address", "copy_ into the static input (graph.static_inputs) instead of passing "
-                "another tensor, or use inputs='copy'"),
-    ("Count", "call with the same arguments as at capture"),
-)
-
-
-class GraphArgumentError(ValueError):
-    """A call whose arguments do not match the capture; ``errors`` lists every mismatch."""
-
-    def __init__(self, label: str, errors: list[str]):
-        self.label = label
-        self.errors = list(errors)
-        n = len(self.errors)
-        lines = [f"{label} refuses these arguments ({n} mismatch{'es' if n != 1 else ''}; "
-                 f"nothing was copied or replayed):"]
-        lines += [f"  {e}" for e in self.errors]
-        hints = [h for key, h in _HINTS if any(key in e for e in self.errors)]
-        if hints:
-            lines.append("How to fix: " + "; ".join(hints) + ".")
-        super().__init__("\n".join(lines))
-
-
-# =====================================================================================
 # GuardedGraph
 # =====================================================================================
-
-def _leaf_pairs(static: Any, val: Any):
-    """(static leaf, received leaf) pairs of two trees with the same structure."""
-    if isinstance(static, (list, tuple)):
-        for s, v in zip(static, val):
-            yield from _leaf_pairs(s, v)
-    elif isinstance(static, dict):
-        for k in static:
-            yield from _leaf_pairs(static[k], val[k])
-    else:
-        yield static, val
-
 
 class GuardedGraph(StaticGraph):
     """A :class:`~labkit.capture.StaticGraph` that refuses every silent misuse.
@@ -344,8 +146,8 @@ class GuardedGraph(StaticGraph):
         if errors:
             raise GraphArgumentError(self._label(), errors)
         with torch.no_grad():
-            for static, val in _leaf_pairs((self.static_inputs, self.static_kwargs),
-                                           (tuple(args), kwargs)):
+            for static, val in leaf_pairs((self.static_inputs, self.static_kwargs),
+                                          (tuple(args), kwargs)):
                 if isinstance(val, torch.Tensor) and not _same_memory(val, static):
                     static.copy_(val)
                     self.copies += 1
@@ -362,22 +164,7 @@ class GuardedGraph(StaticGraph):
     def signature(self) -> str:
         """What was captured, one argument a line (portable: no devices or addresses)."""
         self._require_captured("signature()")
-        lines = []
-
-        def walk(m, where):
-            if isinstance(m, (list, tuple)):
-                for i, v in enumerate(m):
-                    walk(v, f"{where}[{i}]")
-            elif isinstance(m, dict):
-                for k, v in m.items():
-                    walk(v, f"{where}[{k!r}]")
-            else:
-                lines.append(f"{where}: {m.describe()}")
-
-        for i, m in enumerate(self.arg_metadata):
-            walk(m, f"args[{i}]")
-        walk(self.kwarg_metadata, "kwargs")
-        return "\n".join(lines)
+        return "\n".join(signature_lines(self.arg_metadata, self.kwarg_metadata))
 
     def _label(self) -> str:
         return f"GuardedGraph({self.name})"

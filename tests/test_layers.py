@@ -33,7 +33,6 @@ LAYERS = [
 KNOWN: set[tuple[str, str]] = {
     ("labkit.capture", "labkit.emulator.graph"),
     ("labkit.capture", "labkit.emulator.pool"),
-    ("labkit.capture", "labkit.guards"),
     ("labkit.checks.lesson07", "labkit.emulator"),
     ("labkit.checks.lesson07", "labkit.emulator.streams"),
     ("labkit.decode.attention", "labkit.decode.triton_attention"),
@@ -51,7 +50,6 @@ KNOWN: set[tuple[str, str]] = {
     ("labkit.emulator.recorder", "labkit.emulator.streams"),
     ("labkit.emulator.streams", "labkit.emulator.recorder"),
     ("labkit.full_step", "labkit.emulator.recorder"),
-    ("labkit.guards", "labkit.capture"),
 }
 
 

@@ -75,6 +75,7 @@ from torch.utils._pytree import tree_flatten
 
 from labkit.backend import recover as _recover
 from labkit.checks import NOT_DONE, LearnerTimeout, call_learner, compare_outputs, fail, passed
+from labkit.core.signature import ArgMetadata, mismatches
 
 __all__ = ["check_capturable_clip", "check_arg_mismatches", "check_build_server"]
 
@@ -369,24 +370,9 @@ FIELDS = ("count", "type", "shape", "dtype", "device", "value")
 
 
 def _arg_mismatches_reference(captured, received) -> list[tuple]:
-    out = []
-    if len(captured) != len(received):
-        out.append(("args", "count", len(captured), len(received)))
-    for i, (c, r) in enumerate(zip(captured, received)):
-        where = f"args[{i}]"
-        c_t, r_t = isinstance(c, torch.Tensor), isinstance(r, torch.Tensor)
-        if c_t != r_t or (not c_t and type(c) is not type(r)):
-            out.append((where, "type", type(c).__name__, type(r).__name__))
-        elif c_t:
-            if tuple(c.shape) != tuple(r.shape):
-                out.append((where, "shape", tuple(c.shape), tuple(r.shape)))
-            if c.dtype != r.dtype:
-                out.append((where, "dtype", c.dtype, r.dtype))
-            if c.device != r.device:
-                out.append((where, "device", c.device, r.device))
-        elif c != r:
-            out.append((where, "value", c, r))
-    return out
+    """The answer: :func:`labkit.core.signature.mismatches` as the exercise's tuples."""
+    metas = [ArgMetadata.of(c) for c in captured]
+    return [(m.where, m.field, m.captured, m.received) for m in mismatches(metas, received)]
 
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int64)
