@@ -49,7 +49,6 @@ KNOWN: set[tuple[str, str]] = {
     ("labkit.emulator.recorder", "labkit.emulator"),
     ("labkit.emulator.recorder", "labkit.emulator.streams"),
     ("labkit.emulator.streams", "labkit.emulator.recorder"),
-    ("labkit.full_step", "labkit.emulator.recorder"),
 }
 
 

@@ -9,6 +9,7 @@ import torch
 from helpers import assert_usable
 
 from labkit import full_step as FS
+from labkit.guards import error_text
 
 CFG = FS.CONFIGS["tiny"]
 
@@ -24,14 +25,29 @@ def trainer(B, warmup_steps=1, **kw):
                               warmup_steps=warmup_steps, **kw)
 
 
+def assert_host_read_refused(info, B):
+    """The capture failed for the host read, in each backend's own words."""
+    text = error_text(info.value)
+    assert "operation not permitted when stream is capturing" in text, text
+    if B.name == "cuda":
+        assert "cudaErrorStreamCaptureUnsupported" in text, text
+    else:
+        assert "aten._local_scalar_dense" in text, text
+        assert "reads a tensor's value on the host" in text, text
 
-@pytest.mark.parametrize("n", [0, -1, 1.5, True])
-def test_num_microbatches_must_be_a_positive_int(B, n):
+
+@pytest.mark.parametrize("n, error, message", [
+    (0, ValueError, "num_microbatches must be >= 1, got 0: every step has at least one"),
+    (-1, ValueError, "num_microbatches must be >= 1, got -1"),
+    (1.5, TypeError, r"num_microbatches must be an int >= 1, got 1.5 \(float\)"),
+    (True, TypeError, r"num_microbatches must be an int >= 1, got True \(bool\)"),
+])
+def test_num_microbatches_must_be_a_positive_int(B, n, error, message):
     model = FS.build_lm(CFG, B.device)
     opt = FS.make_capturable_optimizer(model.parameters(), B)
-    with pytest.raises(ValueError, match=r"num_microbatches must be an int >= 1, got"):
+    with pytest.raises(error, match=message):
         FS.FullStepTrainer(model, FS.lm_loss, opt, B, n)
-    with pytest.raises(ValueError, match="num_microbatches must be an int >= 1"):
+    with pytest.raises(error, match=message):
         FS.StaticBatchLoader(B, n)
 
 
@@ -63,6 +79,14 @@ def test_torch_capturable_adamw_on_the_emulator_is_refused(E):
         FS.FullStepTrainer(model, FS.lm_loss, opt, E, 2)
 
 
+def test_a_backend_name_instead_of_a_backend():
+    model = FS.build_lm(CFG)
+    opt = FS.CapturableAdamW(model.parameters())
+    with pytest.raises(TypeError, match=r"FullStepTrainer\(\.\.\., B, \.\.\.\) must be the backend "
+                                        r"namespace .* got str 'emulated'.*labkit.backend.get"):
+        FS.FullStepTrainer(model, FS.lm_loss, opt, "emulated", 2)
+
+
 def test_not_an_optimizer(B):
     model = FS.build_lm(CFG, B.device)
     with pytest.raises(TypeError, match="must be a torch.optim.Optimizer, got list"):
@@ -81,8 +105,9 @@ def test_failed_capture_leaves_a_usable_process(B):
     w = FS.FullCudaGraphWrapper(step_fn, B, warmup_steps=1)
     w()
     flag["sync"] = True
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError) as info:
         w()
+    assert_host_read_refused(info, B)
     assert w.graph is None and w.result is None       # nothing half-built is kept
     assert_usable(B)
     flag["sync"] = False
@@ -101,8 +126,9 @@ def test_trainer_with_a_syncing_loss_fails_cleanly(B):
     t = FS.FullStepTrainer(model, loss_with_print, opt, B, CFG.num_microbatches,
                            warmup_steps=1)
     t.step(batch(B))
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError) as info:
         t.step(batch(B, 1))
+    assert_host_read_refused(info, B)
     assert not t.captured
     assert_usable(B)
 
@@ -188,7 +214,7 @@ def test_a_batch_that_is_not_a_list(B):
 def test_unknown_config_and_bad_wrapper_options(B):
     with pytest.raises(ValueError, match="unknown config 'small': choose one of tiny, bench"):
         FS.build_lm("small")
-    with pytest.raises(ValueError, match="warmup_steps must be an int >= 0, got -1"):
+    with pytest.raises(ValueError, match="warmup_steps must be >= 0, got -1: the number of eager steps"):
         FS.FullCudaGraphWrapper(lambda: None, B, warmup_steps=-1)
     with pytest.raises(ValueError, match="capture_error_mode must be 'global', "
                                          "'thread_local' or 'relaxed', got 'local'"):

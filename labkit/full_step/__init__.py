@@ -1,0 +1,40 @@
+"""Whole-step capture: the forward and backward of every microbatch as one graph, the
+optimizer step as a second graph in the same pool (lesson 07, Megatron-LM's
+``full_iteration`` CUDA graphs).
+
+Once captured, a training step is ``loader.load(batch)`` and two ``replay()`` calls.
+Everything takes a backend ``B`` (``labkit.backend.get(...)``), so the same code runs on a
+GPU and on labkit's CPU emulator. Names follow Megatron's ``megatron/core/full_cuda_graph.py``
+and ``optimizer_cuda_graph.py``:
+
+==================================  =================================================
+labkit                              Megatron
+==================================  =================================================
+:class:`StaticBatchLoader`          ``StaticBufferLoader``
+:class:`FullCudaGraphWrapper`       ``FullCudaGraphWrapper``
+:class:`OptimizerCudaGraphWrapper`  ``OptimizerCudaGraphWrapper``
+:func:`forward_backward`            ``forward_backward_func`` (no pipeline)
+:class:`FullStepTrainer`            the wiring in ``training.py`` (``train``)
+==================================  =================================================
+
+Modules: :mod:`.loader` (static inputs), :mod:`.optimizer` (grads at fixed addresses, a
+capturable AdamW), :mod:`.step` (the captured step), :mod:`.wrapper` (warm up, capture,
+replay), :mod:`.trainer` (the two graphs wired together). The model lesson 07 trains
+(``TinyLM`` and friends) is re-exported here.
+"""
+
+from .loader import StaticBatchLoader, fill_static_buffers
+from .model import (CONFIGS, Block, LMConfig, TinyLM, build_lm, lm_loss,
+                    random_microbatches)
+from .optimizer import CapturableAdamW, ensure_grads, make_capturable_optimizer
+from .step import forward_backward, nonfinite_flag, phase
+from .trainer import EagerTrainer, FullStepTrainer
+from .wrapper import FullCudaGraphWrapper, OptimizerCudaGraphWrapper
+
+__all__ = [
+    "LMConfig", "CONFIGS", "Block", "TinyLM", "build_lm", "lm_loss", "random_microbatches",
+    "StaticBatchLoader", "fill_static_buffers",
+    "ensure_grads", "CapturableAdamW", "make_capturable_optimizer",
+    "forward_backward", "nonfinite_flag", "phase",
+    "FullCudaGraphWrapper", "OptimizerCudaGraphWrapper", "FullStepTrainer", "EagerTrainer",
+]
