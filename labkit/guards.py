@@ -37,13 +37,12 @@ from __future__ import annotations
 
 import inspect
 import linecache
-import math
 import os
 import sysconfig
 import traceback
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -52,15 +51,17 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from labkit.backend import recover as _recover
 from labkit.capture import StaticGraph, _same_memory, _static_copy
-from labkit.core.signature import (
+from labkit.core.rules import HAZARDS, SEVERITIES, aten_rule, function_rule
+from labkit.core.signature import (  # noqa: F401  (old private names)
     ArgMetadata,
     GraphArgumentError,
+    _short,
+    _type_name,
     get_mismatch_errors,
     leaf_pairs,
     metadata_tree,
     signature_lines,
 )
-from labkit.core.signature import _short, _type_name  # noqa: F401  (old private names)
 from labkit.core.signature import fmt_shape as _fmt_shape  # noqa: F401
 from labkit.core.signature import values_equal as _values_equal
 
@@ -295,52 +296,7 @@ class expect_error:
 # The capture-hazard linter
 # =====================================================================================
 
-#: kind -> (title, severity, default fix). Severities: "fails capture" (capture raises on
-#: a GPU), "silently wrong" (capture works, replays compute something else), "check".
-HAZARDS: dict[str, tuple[str, str, str]] = {
-    "cpu_sync": (
-        "CPU sync", "fails capture",
-        "keep the value on the device (tensor ops, torch.where, clamp) or read it from the "
-        "static output after replay(); nothing inside a graph may wait for the GPU"),
-    "tensor_branch": (
-        "Python branch on a tensor value", "fails capture",
-        "compute both sides and select with torch.where(cond, a, b), or decide outside the "
-        "graph and capture one graph per branch"),
-    "dynamic_shape": (
-        "data-dependent shape", "fails capture",
-        "use a fixed-size form: torch.where(mask, x, 0) instead of x[mask], "
-        "torch.nonzero_static(x, size=n), or pad to a maximum size"),
-    "host_tensor": (
-        "host tensor", "fails capture",
-        "keep tensors on the device inside the graph; build constants once, outside, on "
-        "B.device and pass them in; read results from the static output after replay()"),
-    "unregistered_generator": (
-        "unregistered generator", "fails capture",
-        "call g.register_generator_state(gen) before capture, or use the default generator"),
-    "changed_address": (
-        "address changes between calls", "silently wrong",
-        "allocate the tensor once (a static buffer) and update it in place (copy_, "
-        "add_, ...): replay reads the address captured, not the Python name"),
-    "changed_value": (
-        "Python value changes between calls", "silently wrong",
-        "capture bakes the value in: keep it in a device tensor you fill before replay "
-        "(t.fill_(v) or copy_), or capture one graph per value"),
-    "changed_ops": (
-        "different ops on the next call", "check",
-        "replay repeats the path taken at capture. If the first call only initialised "
-        "things (lazy init), warming up before capture is enough; if the path depends on "
-        "Python state, move that state into tensors or capture one graph per path"),
-    "baked_argument": (
-        "Python value baked in", "check",
-        "every replay uses the value passed at capture; pass a tensor instead if it "
-        "changes (GuardedGraph refuses a different value)"),
-    "raised": (
-        "the function raised", "fails capture",
-        "fix the error first: the function must run eagerly before it can be captured"),
-}
-
-
-_SEVERITIES = ("fails capture", "silently wrong", "check")
+_SEVERITIES = SEVERITIES
 
 
 @dataclass
@@ -476,56 +432,6 @@ def _user_frame() -> traceback.FrameSummary | None:
 
 # ---- classification --------------------------------------------------------------------
 
-#: Python-level tensor methods that are hazards wherever they run: (kind, shown as, why)
-_PY_HAZARDS = {
-    "item": ("cpu_sync", ".item()", "reads a tensor's value on the host, so the CPU waits "
-             "for the GPU; capture refuses it"),
-    "__float__": ("cpu_sync", "float(tensor)", "reads a tensor's value on the host"),
-    "__int__": ("cpu_sync", "int(tensor)", "reads a tensor's value on the host"),
-    "__index__": ("cpu_sync", "tensor used as a Python int", "a slice bound, range() or "
-                  "size taken from a tensor reads its value on the host"),
-    "__bool__": ("tensor_branch", "if tensor / bool(tensor)", "a Python `if`/`while`/`and` "
-                 "on a tensor reads its value on the host to choose a branch; a graph "
-                 "records one branch only"),
-    "__repr__": ("cpu_sync", "printing a tensor", "formatting reads the values on the host"),
-    "__str__": ("cpu_sync", "printing a tensor", "formatting reads the values on the host"),
-    "__format__": ("cpu_sync", "formatting a tensor", "formatting reads the values on the host"),
-    "tolist": ("host_tensor", ".tolist()", "copies a tensor to host memory (and waits for it)"),
-    "numpy": ("host_tensor", ".numpy()", "needs the tensor in host memory"),
-    "__array__": ("host_tensor", "np.asarray(tensor)", "needs the tensor in host memory"),
-    "cpu": ("host_tensor", ".cpu()", "copies a tensor to host memory: on a GPU, a "
-            "device-to-host copy during capture is refused"),
-    "tensor": ("host_tensor", "torch.tensor(...)", "builds a tensor from host data through "
-               "a temporary pageable buffer: on a GPU that host-to-device copy is refused "
-               "during capture (a copy from pinned memory can be captured, and then every "
-               "replay reads the host buffer again)"),
-    "as_tensor": ("host_tensor", "torch.as_tensor(...)", "builds a tensor from host data "
-                  "(on a GPU a host-to-device copy, refused from pageable memory during "
-                  "capture)"),
-}
-
-_SYNC_ATEN = {
-    "_local_scalar_dense": "reads a tensor's value on the host (a scalar from a tensor)",
-    "is_nonzero": "reads a tensor's value on the host to test it",
-    "equal": "torch.equal compares on the host",
-    "histogram": "reads the data range on the host",
-}
-
-_DYNAMIC_ATEN = {
-    "nonzero": "returns as many rows as there are non-zeros: the output shape depends on "
-               "the data",
-    "nonzero_numpy": "its output shape depends on the data",
-    "argwhere": "its output shape depends on the data",
-    "masked_select": "x[mask] / masked_select: the output shape depends on the data",
-    "unique": "its output shape depends on the data",
-    "_unique": "its output shape depends on the data",
-    "_unique2": "its output shape depends on the data",
-    "unique_dim": "its output shape depends on the data",
-    "unique_consecutive": "its output shape depends on the data",
-    "unique_dim_consecutive": "its output shape depends on the data",
-    "bincount": "its output length depends on the largest value",
-}
-
 _LIFT = {"lift_fresh", "lift_fresh_copy", "lift"}
 _COPIES = {"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"}
 _VALUE_TYPES = (bool, int, float, complex)
@@ -603,36 +509,19 @@ class _Linter:
                          "generator not in capture mode.'",
                          "call g.register_generator_state(gen) before capture (and pass "
                          "generators=[gen] here), or use the default generator")
-        hz = _PY_HAZARDS.get(name)
-        if hz is None:
+        rule = function_rule(name, args, kwargs)
+        if rule is None:
             return False
-        if name in ("tensor", "as_tensor") and isinstance(
-                (args[0] if args else kwargs.get("data")), torch.Tensor):
-            return False          # torch.tensor(t) of a tensor: a copy, not host data
-        kind, shown, why = hz
-        self.add(kind, shown, why)
+        self.add(rule.kind, rule.shown, rule.why)
         return True
 
     def on_aten(self, func, args, kwargs, out) -> None:
         name = func.overloadpacket.__name__
         aten = f"aten.{name}"
         if not self.quiet:
-            if name in _SYNC_ATEN:
-                self.add("cpu_sync", aten, _SYNC_ATEN[name])
-            elif name in _DYNAMIC_ATEN:
-                self.add("dynamic_shape", aten, _DYNAMIC_ATEN[name])
-            elif name in ("index", "index_put", "index_put_", "_index_put_impl_"):
-                idx = args[1] if len(args) > 1 else kwargs.get("indices", ())
-                if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
-                       for i in (idx or ())):
-                    self.add("dynamic_shape", f"{aten} with a boolean mask",
-                             "indexing with a boolean mask selects as many elements as are "
-                             "True: the shape depends on the data")
-            elif name == "repeat_interleave" and any(
-                    isinstance(a, torch.Tensor) for a in args) and \
-                    kwargs.get("output_size") is None:
-                self.add("dynamic_shape", aten, "with tensor repeats the output length "
-                         "depends on the data (pass output_size=...)")
+            rule = aten_rule(name, args, kwargs)
+            if rule is not None:
+                self.add(rule.kind, rule.shown, rule.why)
             elif name in _COPIES:
                 self._check_host_copy(aten, name, args, kwargs, out)
         self._track(name, aten, args, kwargs, out)

@@ -32,6 +32,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from labkit.core import rules
+from labkit.core.rules import HOST_COPY_MESSAGE, RNG_MESSAGE
 from labkit.emulator import pool as _pool
 from labkit.emulator.streams import CAPTURE_UNSUPPORTED, capture_error
 
@@ -46,29 +48,6 @@ def active_capture() -> "Capture | None":
 
 # ---- classification of ops -------------------------------------------------------------
 
-#: Ops whose output shape or value must be read on the host: a device->host sync.
-SYNC_OPS = {
-    "_local_scalar_dense": "reads a tensor's value on the host (.item(), float(t), int(t), "
-                          "`if t:`, printing)",
-    "is_nonzero": "reads a tensor's value on the host (`if t:`)",
-    "equal": "compares tensors on the host (torch.equal)",
-    "nonzero": "has an output shape that depends on the data (nonzero / argwhere / "
-               "boolean masks); use torch.where(mask, x, 0) or nonzero_static",
-    "nonzero_numpy": "has an output shape that depends on the data",
-    "masked_select": "has an output shape that depends on the data (x[mask]); use "
-                     "torch.where(mask, x, 0) instead",
-    "unique": "has an output shape that depends on the data",
-    "_unique": "has an output shape that depends on the data",
-    "_unique2": "has an output shape that depends on the data",
-    "unique_dim": "has an output shape that depends on the data",
-    "unique_consecutive": "has an output shape that depends on the data",
-    "unique_dim_consecutive": "has an output shape that depends on the data",
-    "bincount": "has an output shape that depends on the data (max value)",
-    "repeat_interleave": "has an output shape that depends on the data",
-    "histogram": "reads the data range on the host",
-    "_assert_tensor_metadata": None,   # metadata only: fine
-}
-
 #: In-place ops that change a tensor's metadata, not its data: run them now, never replay.
 METADATA_INPLACE = {"t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "detach_",
                     "swapaxes_", "swapdims_", "set_", "resize_", "resize_as_",
@@ -77,15 +56,6 @@ METADATA_INPLACE = {"t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_",
 #: Factories whose memory is uninitialised: allocate from the pool, record nothing.
 EMPTY_FACTORIES = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided",
                    "empty_permuted"}
-
-HOST_COPY_MESSAGE = (
-    "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU "
-    "tensor is pinned. Please use tensor.pin_memory() or allocate the tensor with "
-    "pin_memory=True."
-)
-
-RNG_MESSAGE = "Attempt to increase offset for a CUDA generator not in capture mode."
-
 
 def _kind(func) -> str:
     """'view', 'meta_inplace', 'empty' or 'compute' for an OpOverload (cached)."""
@@ -228,14 +198,9 @@ class Capture:
     def record(self, func, args, kwargs):
         kind = _kind(func)
         name = func.overloadpacket.__name__
-        if name in SYNC_OPS and SYNC_OPS[name] is not None:
-            self.refuse(name, SYNC_OPS[name])
-        if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
-            indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-            if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
-                   for i in indices or ()):
-                self.refuse(name, "uses a boolean mask as an index, so its shape depends on "
-                                  "the data; use torch.where(mask, value, x) instead")
+        rule = rules.aten_rule(name, args, kwargs)
+        if rule is not None and rule.emulator == rules.REFUSE:
+            self.refuse(rule)
 
         if kind in ("view", "meta_inplace"):
             return func(*args, **kwargs)
@@ -337,11 +302,11 @@ class Capture:
         self.steps.append(out_step)
 
     # refusals
-    def refuse(self, name: str, why: str):
-        self.invalidate(name)
+    def refuse(self, rule: rules.Rule):
+        self.invalidate(rule.shown)
         raise capture_error(CAPTURE_UNSUPPORTED, "cudaErrorStreamCaptureUnsupported",
-                            f"aten.{name} {why}. Nothing inside a captured region may wait "
-                            "for the GPU.")
+                            f"{rule.shown}: {rule.why}. Nothing inside a captured region "
+                            "may wait for the GPU.")
 
     def refuse_host_copy(self):
         raise RuntimeError(HOST_COPY_MESSAGE + "\n[labkit emulator] this copies a captured "
@@ -357,10 +322,6 @@ class _CaptureDispatchMode(TorchDispatchMode):
         return self.cap.record(func, args, kwargs or {})
 
 
-_HOST_READS = {"tolist", "numpy", "__array__", "cpu"}
-_PRINTS = {"__repr__", "__str__", "__format__"}
-
-
 class _CaptureFunctionMode(TorchFunctionMode):
     """Catches what never reaches ATen: host copies, printing, custom generators."""
 
@@ -371,11 +332,11 @@ class _CaptureFunctionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if name in _HOST_READS:
+        rule = rules.function_rule(name, args, kwargs)
+        if rule is not None and rule.emulator == rules.HOST_COPY:
             self.cap.refuse_host_copy()
-        if name in _PRINTS:
-            self.cap.refuse(name.strip("_"), "prints a captured tensor, which reads its "
-                            "values on the host")
+        if rule is not None and rule.emulator == rules.REFUSE:
+            self.cap.refuse(rule)
         gen = kwargs.get("generator")
         if isinstance(gen, torch.Generator) and gen is not torch.default_generator:
             if not any(gen is g for g in self.cap.graph._generators):
@@ -420,5 +381,4 @@ def run_steps(steps: list[Callable[[], None]]) -> None:
             step()
 
 
-__all__ = ["Capture", "active_capture", "run_steps", "SYNC_OPS", "HOST_COPY_MESSAGE",
-           "RNG_MESSAGE"]
+__all__ = ["Capture", "active_capture", "run_steps", "HOST_COPY_MESSAGE", "RNG_MESSAGE"]

@@ -1,0 +1,201 @@
+"""The rules of capture: what a CUDA graph capture refuses, in one table.
+
+The emulator's recorder (:mod:`labkit.emulator.recorder`) refuses these during capture and
+the linter (:func:`labkit.guards.lint_capture`) reports them before one, both reading this
+module, so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["Rule", "HAZARDS", "SEVERITIES", "FUNCTION_RULES", "ATEN_RULES", "MASK_INDEX_OPS",
+           "REFUSE", "HOST_COPY", "AT_ATEN", "function_rule", "aten_rule", "HOST_COPY_MESSAGE",
+           "RNG_MESSAGE"]
+
+#: kind -> (title, severity, default fix). Severities: "fails capture" (capture raises on
+#: a GPU), "silently wrong" (capture works, replays compute something else), "check".
+HAZARDS: dict[str, tuple[str, str, str]] = {
+    "cpu_sync": (
+        "CPU sync", "fails capture",
+        "keep the value on the device (tensor ops, torch.where, clamp) or read it from the "
+        "static output after replay(); nothing inside a graph may wait for the GPU"),
+    "tensor_branch": (
+        "Python branch on a tensor value", "fails capture",
+        "compute both sides and select with torch.where(cond, a, b), or decide outside the "
+        "graph and capture one graph per branch"),
+    "dynamic_shape": (
+        "data-dependent shape", "fails capture",
+        "use a fixed-size form: torch.where(mask, x, 0) instead of x[mask], "
+        "torch.nonzero_static(x, size=n), or pad to a maximum size"),
+    "host_tensor": (
+        "host tensor", "fails capture",
+        "keep tensors on the device inside the graph; build constants once, outside, on "
+        "B.device and pass them in; read results from the static output after replay()"),
+    "unregistered_generator": (
+        "unregistered generator", "fails capture",
+        "call g.register_generator_state(gen) before capture, or use the default generator"),
+    "changed_address": (
+        "address changes between calls", "silently wrong",
+        "allocate the tensor once (a static buffer) and update it in place (copy_, "
+        "add_, ...): replay reads the address captured, not the Python name"),
+    "changed_value": (
+        "Python value changes between calls", "silently wrong",
+        "capture bakes the value in: keep it in a device tensor you fill before replay "
+        "(t.fill_(v) or copy_), or capture one graph per value"),
+    "changed_ops": (
+        "different ops on the next call", "check",
+        "replay repeats the path taken at capture. If the first call only initialised "
+        "things (lazy init), warming up before capture is enough; if the path depends on "
+        "Python state, move that state into tensors or capture one graph per path"),
+    "baked_argument": (
+        "Python value baked in", "check",
+        "every replay uses the value passed at capture; pass a tensor instead if it "
+        "changes (GuardedGraph refuses a different value)"),
+    "raised": (
+        "the function raised", "fails capture",
+        "fix the error first: the function must run eagerly before it can be captured"),
+}
+
+SEVERITIES = ("fails capture", "silently wrong", "check")
+
+#: What the emulator does when a rule's trigger runs during capture.
+REFUSE = "refuse"          # CUDA's "operation not permitted when stream is capturing"
+HOST_COPY = "host_copy"    # torch's "Cannot copy between CPU and CUDA tensors ..." error
+AT_ATEN = "at_aten"        # refused at the ATen op the call reaches (.item(): _local_scalar_dense)
+
+HOST_COPY_MESSAGE = (
+    "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU "
+    "tensor is pinned. Please use tensor.pin_memory() or allocate the tensor with "
+    "pin_memory=True."
+)
+
+RNG_MESSAGE = "Attempt to increase offset for a CUDA generator not in capture mode."
+
+
+class Rule(NamedTuple):
+    """One thing capture refuses.
+
+    Args:
+        kind: its :data:`HAZARDS` key (``"cpu_sync"``, ``"dynamic_shape"``, ...).
+        shown: how the linter names the trigger (``".item()"``, ``"aten.nonzero"``).
+        why: why capture refuses it, one clause.
+        emulator: what the emulator does during capture: :data:`REFUSE`,
+            :data:`HOST_COPY`, :data:`AT_ATEN` (an ATen rule refuses the op the call
+            reaches: ``.item()`` reaches ``aten._local_scalar_dense``), or ``None`` where a
+            CPU cannot show it (``torch.tensor(data)`` copies nothing on a CPU).
+    """
+
+    kind: str
+    shown: str
+    why: str
+    emulator: str | None = REFUSE
+
+
+_HOST_READ = "reads a tensor's value on the host"
+_DATA_SHAPE = "its output shape depends on the data"
+
+#: Python-level calls (seen by a ``TorchFunctionMode``), by ``func.__name__``.
+FUNCTION_RULES: dict[str, Rule] = {
+    "item": Rule("cpu_sync", ".item()", f"{_HOST_READ}, so the CPU waits for the GPU; "
+                 "capture refuses it", AT_ATEN),
+    "__float__": Rule("cpu_sync", "float(tensor)", _HOST_READ, AT_ATEN),
+    "__int__": Rule("cpu_sync", "int(tensor)", _HOST_READ, AT_ATEN),
+    "__index__": Rule("cpu_sync", "tensor used as a Python int", "a slice bound, range() or "
+                      "size taken from a tensor reads its value on the host", AT_ATEN),
+    "__bool__": Rule("tensor_branch", "if tensor / bool(tensor)", "a Python `if`/`while`/"
+                     "`and` on a tensor reads its value on the host to choose a branch; a "
+                     "graph records one branch only", AT_ATEN),
+    "__repr__": Rule("cpu_sync", "printing a tensor", "formatting reads the values on the host"),
+    "__str__": Rule("cpu_sync", "printing a tensor", "formatting reads the values on the host"),
+    "__format__": Rule("cpu_sync", "formatting a tensor",
+                       "formatting reads the values on the host"),
+    "tolist": Rule("host_tensor", ".tolist()", "copies a tensor to host memory (and waits "
+                   "for it)", HOST_COPY),
+    "numpy": Rule("host_tensor", ".numpy()", "needs the tensor in host memory", HOST_COPY),
+    "__array__": Rule("host_tensor", "np.asarray(tensor)", "needs the tensor in host memory",
+                      HOST_COPY),
+    "cpu": Rule("host_tensor", ".cpu()", "copies a tensor to host memory: on a GPU, a "
+                "device-to-host copy during capture is refused", HOST_COPY),
+    "tensor": Rule("host_tensor", "torch.tensor(...)", "builds a tensor from host data "
+                   "through a temporary pageable buffer: on a GPU that host-to-device copy "
+                   "is refused during capture (a copy from pinned memory can be captured, "
+                   "and then every replay reads the host buffer again)", None),
+    "as_tensor": Rule("host_tensor", "torch.as_tensor(...)", "builds a tensor from host data "
+                      "(on a GPU a host-to-device copy, refused from pageable memory during "
+                      "capture)", None),
+}
+
+#: ATen ops (seen by a ``TorchDispatchMode``), by overload packet name.
+ATEN_RULES: dict[str, Rule] = {
+    "_local_scalar_dense": Rule("cpu_sync", "aten._local_scalar_dense",
+                                "reads a tensor's value on the host (a scalar from a tensor)"),
+    "is_nonzero": Rule("cpu_sync", "aten.is_nonzero",
+                       "reads a tensor's value on the host to test it"),
+    "equal": Rule("cpu_sync", "aten.equal", "torch.equal compares on the host"),
+    "histogram": Rule("cpu_sync", "aten.histogram", "reads the data range on the host"),
+    "nonzero": Rule("dynamic_shape", "aten.nonzero", "returns as many rows as there are "
+                    "non-zeros: the output shape depends on the data"),
+    "nonzero_numpy": Rule("dynamic_shape", "aten.nonzero_numpy", _DATA_SHAPE),
+    "argwhere": Rule("dynamic_shape", "aten.argwhere", _DATA_SHAPE),
+    "masked_select": Rule("dynamic_shape", "aten.masked_select",
+                          "x[mask] / masked_select: the output shape depends on the data"),
+    "unique": Rule("dynamic_shape", "aten.unique", _DATA_SHAPE),
+    "_unique": Rule("dynamic_shape", "aten._unique", _DATA_SHAPE),
+    "_unique2": Rule("dynamic_shape", "aten._unique2", _DATA_SHAPE),
+    "unique_dim": Rule("dynamic_shape", "aten.unique_dim", _DATA_SHAPE),
+    "unique_consecutive": Rule("dynamic_shape", "aten.unique_consecutive", _DATA_SHAPE),
+    "unique_dim_consecutive": Rule("dynamic_shape", "aten.unique_dim_consecutive", _DATA_SHAPE),
+    "bincount": Rule("dynamic_shape", "aten.bincount",
+                     "its output length depends on the largest value"),
+}
+
+#: Indexing ops that refuse a boolean (or uint8) mask among their indices.
+MASK_INDEX_OPS = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
+
+_MASK_RULE = Rule("dynamic_shape", "with a boolean mask", "indexing with a boolean mask "
+                  "selects as many elements as are True: the shape depends on the data")
+_REPEAT_RULE = Rule("dynamic_shape", "aten.repeat_interleave", "with tensor repeats the output "
+                    "length depends on the data (pass output_size=...)")
+
+
+def function_rule(name: str, args: tuple = (), kwargs: dict | None = None) -> Rule | None:
+    """The rule a Python-level tensor call breaks, or None.
+
+    Args:
+        name: ``func.__name__`` as a ``TorchFunctionMode`` sees it.
+        args, kwargs: the call's arguments (``torch.tensor(t)`` of a tensor is a copy on
+            the device, not host data).
+    """
+    rule = FUNCTION_RULES.get(name)
+    if rule is not None and name in ("tensor", "as_tensor"):
+        data = args[0] if args else (kwargs or {}).get("data")
+        if isinstance(data, torch.Tensor):
+            return None
+    return rule
+
+
+def aten_rule(name: str, args: tuple = (), kwargs: dict | None = None) -> Rule | None:
+    """The rule an ATen op breaks, or None.
+
+    Args:
+        name: the op's overload packet name (``func.overloadpacket.__name__``).
+        args, kwargs: its arguments: a boolean mask index and ``repeat_interleave`` without
+            ``output_size`` are refused by what they are given, not by name alone.
+    """
+    kwargs = kwargs or {}
+    rule = ATEN_RULES.get(name)
+    if rule is not None:
+        return rule
+    if name in MASK_INDEX_OPS:
+        idx = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+               for i in (idx or ())):
+            return _MASK_RULE._replace(shown=f"aten.{name} with a boolean mask")
+        return None
+    if name == "repeat_interleave" and kwargs.get("output_size") is None and any(
+            isinstance(a, torch.Tensor) for a in args):
+        return _REPEAT_RULE
+    return None
