@@ -1,300 +1,29 @@
-"""Guards against the pitfalls of CUDA graphs (lesson 03): check before you replay.
-
-A CUDA graph is a recording of kernels on fixed addresses with fixed shapes, made by
-running Python *once*. Seed §1.3 lists what that implies; each rule becomes a bug when
-broken, and most of those bugs are silent:
-
-* static inputs, filled with ``copy_``: rebinding ``static_x = new_x`` gives stale
-  results (on a GPU, reads of freed memory);
-* fixed shapes: ``copy_`` of another batch size raises, or *broadcasts silently*;
-* no CPU sync or data-dependent control flow: ``.item()``, ``if t:``, ``nonzero`` make
-  capture fail;
-* graph-safe RNG: an unregistered custom generator makes capture fail;
-* capture on a side stream: ``capture_begin()`` on the default stream raises;
-* outputs are static: a result kept across replays is overwritten;
-* Python runs once: Python scalars are baked in, side effects happen once.
-
-This module turns those rules into code that refuses to be misused:
-
-* :class:`ArgMetadata` and :func:`get_mismatch_errors`, in the style of Megatron-LM's
-  ``ArgMetadata`` / ``get_mismatch_errors`` (``megatron/core/transformer/cuda_graphs.py``):
-  record shape, dtype, device, ``data_ptr`` and non-tensor values at capture; before a
-  replay, report *every* mismatch in one message;
-* :class:`GuardedGraph`: a :class:`~labkit.capture.StaticGraph` that also takes keyword
-  arguments, copies an input only when its address differs from the static one
-  (Megatron again), can refuse any tensor that is not the static input itself, and can
-  hand out clones so a kept result is never overwritten;
-* :func:`lint_capture`: a *capture-hazard linter* that runs a function eagerly under a
-  ``TorchFunctionMode`` and a ``TorchDispatchMode`` that record instead of raising, and
-  reports every hazard a capture would hit, each with the user's line and the fix,
-  before any real capture;
-* :class:`expect_error`: for notebooks, run code that must fail, print the first line of
-  each error, and put the stream back (a failed ``B.graph`` leaves its capture stream
-  current; torch does not undo the switch when ``capture_end`` raises).
-"""
+"""The capture-hazard linter: run a function eagerly and report what a capture would refuse."""
 
 from __future__ import annotations
 
-import inspect
 import linecache
 import os
-import sysconfig
 import traceback
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 
-from labkit.backend import recover as _recover
-from labkit.capture import StaticGraph, _same_memory, _static_copy
+from labkit.capture import _check_callable
 from labkit.core.rules import HAZARDS, SEVERITIES, aten_rule, function_rule
-from labkit.core.signature import (  # noqa: F401  (old private names)
-    ArgMetadata,
-    GraphArgumentError,
-    _short,
-    _type_name,
-    get_mismatch_errors,
-    leaf_pairs,
-    metadata_tree,
-    signature_lines,
-)
-from labkit.core.signature import fmt_shape as _fmt_shape  # noqa: F401
+from labkit.core.signature import _short
 from labkit.core.signature import values_equal as _values_equal
+from labkit.core.validate import check_int
+from labkit.guards.errors import def_frame as _def_frame
+from labkit.guards.errors import error_lines
+from labkit.guards.errors import is_internal as _is_internal
+from labkit.guards.errors import user_frame as _user_frame
 
-_leaf_pairs = leaf_pairs
-
-__all__ = [
-    "ArgMetadata", "metadata_tree", "get_mismatch_errors", "GraphArgumentError",
-    "GuardedGraph", "expect_error", "error_lines", "error_text",
-    "lint_capture", "LintReport", "Finding", "HAZARDS",
-]
-
-
-# =====================================================================================
-# GuardedGraph
-# =====================================================================================
-
-class GuardedGraph(StaticGraph):
-    """A :class:`~labkit.capture.StaticGraph` that refuses every silent misuse.
-
-    ::
-
-        gg = GuardedGraph(block, B=B).capture(x, mask=m, scale=0.5)
-        out = gg(x2, mask=m2, scale=0.5)     # checked, copied, replayed
-        gg(x2[:4], mask=m2, scale=0.7)       # GraphArgumentError listing both mismatches
-
-    Beyond ``StaticGraph`` (positional arguments, nested lists/tuples/dicts allowed) it
-    accepts keyword arguments, and it has two policies:
-
-    ``inputs="copy"`` (default)
-        A tensor at another address is ``copy_``-ed into its static input; a tensor at
-        the static input's own address is not copied at all. Megatron's runner does the
-        same (copy only when ``data_ptr`` differs), which lets a producer write straight
-        into the static buffer and skip the copy. ``gg.copies`` counts real copies.
-    ``inputs="static"``
-        Only the static inputs themselves are accepted (``gg.static_inputs`` /
-        ``gg.static_kwargs``, filled in place by the caller); any other tensor is refused
-        with an ``Address mismatch``. This catches the rebinding bug at the call site.
-    ``outputs="static"`` (default) or ``"clone"``
-        ``"clone"`` returns copies of the outputs, so a result you keep is never
-        overwritten by the next replay (at the cost of one copy per output).
-
-    Every check runs before anything is copied, and one :class:`GraphArgumentError`
-    lists all mismatches: never a silent broadcast, conversion or stale Python value.
-    """
-
-    def __init__(self, fn: Callable, *, B=None, pool=None, stream=None, warmup: int = 3,
-                 name: str | None = None, inputs: str = "copy", outputs: str = "static"):
-        if inputs not in ("copy", "static"):
-            raise ValueError(f"inputs must be 'copy' or 'static', got {inputs!r}")
-        if outputs not in ("static", "clone"):
-            raise ValueError(f"outputs must be 'static' or 'clone', got {outputs!r}")
-        super().__init__(fn, B=B, pool=pool, stream=stream, warmup=warmup, name=name)
-        self.inputs_policy = inputs
-        self.outputs_policy = outputs
-        self.static_kwargs: dict = {}
-        self.kwarg_metadata: dict = {}
-
-    def capture(self, *sample_args, **sample_kwargs) -> "GuardedGraph":
-        """Allocate static inputs like the samples (nested too), warm up, capture."""
-        if self.captured:
-            raise RuntimeError(
-                f"{self._label()} is already captured. A graph is recorded once; for other "
-                f"shapes or values create another GuardedGraph (or call reset() first).")
-        self._check_devices(sample_args, "args")
-        self._check_devices(sample_kwargs, "kwargs")
-        args = tree_map(_static_copy, tuple(sample_args))
-        kwargs = tree_map(_static_copy, dict(sample_kwargs))
-        self.static_outputs = self._record(args, kwargs)
-        self.static_inputs, self.static_kwargs = args, kwargs
-        self.arg_metadata = tuple(metadata_tree(a) for a in args)
-        self.kwarg_metadata = {k: metadata_tree(v) for k, v in kwargs.items()}
-        return self
-
-    def mismatches(self, *args, **kwargs) -> list[str]:
-        """What :meth:`__call__` would refuse, as a list of lines (empty: the call is fine)."""
-        self._require_captured("checking arguments")
-        return get_mismatch_errors(self.arg_metadata, args, self.kwarg_metadata, kwargs,
-                                   check_address=self.inputs_policy == "static")
-
-    def __call__(self, *args, **kwargs):
-        """Check everything, copy what moved, replay, return the outputs (or clones)."""
-        errors = self.mismatches(*args, **kwargs)
-        if errors:
-            raise GraphArgumentError(self._label(), errors)
-        with torch.no_grad():
-            for static, val in leaf_pairs((self.static_inputs, self.static_kwargs),
-                                          (tuple(args), kwargs)):
-                if isinstance(val, torch.Tensor) and not _same_memory(val, static):
-                    static.copy_(val)
-                    self.copies += 1
-        self.replay()
-        if self.outputs_policy == "clone":
-            return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t,
-                            self.static_outputs)
-        return self.static_outputs
-
-    def reset(self) -> None:
-        super().reset()
-        self.static_kwargs, self.kwarg_metadata = {}, {}
-
-    def signature(self) -> str:
-        """What was captured, one argument a line (portable: no devices or addresses)."""
-        self._require_captured("signature()")
-        return "\n".join(signature_lines(self.arg_metadata, self.kwarg_metadata))
-
-    def _label(self) -> str:
-        return f"GuardedGraph({self.name})"
-
-
-# =====================================================================================
-# Showing errors in a notebook
-# =====================================================================================
-
-_EMULATOR_TAG = "[labkit emulator]"
-
-
-def _chain(exc: BaseException, limit: int = 4) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised while handling, root cause first."""
-    out, seen = [], set()
-    while exc is not None and id(exc) not in seen and len(out) < limit:
-        seen.add(id(exc))
-        out.append(exc)
-        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-    return out[::-1]
-
-
-def _check_exception(exc, where: str) -> None:
-    if not isinstance(exc, BaseException):
-        raise TypeError(f"{where} takes the exception object (except ... as e: {where}(e); "
-                        f"with pytest.raises(...) as err: {where}(err.value)), got "
-                        f"{type(exc).__name__}")
-
-
-def error_lines(exc: BaseException, lines: int = 1, emulator_notes: bool = False) -> list[str]:
-    """The first ``lines`` lines of each error in ``exc``'s chain, root cause first.
-
-    CUDA errors are long (a link to the CUDA docs, a note on asynchronous reporting);
-    their first line says what happened, and it is the same on a GPU and on the emulator.
-    The emulator adds a ``[labkit emulator] ...`` line explaining why; it is left out
-    unless ``emulator_notes`` (it does not exist on a GPU).
-    """
-    _check_exception(exc, "error_lines")
-    out = []
-    for e in _chain(exc):
-        text = [ln.rstrip() for ln in str(e).splitlines() if ln.strip()]
-        if not emulator_notes:
-            text = [ln for ln in text if not ln.startswith(_EMULATOR_TAG)]
-        out.append("\n".join(text[:lines]) if text else type(e).__name__)
-    return out
-
-
-def error_text(exc: BaseException) -> str:
-    """The whole text of every error in ``exc``'s chain, root cause first, one string.
-
-    A failed capture raises twice: the refused operation, then ``capture_end`` reporting
-    the invalidated capture. ``SYNC_MSG in error_text(e)`` asks whether the refusal is
-    anywhere in that chain, whichever error the ``except`` clause caught."""
-    _check_exception(exc, "error_text")
-    return "\n".join(str(e) for e in _chain(exc, limit=16))
-
-
-class expect_error:
-    """Context manager for demonstrations: the block must raise; print the error briefly.
-
-    ::
-
-        with expect_error(B):
-            with B.graph(B.CUDAGraph()):
-                x.sum().item()
-        # error: CUDA error: operation not permitted when stream is capturing
-        #  then: CUDA error: operation failed due to a previous error during capture
-
-    Prints the first line of every error in the chain (root cause first, then what it
-    caused, e.g. ``capture_end`` reporting the invalidated capture), without the
-    emulator's extra line, so the output is the same on a GPU and on the CPU. Afterwards
-    it restores the default stream: a failed ``B.graph`` leaves its capture stream
-    current. If nothing is raised it prints ``no error`` and says so in ``.raised``.
-    The exception is kept in ``.exception`` for inspection; ``KeyboardInterrupt`` and
-    other non-``Exception`` errors propagate. Warnings raised inside the block (on a GPU,
-    a capture cut short by an error may warn that the graph is empty) are kept in
-    ``.warnings`` and not printed, so a demonstration prints the same on every backend.
-    """
-
-    def __init__(self, B=None, lines: int = 1, emulator_notes: bool = False):
-        if B is None:
-            from labkit import backend
-
-            B = backend.get("auto")
-        from labkit.capture import _check_count
-
-        _check_count(lines, "lines (first lines shown of each error)", minimum=1)
-        self.B = B
-        self.lines = lines
-        self.emulator_notes = emulator_notes
-        self.exception: BaseException | None = None
-        self.messages: list[str] = []
-        self.warnings: list = []
-        self._catch = None
-
-    @property
-    def raised(self) -> bool:
-        return self.exception is not None
-
-    def __enter__(self) -> "expect_error":
-        self._catch = warnings.catch_warnings(record=True)
-        self.warnings = self._catch.__enter__()
-        warnings.simplefilter("always")
-        return self
-
-    def __exit__(self, typ, exc, tb) -> bool:
-        if self._catch is not None:
-            self._catch.__exit__(None, None, None)
-            self._catch = None
-        try:
-            _recover(self.B)
-        except Exception:
-            pass
-        if exc is None:
-            print("no error")
-            return False
-        if not isinstance(exc, Exception):
-            return False
-        self.exception = exc
-        self.messages = error_lines(exc, self.lines, self.emulator_notes)
-        for i, m in enumerate(self.messages):
-            prefix = "error: " if i == 0 else " then: "
-            print(prefix + m.replace("\n", "\n" + " " * len(prefix)))
-        return True
-
-
-# =====================================================================================
-# The capture-hazard linter
-# =====================================================================================
+__all__ = ["lint_capture", "LintReport", "Finding", "HAZARDS"]
 
 _SEVERITIES = SEVERITIES
 
@@ -400,37 +129,6 @@ class LintReport:
                         f"`{esc(f.code)}` | {esc(f.fix)} |")
         return head + "\n\n" + "\n".join(rows)
 
-
-# ---- where the user's code is -----------------------------------------------------------
-
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
-_LABKIT_DIR = os.path.dirname(os.path.abspath(__file__))
-_INTERNAL_LABKIT = tuple(os.path.join(_LABKIT_DIR, p) for p in
-                         ("guards.py", "capture.py", "backend.py", "emulator"))
-_STDLIB = tuple({os.path.abspath(p) for p in (sysconfig.get_paths().get("stdlib"),
-                                              sysconfig.get_paths().get("platstdlib")) if p})
-
-
-def _is_internal(filename: str) -> bool:
-    if filename.startswith("<frozen") or filename.startswith("<string"):
-        return True
-    if filename.startswith("<"):
-        return False
-    path = os.path.abspath(filename)
-    if path.startswith(_TORCH_DIR) or path.startswith(_INTERNAL_LABKIT):
-        return True
-    return any(path.startswith(s + os.sep) for s in _STDLIB) and "site-packages" not in path
-
-
-def _user_frame() -> traceback.FrameSummary | None:
-    """The innermost frame of the stack that is not torch, labkit's machinery or stdlib."""
-    for fr in reversed(traceback.extract_stack()):
-        if not _is_internal(fr.filename):
-            return fr
-    return None
-
-
-# ---- classification --------------------------------------------------------------------
 
 _LIFT = {"lift_fresh", "lift_fresh_copy", "lift"}
 _COPIES = {"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"}
@@ -626,18 +324,6 @@ class _LintDispatchMode(TorchDispatchMode):
         return out
 
 
-def _def_frame(fn) -> traceback.FrameSummary | None:
-    try:
-        target = inspect.unwrap(fn)
-        if not inspect.isfunction(target) and not inspect.ismethod(target):
-            target = type(fn).forward if hasattr(type(fn), "forward") else type(fn).__call__
-        _, lineno = inspect.getsourcelines(target)
-        filename = inspect.getsourcefile(target) or inspect.getfile(target)
-        return traceback.FrameSummary(filename, lineno, getattr(target, "__name__", ""))
-    except (TypeError, OSError):
-        return None
-
-
 def _patched_synchronize(lint: _Linter, B):
     """Replace ``torch.cuda.synchronize`` (and ``B.synchronize``) by recorders, for a while."""
     targets = [(torch.cuda, "synchronize")]
@@ -662,8 +348,6 @@ def _patched_synchronize(lint: _Linter, B):
 
 
 def _check_lint_args(fn, kwargs, calls, generators) -> None:
-    from labkit.capture import _check_callable, _check_count
-
     _check_callable(fn, "lint_capture(fn, ...)")
     for gen in generators:
         if not isinstance(gen, torch.Generator):
@@ -672,7 +356,7 @@ def _check_lint_args(fn, kwargs, calls, generators) -> None:
     if kwargs is not None and not isinstance(kwargs, dict):
         raise TypeError(f"lint_capture(kwargs=...) takes a dict of keyword arguments for fn, "
                         f"got {type(kwargs).__name__}")
-    _check_count(calls, "calls (how many times fn runs under the linter)", minimum=1)
+    check_int("calls (how many times fn runs under the linter)", calls, 1)
 
 
 def lint_capture(fn: Callable, *args, kwargs: dict | None = None, B=None,
