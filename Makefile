@@ -42,7 +42,7 @@ NBGRADER_OFF := "nbgrader.server_extensions.formgrader": false, \
 
 .DEFAULT_GOAL := help
 .PHONY: help lab test test-unit test-notebooks exercises exercises-check doctor lint \
-        execute-notebooks venv venv-test clean distclean
+        execute-notebooks venv venv-test clean distclean colab-cells slides
 
 help:
 	@echo "make lab          open JupyterLab at $(LESSON00) (LAB_ARGS=... passed on)"
@@ -51,6 +51,7 @@ help:
 	@echo "make doctor       print what this machine has (python -m labkit doctor)"
 	@echo "make execute-notebooks  re-run notebooks/ and solutions/ in place (refresh outputs)"
 	@echo "make lint         ruff check"
+	@echo "make colab-cells  restamp every notebook's Colab badge + setup cell from [tool.labkit] in pyproject.toml"
 	@echo "vars: PYTHON=$(PYTHON) TORCH_VERSION=$(TORCH_VERSION) TORCH_INDEX=$(TORCH_INDEX) VENV=$(VENV)"
 
 # --- environment --------------------------------------------------------------------
@@ -131,6 +132,13 @@ exercises: $(TEST_STAMP)
 
 exercises-check: $(TEST_STAMP)
 	$(VPY) -m labkit exercises --check
+
+# The "Open in Colab" badge and setup cell of every notebook come from [tool.labkit] in
+# pyproject.toml (tools/colab_cells.py); exercises/ is then regenerated, its badges
+# pointing at exercises/.
+colab-cells: $(TEST_STAMP)
+	$(VPY) tools/colab_cells.py
+	$(VPY) -m labkit exercises
 
 doctor: $(STAMP)
 	$(VPY) -m labkit doctor

@@ -171,6 +171,15 @@ def _read_solution(solution: Path):
     return nb
 
 
+def _point_badge_at_exercise(nb, name: str) -> None:
+    """The "Open in Colab" badge (``metadata.labkit.colab == "badge"``, stamped by
+    ``make colab-cells``) of ``solutions/NAME`` opens ``exercises/NAME`` instead."""
+    for cell in nb.cells:
+        if (cell.get("metadata", {}).get("labkit") or {}).get("colab") == "badge":
+            cell["source"] = _source(cell).replace(f"/solutions/{name})",
+                                                   f"/exercises/{name})")
+
+
 def build_exercise(solution: Path | str) -> str:
     """The exercise notebook (as JSON text) that ``solution`` generates.
 
@@ -191,6 +200,7 @@ def build_exercise(solution: Path | str) -> str:
     for i, cell in enumerate(nb.cells):
         _check_markers(_source(cell), f"{solution}, cell {i + 1} ({cell.get('cell_type')})")
     nb = _clear_solutions(nb)
+    _point_badge_at_exercise(nb, solution.name)
     seen: set[str] = set()
     for i, cell in enumerate(nb.cells):
         ctype = cell.get("cell_type")
