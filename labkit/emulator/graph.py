@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from labkit.emulator import pool as _pool
-from labkit.emulator import streams as _streams
-from labkit.emulator.recorder import Capture, StuckGeneratorMode, active_capture, run_steps
-from labkit.emulator.streams import (
-    CAPTURE_INVALIDATED,
-    Stream,
-    capture_error,
-    current_stream,
-    default_stream,
-    synchronize,
-)
+import labkit.emulator.pool as _pool
+import labkit.emulator.streams as _streams
+from labkit.emulator.recorder import Capture, StuckGeneratorMode, run_steps
+from labkit.emulator.state import CAPTURE_INVALIDATED, active_capture, capture_error
+from labkit.emulator.streams import Stream, current_stream, default_stream, synchronize
 
 __all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing"]
 

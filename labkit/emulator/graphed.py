@@ -15,6 +15,9 @@ import types
 import torch
 import torch.cuda.graphs as _torch_graphs
 
+from labkit.emulator.graph import CUDAGraph, graph, graph_pool_handle, is_current_stream_capturing
+from labkit.emulator.streams import Stream, current_stream, stream, synchronize
+
 
 class _TorchWithEmulatedCuda:
     """``torch``, except that ``.cuda`` is the emulator."""
@@ -27,18 +30,15 @@ class _TorchWithEmulatedCuda:
 
 
 def _build():
-    from labkit import emulator as e
-
     cuda_ns = types.SimpleNamespace(
-        CUDAGraph=e.CUDAGraph, graph=e.graph, graph_pool_handle=e.graph_pool_handle,
-        Stream=e.Stream, stream=e.stream, current_stream=e.current_stream,
-        synchronize=e.synchronize, is_current_stream_capturing=e.is_current_stream_capturing,
-        _POOL_HANDLE=tuple,
+        CUDAGraph=CUDAGraph, graph=graph, graph_pool_handle=graph_pool_handle,
+        Stream=Stream, stream=stream, current_stream=current_stream, synchronize=synchronize,
+        is_current_stream_capturing=is_current_stream_capturing, _POOL_HANDLE=tuple,
     )
     original = _torch_graphs.make_graphed_callables
     globs = dict(original.__globals__)
-    globs.update(torch=_TorchWithEmulatedCuda(cuda_ns), graph_pool_handle=e.graph_pool_handle,
-                 CUDAGraph=e.CUDAGraph, graph=e.graph)
+    globs.update(torch=_TorchWithEmulatedCuda(cuda_ns), graph_pool_handle=graph_pool_handle,
+                 CUDAGraph=CUDAGraph, graph=graph)
     fn = types.FunctionType(original.__code__, globs, original.__name__,
                             original.__defaults__, original.__closure__)
     fn.__kwdefaults__ = original.__kwdefaults__

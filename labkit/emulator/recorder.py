@@ -23,7 +23,6 @@ real during capture and are not recorded: their result aliases the same memory a
 
 from __future__ import annotations
 
-import threading
 import warnings
 from typing import Callable
 
@@ -32,18 +31,18 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+import labkit.emulator.pool as _pool
 from labkit.core import rules
 from labkit.core.rules import HOST_COPY_MESSAGE, RNG_MESSAGE
-from labkit.emulator import pool as _pool
-from labkit.emulator.streams import CAPTURE_UNSUPPORTED, capture_error
+from labkit.emulator.state import (
+    CAPTURE_UNSUPPORTED,
+    active_capture,
+    capture_error,
+    set_active_capture,
+)
 
 aten = torch.ops.aten
 
-_state = threading.local()
-
-
-def active_capture() -> "Capture | None":
-    return getattr(_state, "capture", None)
 
 
 # ---- classification of ops -------------------------------------------------------------
@@ -149,14 +148,14 @@ class Capture:
         if active_capture() is not None:
             raise RuntimeError("Another capture is already underway in this process: "
                                "finish it (capture_end) before starting a new one.")
-        _state.capture = self
+        set_active_capture(self)
         for m in self._modes:
             m.__enter__()
 
     def stop(self) -> None:
         for m in reversed(self._modes):
             m.__exit__(None, None, None)
-        _state.capture = None
+        set_active_capture(None)
 
     def invalidate(self, why: str = "error") -> None:
         if self.invalid is None:

@@ -14,32 +14,16 @@ import time
 
 import torch
 
+from labkit.emulator.state import (  # noqa: F401  (old names)
+    CAPTURE_INVALIDATED,
+    CAPTURE_UNSUPPORTED,
+    capture_error,
+    refuse_sync,
+)
+
 __all__ = ["Stream", "Event", "stream", "set_stream", "current_stream", "default_stream",
            "synchronize",
            "capture_error", "CAPTURE_UNSUPPORTED", "CAPTURE_INVALIDATED"]
-
-_CUDA_TAIL = (
-    "\nSearch for `{code}' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
-    "group__CUDART__TYPES.html for more information.\n"
-    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
-    "stacktrace below might be incorrect.\n"
-)
-CAPTURE_UNSUPPORTED = "CUDA error: operation not permitted when stream is capturing"
-CAPTURE_INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
-
-_Accel = getattr(torch, "AcceleratorError", RuntimeError)
-
-
-def capture_error(message: str, code: str, why: str = "") -> RuntimeError:
-    """The error CUDA raises (same class and first line), plus a line saying why."""
-    text = message + _CUDA_TAIL.format(code=code)
-    if why:
-        text += f"[labkit emulator] {why}\n"
-    try:
-        return _Accel(text)
-    except TypeError:   # AcceleratorError may not be constructible from Python
-        return RuntimeError(text)
-
 
 _ids = itertools.count()
 _tls = threading.local()
@@ -126,17 +110,7 @@ class stream:
         _tls.stream = self.prev
 
 
-def _refuse_sync_during_capture(what: str) -> None:
-    from labkit.emulator.recorder import active_capture
-
-    cap = active_capture()
-    if cap is not None:
-        cap.invalidate()
-        raise capture_error(
-            CAPTURE_UNSUPPORTED, "cudaErrorStreamCaptureUnsupported",
-            f"{what} waits for the GPU to finish, but during capture nothing runs: "
-            "move it out of the captured region.",
-        )
+_refuse_sync_during_capture = refuse_sync
 
 
 def synchronize(device=None) -> None:
