@@ -37,18 +37,8 @@ KNOWN: set[tuple[str, str]] = {
     ("labkit.checks.lesson07", "labkit.emulator.streams"),
     ("labkit.decode.attention", "labkit.decode.triton_attention"),
     ("labkit.decode.triton_attention", "labkit.decode.attention"),
-    ("labkit.emulator", "labkit.emulator.graph"),
-    ("labkit.emulator", "labkit.emulator.graphed"),
-    ("labkit.emulator", "labkit.emulator.streams"),
     ("labkit.emulator.cost", "labkit.backend"),
     ("labkit.emulator.cost", "labkit.capture"),
-    ("labkit.emulator.graph", "labkit.emulator"),
-    ("labkit.emulator.graph", "labkit.emulator.recorder"),
-    ("labkit.emulator.graph", "labkit.emulator.streams"),
-    ("labkit.emulator.graphed", "labkit.emulator"),
-    ("labkit.emulator.recorder", "labkit.emulator"),
-    ("labkit.emulator.recorder", "labkit.emulator.streams"),
-    ("labkit.emulator.streams", "labkit.emulator.recorder"),
 }
 
 
