@@ -72,15 +72,13 @@ What the training details are for (the source chapter's §2.1 and §2.4):
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
+from labkit.backend import ensure
 from labkit.capture import (
-    _check_count,
     _check_graph_options,
-    check_backend,
     cleanup_on_failure,
     on_side_stream,
     own_cublas_workspace,
@@ -88,10 +86,10 @@ from labkit.capture import (
 from labkit.core.main_grad import FusedLinear, attach_main_grad, zero_main_grad
 from labkit.core.main_grad import check_module as _check_module
 from labkit.core.signature import ArgMetadata as ArgMeta
-from labkit.core.signature import GraphArgumentError
+from labkit.core.signature import GraphArgumentError, get_mismatch_errors
 from labkit.core.signature import GraphArgumentError as GraphArgMismatch
-from labkit.core.signature import get_mismatch_errors
 from labkit.core.signature import values_equal as _values_equal
+from labkit.core.validate import check_int
 
 __all__ = [
     "GraphStatus", "GraphOrderError", "GraphArgMismatch", "ArgMeta", "mismatch_errors",
@@ -298,8 +296,7 @@ def _check_runner_args(module, B, func, num_warmup, pool, generators) -> list:
                         f"GraphRunner(torch.nn.Module(), B, func=fn).")
     if func is not None and not callable(func):
         raise TypeError(f"GraphRunner(func=...) must be callable, got {type(func).__name__}")
-    check_backend(B, "GraphRunner(module, B)")
-    _check_count(num_warmup, "num_warmup", minimum=0)
+    check_int("num_warmup", num_warmup, minimum=0)
     _check_graph_options(B, pool, None, where="GraphRunner")
     generators = list(generators)
     for gen in generators:
@@ -359,6 +356,7 @@ class GraphRunner:
                  clone_wgrads: bool = True, restore_grad_added: bool = True,
                  restore_after_warmup: bool = True, name: str | None = None,
                  forward_impl: Callable | None = None, backward_impl: Callable | None = None):
+        B = ensure(B)
         generators = _check_runner_args(module, B, func, num_warmup, pool, generators)
         self.module = module
         self.B = B
@@ -609,7 +607,7 @@ def _order_error(runner: GraphRunner, wanted: str) -> GraphOrderError:
         "forward?) or the forward was never replayed.")
 
 
-def replay_forward(runner: GraphRunner, inputs: Sequence[torch.Tensor]) -> tuple:
+def replay_forward(runner, inputs: Sequence[torch.Tensor]) -> tuple:
     """The forward half of the bridge (Megatron's ``_CudagraphReplayNode.forward``).
 
     ``inputs`` are the live tensors matching ``runner.input_surface`` (user inputs, then
@@ -619,16 +617,15 @@ def replay_forward(runner: GraphRunner, inputs: Sequence[torch.Tensor]) -> tuple
     if runner.status is not GraphStatus.FWD_READY:
         raise _order_error(runner, "fwd")
     for user, static in zip(inputs, runner.input_surface):
-        # the connected parameters *are* their static inputs: ``is`` skips them cheaply
-        if user is not static and user.data_ptr() != static.data_ptr():
+        if user.data_ptr() != static.data_ptr():
             static.copy_(user)
             runner.copies["fwd"] += 1
     runner.fwd_graph.replay()
     runner.replays["fwd"] += 1
-    return tuple([o.detach() for o in runner.output_surface])
+    return tuple(o.detach() for o in runner.output_surface)
 
 
-def replay_backward(runner: GraphRunner, grads: Sequence[torch.Tensor | None]) -> tuple:
+def replay_backward(runner, grads: Sequence[torch.Tensor | None]) -> tuple:
     """The backward half of the bridge (Megatron's ``_CudagraphReplayNode.backward``).
 
     ``grads`` are the output-gradients autograd hands in, one per output. Copy them into
@@ -644,45 +641,25 @@ def replay_backward(runner: GraphRunner, grads: Sequence[torch.Tensor | None]) -
             continue
         if g is None:
             static.zero_()
-        elif g is not static and g.data_ptr() != static.data_ptr():
+        elif g.data_ptr() != static.data_ptr():
             static.copy_(g)
             runner.copies["bwd"] += 1
     runner.bwd_graph.replay()
     runner.replays["bwd"] += 1
     runner.status = GraphStatus.FWD_READY
-    if runner.restore_grad_added:       # only parameters that have the flag are in it
+    if runner.restore_grad_added:
         for p, added in runner.groundtruth_grad_added_to_main_grad.items():
             p.grad_added_to_main_grad = added
     n = runner.num_dgrads
-    inputs = runner.static_grad_inputs
-    dgrads = inputs[:n]
-    wgrads = inputs[n:]
+    dgrads = runner.static_grad_inputs[:n]
     if runner.clone_wgrads:
-        wgrads = _clone_all(wgrads)
+        # the next replay overwrites these buffers: return copies the caller owns
+        wgrads = tuple(w.clone() if w is not None else None
+                       for w in runner.static_grad_inputs[n:])
     else:   # what torch.cuda.make_graphed_callables returns: fresh tensors on the buffers
-        wgrads = tuple([w.detach() if w is not None else None for w in wgrads])
+        wgrads = tuple(w.detach() if w is not None else None
+                       for w in runner.static_grad_inputs[n:])
     return (*dgrads, *wgrads)
-
-
-def _clone_all(tensors: Sequence[torch.Tensor | None]) -> tuple:
-    """``tuple(t.clone() for t in tensors)`` (``None`` kept), in one call.
-
-    ``torch._foreach_mul(ts, 1.0)`` makes a fresh copy of every tensor (``x * 1.0`` is
-    exactly ``x``, ``-0.0``, inf and NaN included, and the result keeps the layout), as a
-    single multi-tensor kernel on a GPU instead of one ``clone`` launch per wgrad: the
-    same semantics as the clones, at the cost of one launch per layer backward. (On a
-    CPU, where ``_foreach_*`` falls back to a slower per-tensor loop, plain clones.)"""
-    live = [t for t in tensors if t is not None]
-    if not live:
-        return tuple(tensors)
-    if live[0].device.type == "cpu":    # foreach on a CPU is a per-tensor loop: clone
-        copies = [t.clone() for t in live]
-    else:
-        copies = torch._foreach_mul(live, 1.0)
-    if len(live) == len(tensors):
-        return tuple(copies)
-    it = iter(copies)
-    return tuple(next(it) if t is not None else None for t in tensors)
 
 
 class ReplayNode(torch.autograd.Function):
@@ -756,12 +733,9 @@ def make_graphed_callables(callables, sample_args, *, B=None, pool=None,
         ``sample_args`` is a tuple of arguments (``(x,)``): a bare tensor is refused,
         since ``tuple(x)`` would split it along its first dimension.
     """
-    if B is None:
-        from labkit import backend
-        B = backend.get("auto")
-    check_backend(B, "make_graphed_callables(B=...)")
+    B = ensure(B)
     callables, sample_args, single = _check_callables(callables, sample_args)
-    _check_count(num_warmup_iters, "num_warmup_iters", minimum=0)
+    check_int("num_warmup_iters", num_warmup_iters, minimum=0)
     _check_graph_options(B, pool, None, where="make_graphed_callables")
     pool = pool if pool is not None else B.graph_pool_handle()
     runners = []

@@ -26,6 +26,7 @@ from torch import nn
 
 from labkit import bridge
 from labkit.checks import CheckResult, describe_exception
+from labkit.core.main_grad import attach_main_grad, zero_main_grad
 
 __all__ = ["check_connected_params", "check_bridge_backward"]
 
@@ -34,10 +35,9 @@ from labkit.checks import verdict as _result
 
 
 def _backend(B):
-    if B is None:
-        from labkit import backend
-        B = backend.get("auto")
-    return B
+    from labkit import backend
+
+    return backend.ensure(B)
 
 
 # ---- connected_params -------------------------------------------------------------------------
@@ -377,12 +377,12 @@ def _train(B, backward_impl, seed: int, *, fused: bool = False, micro: int = 2,
     ``keep_wgrads``: a hook on every parameter keeps each microbatch's wgrad, and the
     update uses their sum at the end of the step (a deferred gradient reduction, as a
     bucketed all-reduce would), instead of ``.grad``."""
-    from labkit.pipeline.models import TransformerBlock
+    from labkit.core.models import TransformerBlock
 
     torch.manual_seed(seed)
     block = TransformerBlock(hidden=16, heads=2, ffn=32, fused=fused).to(B.device)
     if fused:
-        bridge.attach_main_grad(block)
+        attach_main_grad(block)
     g = torch.Generator().manual_seed(seed)
     data = [(torch.randn(2, 4, 16, generator=g).to(B.device),
              torch.randn(2, 4, 16, generator=g).to(B.device)) for _ in range(micro * steps)]
@@ -400,7 +400,7 @@ def _train(B, backward_impl, seed: int, *, fused: bool = False, micro: int = 2,
     xgrads = []
     for s in range(steps):
         if fused:
-            bridge.zero_main_grad(block)
+            zero_main_grad(block)
         else:
             block.zero_grad(set_to_none=True)
         for p in kept:
@@ -617,15 +617,15 @@ def check_bridge_backward(fn, *, B=None, quiet: bool = False, trials: int = 3) -
                     "returning it (dgrads may stay as they are)" + _clone_story(B, fn))
 
     # 2. a fused block: main_grad and grad_added_to_main_grad
-    from labkit.pipeline.models import TransformerBlock
+    from labkit.core.models import TransformerBlock
 
     torch.manual_seed(0)
     block = TransformerBlock(hidden=16, heads=2, ffn=32, fused=True).to(B.device)
-    bridge.attach_main_grad(block)
+    attach_main_grad(block)
     r = bridge.GraphRunner(block, B, num_warmup=1, name="probe")
     r.create_fwd_graph((torch.randn(2, 4, 16, device=B.device, requires_grad=True),))
     r.create_bwd_graph()
-    bridge.zero_main_grad(block)
+    zero_main_grad(block)
     y = r(torch.randn(2, 4, 16, device=B.device, requires_grad=True))
     where = "a block with fused linears (main_grad)"
     result, bad = call(r, (torch.randn_like(y),), where)

@@ -205,7 +205,7 @@ _CIO_HINTS = [
 
 
 def _pipeline_run(B, create, *, graphs: bool, steps: int = 2, P: int = 2, M: int = 2):
-    from labkit.pipeline.models import make_blocks
+    from labkit.core.models import make_blocks
     from labkit.pipeline.record import GlobalRecord
     from labkit.pipeline.runner import graph_layers
     from labkit.pipeline.step import split_stages, train_step
@@ -241,9 +241,9 @@ def check_create_in_order(fn, *, B=None, quiet: bool = False) -> CheckResult:
         A wrong order can still train correctly by luck of the allocator; the check
         therefore compares the creation order with the record first, then the result.
     """
-    if B is None:
-        from labkit import backend
-        B = backend.get("auto")
+    from labkit import backend
+
+    B = backend.ensure(B)
     name = "create_in_order"
     if not callable(fn):
         return _result(name, False, f"expected a function, got {type(fn).__name__}",

@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from labkit.core.validate import check_int
+
 __all__ = ["PipelineConfig", "find_free_port", "make_problem", "eager_reference",
            "run_pipeline", "stage_worker"]
 
@@ -58,11 +60,10 @@ HEADS = 4                      # attention heads of make_problem's blocks
 def _check_config(cfg: "PipelineConfig") -> None:
     """Refuse a configuration in this process, before ranks start and fail one by one."""
     from labkit.backend import NAMES
-    from labkit.pipeline.schedule import _check_int
 
     for name, minimum in (("P", 1), ("M", 1), ("layers", 1), ("steps", 1), ("batch", 1),
                           ("seq", 1), ("hidden", 1), ("seed", 0), ("num_warmup", 0)):
-        _check_int(getattr(cfg, name), f"PipelineConfig.{name}", minimum)
+        check_int(f"PipelineConfig.{name}", getattr(cfg, name), minimum=minimum)
     if cfg.layers < cfg.P:
         raise ValueError(f"PipelineConfig: layers={cfg.layers} cannot fill P={cfg.P} stages "
                          f"(each stage needs a layer): use layers >= P")
@@ -87,7 +88,7 @@ def find_free_port() -> int:
 
 def make_problem(cfg: PipelineConfig, device=None):
     """The full model and the data of every step, identical in every process."""
-    from labkit.pipeline.models import make_blocks
+    from labkit.core.models import make_blocks
 
     layers = make_blocks(cfg.layers, seed=cfg.seed, hidden=cfg.hidden, heads=HEADS,
                          ffn=2 * cfg.hidden)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from labkit.bridge import GraphRunner
+from labkit.core.validate import check_int
 
 __all__ = ["ToyMoE", "PartiallyGraphedMoE"]
 
@@ -35,11 +36,9 @@ class ToyMoE(nn.Module):
 
     def __init__(self, hidden: int = 32, experts: int = 4, ffn: int = 64, topk: int = 2):
         super().__init__()
-        from labkit.capture import _check_count
-
         for name, value in (("hidden", hidden), ("experts", experts), ("ffn", ffn),
                             ("topk", topk)):
-            _check_count(value, name, minimum=1)
+            check_int(name, value, minimum=1)
         if topk > experts:
             raise ValueError(f"topk={topk} cannot exceed experts={experts}: each token picks "
                              f"topk distinct experts")

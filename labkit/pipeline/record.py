@@ -20,13 +20,34 @@ appends ``(runner, "bwd")`` then.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from labkit.backend import ensure
 from labkit.bridge import ArgMeta, GraphOrderError, GraphRunner, GraphStatus
 
-__all__ = ["GlobalRecord", "RecordNode", "reorder", "ORDERS"]
+__all__ = ["GlobalRecord", "RecordNode", "RunnerRecord", "reorder", "ORDERS"]
+
+
+@dataclass(eq=False)
+class RunnerRecord:
+    """What step 1 recorded about one runner of a layer (Megatron keeps the two flags on
+    ``_CudaGraphRunner`` as ``fwd_graph_recorded`` and ``bwd_graph_recorded``).
+
+    Args:
+        runner: the graph pair, created later from this record.
+        index: its place among the layer's runners in creation order (``#index`` in its name).
+        arg_metas: the arguments of its first forward, once recorded.
+        fwd_recorded, bwd_recorded: whether its forward / backward is in the global record.
+    """
+
+    runner: GraphRunner
+    index: int
+    arg_metas: list[ArgMeta] | None = None
+    fwd_recorded: bool = False
+    bwd_recorded: bool = False
 
 
 class GlobalRecord:
@@ -90,8 +111,6 @@ class GlobalRecord:
                 e[0].pool = B.graph_pool_handle()
                 self.pools.append(e[0].pool)
                 (create or create_in_order)([e])
-        for e in entries:
-            e[0].cudagraph_created = True
         self.created = True
         self.entries = []
         return entries
@@ -110,9 +129,7 @@ POOLS = ("shared", "per_graph")
 
 
 def _check_create_args(B, pool, create) -> None:
-    from labkit.capture import check_backend
-
-    check_backend(B, "create_cudagraphs(B)")
+    ensure(B)
     if pool not in POOLS:
         raise ValueError(f"create_cudagraphs: unknown pool {pool!r}: choose one of "
                          f"{', '.join(map(repr, POOLS))} (this chooses the policy; a pool "
@@ -174,19 +191,21 @@ class RecordNode(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, runner: GraphRunner, record: GlobalRecord, *outs):
-        if runner.status != GraphStatus.FWD_READY:
-            raise GraphOrderError(f"{runner.name}: forward called again before its backward")
-        ctx.runner, ctx.record = runner, record
+    def forward(ctx, state: RunnerRecord, record: GlobalRecord, *outs):
+        if state.runner.status != GraphStatus.FWD_READY:
+            raise GraphOrderError(f"{state.runner.name}: forward called again before its "
+                                  "backward")
+        ctx.state, ctx.record = state, record
         return outs if len(outs) > 1 else outs[0]
 
     @staticmethod
     def backward(ctx, *grads):
-        runner = ctx.runner
+        state = ctx.state
+        runner = state.runner
         if runner.status != GraphStatus.BWD_READY:
             raise GraphOrderError(f"{runner.name}: backward reached twice for one forward")
         runner.status = GraphStatus.FWD_READY
-        if not runner.bwd_recorded:
+        if not state.bwd_recorded:
             ctx.record.record_bwd(runner)
-            runner.bwd_recorded = True
+            state.bwd_recorded = True
         return (None, None, *grads)

@@ -35,9 +35,9 @@ from typing import Callable, Iterable
 
 import torch
 
+from labkit.backend import ensure
 from labkit.bridge import ArgMeta, GraphRunner, GraphStatus, mismatch_errors
-from labkit.capture import check_backend
-from labkit.pipeline.record import GlobalRecord, RecordNode
+from labkit.pipeline.record import GlobalRecord, RecordNode, RunnerRecord
 
 __all__ = ["CudaGraphManager", "graph_layers", "graph_safe"]
 
@@ -78,25 +78,24 @@ class CudaGraphManager(torch.nn.Module):
                  name: str | None = None, **runner_kw):
         super().__init__()
         _check_manager_args(layer, record, reuse)
-        check_backend(B, "CudaGraphManager(layer, B, record)")
         self.layer = layer
-        self.B = B
+        self.B = ensure(B)
         self.record = record
         self.reuse = reuse
         self.name = name or type(layer).__name__
         self.runner_kw = runner_kw
-        self.runners: list[GraphRunner] = []
+        self.runners: list[GraphRunner] = []   # in the order get_runner will take them
+        self.recorded: dict[GraphRunner, RunnerRecord] = {}   # what step 1 recorded
         self.replay_log: list[int] = []        # index of the runner each replay used
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, reuse={self.reuse}, runners={len(self.runners)}"
 
     def _new_runner(self) -> GraphRunner:
-        r = GraphRunner(self.layer, self.B, name=f"{self.name}#{len(self.runners)}",
-                        **self.runner_kw)
-        r.fwd_recorded = r.bwd_recorded = False
-        r.cudagraph_created = False
+        index = len(self.runners)
+        r = GraphRunner(self.layer, self.B, name=f"{self.name}#{index}", **self.runner_kw)
         self.runners.append(r)
+        self.recorded[r] = RunnerRecord(r, index)
         return r
 
     def get_runner(self, args) -> GraphRunner:
@@ -112,7 +111,7 @@ class CudaGraphManager(torch.nn.Module):
             for r in self.runners:
                 if r.status != GraphStatus.FWD_READY:
                     continue
-                metas = r.arg_metas if created else r._recorded_metas
+                metas = r.arg_metas if created else self.recorded[r].arg_metas
                 if not mismatch_errors(metas, args):
                     return r
             if created:
@@ -162,7 +161,7 @@ class CudaGraphManager(torch.nn.Module):
         runner = self.get_runner(args)
         if self.record.created:
             self.call_pre_forward_hooks(args)
-            self.replay_log.append(int(runner.name.rsplit("#", 1)[1]))
+            self.replay_log.append(self.recorded[runner].index)
             return runner(*args)
         return self._record_call(runner, args)      # eager: the layer runs its own hooks
 
@@ -172,18 +171,19 @@ class CudaGraphManager(torch.nn.Module):
         single = isinstance(out, torch.Tensor)
         outs = (out,) if single else tuple(out)
         diff = [i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
+        state = self.recorded[runner]
         if torch.is_grad_enabled() and diff:
-            marked = RecordNode.apply(runner, self.record, *[outs[i] for i in diff])
+            marked = RecordNode.apply(state, self.record, *[outs[i] for i in diff])
             marked = (marked,) if len(diff) == 1 else marked
             outs = list(outs)
             for i, m in zip(diff, marked):
                 outs[i] = m
             outs = tuple(outs)
             runner.status = GraphStatus.BWD_READY
-        if not runner.fwd_recorded:
-            runner._recorded_metas = [ArgMeta.of(a) for a in args]
-            self.record.record_fwd(runner, runner._recorded_metas)
-            runner.fwd_recorded = True
+        if not state.fwd_recorded:
+            state.arg_metas = [ArgMeta.of(a) for a in args]
+            self.record.record_fwd(runner, state.arg_metas)
+            state.fwd_recorded = True
         return outs[0] if single else outs
 
 

@@ -26,23 +26,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labkit.core.validate import check_int
+
 __all__ = ["num_warmup_microbatches", "one_f_one_b", "gpipe", "max_in_flight", "Event",
            "simulate", "execution_order", "plot_schedule", "describe"]
 
 
 # ---- argument checks ------------------------------------------------------------------------
 
-def _check_int(value, name: str, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.40}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-
-
 def _check_PM(P, M) -> None:
     """``P`` stages and ``M`` microbatches: ints, at least one of each."""
-    _check_int(P, "P (the number of pipeline stages)", 1)
-    _check_int(M, "M (the number of microbatches)", 1)
+    check_int("P (the number of pipeline stages)", P, minimum=1)
+    check_int("M (the number of microbatches)", M, minimum=1)
 
 
 def _check_order(order, where: str = "order") -> None:
@@ -77,9 +72,7 @@ def _check_orders(orders) -> None:
 def num_warmup_microbatches(P: int, M: int, stage: int) -> int:
     """Forwards stage ``stage`` runs before its first backward: ``min(P - stage - 1, M)``."""
     _check_PM(P, M)
-    _check_int(stage, "stage", 0)
-    if stage >= P:
-        raise ValueError(f"stage must be in 0..{P - 1} for P={P} stages, got {stage}")
+    check_int("stage", stage, minimum=0, maximum=P - 1, fix=f"there are P={P} stages")
     return min(P - stage - 1, M)
 
 

@@ -21,8 +21,9 @@ from typing import Callable, Sequence
 
 import torch
 
+from labkit.backend import ensure
+from labkit.core.validate import check_int
 from labkit.pipeline.schedule import (
-    _check_int,
     execution_order,
     gpipe,
     max_in_flight,
@@ -74,7 +75,7 @@ def split_stages(layers: Sequence[Callable], P: int) -> list[Stage]:
     """``layers`` cut into ``P`` consecutive stages of (nearly) equal size."""
     layers = list(layers)
     n = len(layers)
-    _check_int(P, "P (the number of stages)", 1)
+    check_int("P (the number of stages)", P, minimum=1)
     if not 1 <= P <= n:
         raise ValueError(f"cannot split {n} layers into {P} stages: each stage needs at "
                          f"least one layer, so P must be in 1..{n}")
@@ -126,9 +127,7 @@ def _check_step_args(stages, inputs, targets, record, B, create_graphs, trace) -
         if not isinstance(record, GlobalRecord):
             raise TypeError(f"record must be a GlobalRecord, got {type(record).__name__}")
         if B is not None:
-            from labkit.capture import check_backend
-
-            check_backend(B, "train_step(B=...)")
+            ensure(B)
         if not record.created and B is None:
             raise ValueError("train_step(record=...) creates the graphs at the end of this "
                              "step and needs the backend: pass B=B")

@@ -35,7 +35,9 @@ from typing import Sequence
 
 import torch
 
-from labkit.capture import _check_count, check_backend, cleanup_on_failure
+from labkit.backend import ensure
+from labkit.capture import cleanup_on_failure
+from labkit.core.validate import check_int
 
 __all__ = ["TEStyleLayer", "make_te_style_layers", "zero_grads_in_place"]
 
@@ -75,7 +77,7 @@ class TEStyleLayer:
         self._busy: dict[int, int] = {}          # slot -> microbatch whose backward is due
 
     def set_current_microbatch(self, m: int) -> None:
-        _check_count(m, "microbatch", minimum=0)
+        check_int("microbatch", m, minimum=0)
         self.current_microbatch = m
 
     def __call__(self, *args):
@@ -146,6 +148,7 @@ def make_te_style_layers(layers: Sequence[torch.nn.Module], sample_input: torch.
         microbatches in flight than there are slots, before anything runs, and a
         :class:`TEStyleLayer` refuses a forward into a slot whose backward is still due.
     """
+    B = ensure(B)
     layers = _check_te_args(layers, sample_input, B, num_slots, num_warmup_iters)
     with torch.no_grad():
         shapes = []
@@ -169,7 +172,6 @@ def make_te_style_layers(layers: Sequence[torch.nn.Module], sample_input: torch.
 
 
 def _check_te_args(layers, sample_input, B, num_slots, num_warmup_iters) -> list:
-    check_backend(B, "make_te_style_layers(layers, sample_input, B, num_slots)")
     if isinstance(layers, torch.nn.Module) and not isinstance(
             layers, (torch.nn.ModuleList, torch.nn.Sequential)):
         raise TypeError(f"layers must be a list of modules (a stage), got one "
@@ -187,9 +189,9 @@ def _check_te_args(layers, sample_input, B, num_slots, num_warmup_iters) -> list
     if sample_input.device.type != B.device.type:
         raise ValueError(f"sample_input is on {sample_input.device}, but the {B.name} backend "
                          f"captures on {B.device}: move it first (x.to(B.device))")
-    _check_count(num_slots, "num_slots (graph slots per layer, >= microbatches in flight)",
-                 minimum=1)
-    _check_count(num_warmup_iters, "num_warmup_iters", minimum=0)
+    check_int("num_slots (graph slots per layer, >= microbatches in flight)", num_slots,
+              minimum=1)
+    check_int("num_warmup_iters", num_warmup_iters, minimum=0)
     return layers
 
 
