@@ -198,9 +198,13 @@ def test_chain_steps_rejects_bad_arguments_before_capturing(B, kw, err, words):
 
 
 def test_measurements_need_a_backend_object():
-    with pytest.raises(TypeError, match=r"needs a labkit backend, got str; pass B = labkit"):
+    # the name of a backend, or a device, instead of the namespace get() returns: the
+    # message names what was given and how to get the right thing
+    with pytest.raises(TypeError, match=r"B must be the backend namespace .* got str 'cuda': "
+                                        r"write B = labkit.backend.get\('cuda'\)"):
         T.measure_launch_cost("cuda")
-    with pytest.raises(TypeError, match="chain_steps needs a labkit backend, got device"):
+    with pytest.raises(TypeError, match=r"B must be the backend namespace .* got device .*"
+                                        r"pass B = labkit.backend.get\('auto'\)"):
         T.chain_steps(torch.device("cpu"))
 
 
@@ -322,8 +326,8 @@ def test_profile_timeline_misuse(B, tmp_path):
     with pytest.raises(RuntimeError, match="needs a CUDA GPU.*simulate"):
         T.profile_timeline(lambda: None, B)
 
-    class FakeCuda:
-        name = "cuda"
+    class FakeCuda:       # passes as the cuda backend: the arguments are checked first
+        name, device, CUDAGraph, graph = "cuda", torch.device("cpu"), object, object
 
     with pytest.raises(TypeError, match="pass the function, not its result"):
         T.profile_timeline(None, FakeCuda())
@@ -363,8 +367,9 @@ def test_plot_misuse():
     (dict(launch_us=500.0), ValueError, r"launch_us must be within the slider's range 0.1..100"),
     (dict(kernel_us=-1.0), ValueError, "kernel_us must be > 0"),
     (dict(kernel_us=math.nan), ValueError, "kernel_us must be a finite"),
-    (dict(n_kernels=0), ValueError, "n_kernels must be >= 1, got 0"),
-    (dict(n_kernels=500), ValueError, "range 1..100, got 500; for longer chains use simulate_pair"),
+    (dict(n_kernels=0), ValueError, "n_kernels must be in 1..100, got 0: the slider's range"),
+    (dict(n_kernels=500), ValueError, r"n_kernels must be in 1..100, got 500: the slider's range; "
+                                      r"for a longer chain use simulate_pair"),
     (dict(n_kernels=12.0), TypeError, "n_kernels must be an int"),
     (dict(preset="A10"), ValueError, "no GPU preset 'A10'"),
     (dict(widgets="no"), TypeError, "widgets must be True, False or None"),

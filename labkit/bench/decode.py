@@ -38,7 +38,7 @@ import gc
 import torch
 
 from labkit.bench import SuiteSkip, make_row, skipped_row
-from labkit.bench.timing import gpu_busy_us, measure_us
+from labkit.bench.timing import measure_us, profile_gpu_busy_us
 
 VARIANTS = ("eager", "labkit_graph", "labkit_graph_torch_attn", "labkit_graph_compiled",
             "compile_reduce_overhead")
@@ -113,7 +113,7 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
     def record(variant, fns, note=None, cfg_extra=None, replays=None):
         for bs in batch_sizes:
             med = measure_us(fns[bs], B, warmup=warmup, repeats=repeats)
-            busy = gpu_busy_us(fns[bs], B)
+            busy = profile_gpu_busy_us(fns[bs], B)
             extra = None
             if replays is not None:
                 extra = {"replay_only_us": round(measure_us(replays[bs], B, warmup=warmup,

@@ -14,7 +14,7 @@ import torch
 
 from labkit import timeline as T
 from labkit.bench import make_row
-from labkit.bench.timing import gpu_busy_us, measure_us
+from labkit.bench.timing import measure_us, profile_gpu_busy_us
 
 N_OPS, NUMEL = 100, 256
 
@@ -28,7 +28,7 @@ def run(B, quick: bool = False, log=print) -> list[dict]:
     rows = []
     for variant, fn in (("eager", steps.eager), ("graph", steps.graphed)):
         med = measure_us(fn, B, warmup=5, repeats=repeats, inner=5)
-        busy = gpu_busy_us(fn, B)
+        busy = profile_gpu_busy_us(fn, B)
         rows.append(make_row(B, "launch", f"chain{N_OPS}x{NUMEL}", config, None, variant, med,
                              busy, extra={"us_per_kernel": round(med / N_OPS, 3)}))
         log(f"  launch {variant:6s} {med:9.1f} µs per chain ({med / N_OPS:.2f} µs/kernel)")

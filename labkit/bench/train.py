@@ -33,7 +33,7 @@ import torch
 
 from labkit import full_step as FS
 from labkit.bench import SuiteSkip, make_row, skipped_row
-from labkit.bench.timing import gpu_busy_us, measure_us
+from labkit.bench.timing import measure_us, profile_gpu_busy_us
 
 VARIANTS = ("eager", "labkit_bridge", "torch_make_graphed_callables", "labkit_full_step",
             "compile_reduce_overhead")
@@ -114,7 +114,7 @@ def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
                 return trainer.step(next(cycle))
 
             med = measure_us(step, B, warmup=warmup, repeats=repeats)
-            busy = gpu_busy_us(step, B)
+            busy = profile_gpu_busy_us(step, B)
             note = None
             if variant == "compile_reduce_overhead" and _cudagraph_skips() > skips:
                 note = "torch skipped cudagraphs for part of the model (see its log)"

@@ -1,0 +1,149 @@
+"""GPU presets and the roofline model that turns a kernel's work into its duration."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+from labkit.core.validate import check_int
+from labkit.timeline.model import _check_dtype, _check_us
+
+__all__ = ["GPUPreset", "UnknownPresetError", "GPU_PRESETS", "REFERENCE_H200", "get_preset",
+           "preset_for", "roofline_kernel_us", "add_chain_cost"]
+
+# The lesson's reference measurement (lead's run, torch 2.11, one H200, 100 tiny adds).
+REFERENCE_H200 = {
+    "device": "NVIDIA H200", "torch": "2.11", "n_ops": 100,
+    "eager_us_per_kernel": 10.5, "graph_us_per_kernel": 1.1, "speedup": 9.5,
+}
+
+
+class UnknownPresetError(KeyError, ValueError):
+    """An unknown GPU preset name (a KeyError for old callers, a ValueError by kind)."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True)
+class GPUPreset:
+    """What a roofline needs to know about a GPU.
+
+    ``fp16_tflops`` is the dense tensor-core peak (what matmuls can reach), ``fp32_tflops``
+    the CUDA-core peak (what element-wise fp32 kernels use), ``hbm_gbps`` the memory
+    bandwidth; all from the vendor datasheets, without sparsity. ``kernel_floor_us`` and
+    ``kernel_gap_us`` are *not* datasheet values: the shortest time any kernel takes (block
+    scheduling, the tail of the launch on the device) and the device's gap between two
+    consecutive kernels of one stream. They are rough, a tenth of a µs to a few µs; the
+    H200 pair (0.9 + 0.1 µs) reproduces the lesson's reference measurement, 1.1 µs per
+    kernel for a graphed chain of 100 tiny adds including the one graph launch.
+    """
+
+    name: str
+    fp16_tflops: float
+    fp32_tflops: float
+    hbm_gbps: float
+    kernel_floor_us: float
+    kernel_gap_us: float = 0.1
+    memory: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"GPUPreset.name must be a non-empty str, got {self.name!r}")
+        for f in ("fp16_tflops", "fp32_tflops", "hbm_gbps"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) \
+                    or not (math.isfinite(v) and v > 0):
+                raise ValueError(f"GPUPreset.{f} must be a finite number > 0 (a datasheet "
+                                 f"peak), got {v!r}")
+        _check_us("GPUPreset.kernel_floor_us", self.kernel_floor_us)
+        _check_us("GPUPreset.kernel_gap_us", self.kernel_gap_us)
+
+    def peak_flops(self, dtype: str = "fp32") -> float:
+        if dtype in ("fp16", "bf16", "half", "float16", "bfloat16"):
+            return self.fp16_tflops * 1e12
+        if dtype in ("fp32", "float", "float32"):
+            return self.fp32_tflops * 1e12
+        raise ValueError(f"dtype must be one of 'fp16', 'bf16', 'half', 'float16', 'bfloat16', "
+                         f"'fp32', 'float', 'float32', not {dtype!r}")
+
+
+GPU_PRESETS: dict[str, GPUPreset] = {
+    p.name: p for p in (
+        GPUPreset("H200", fp16_tflops=989, fp32_tflops=67, hbm_gbps=4800,
+                  kernel_floor_us=0.9, memory="141 GB HBM3e (SXM)"),
+        GPUPreset("H100", fp16_tflops=989, fp32_tflops=67, hbm_gbps=3350,
+                  kernel_floor_us=0.9, memory="80 GB HBM3 (SXM)"),
+        GPUPreset("A100", fp16_tflops=312, fp32_tflops=19.5, hbm_gbps=2039,
+                  kernel_floor_us=1.5, memory="80 GB HBM2e (SXM)"),
+        GPUPreset("L4", fp16_tflops=121, fp32_tflops=30.3, hbm_gbps=300,
+                  kernel_floor_us=2.0, memory="24 GB GDDR6"),
+        GPUPreset("T4", fp16_tflops=65, fp32_tflops=8.1, hbm_gbps=320,
+                  kernel_floor_us=2.5, memory="16 GB GDDR6"),
+    )
+}
+
+
+def get_preset(preset: str | GPUPreset) -> GPUPreset:
+    """A preset by name (case-insensitive), or the preset itself.
+
+    An unknown name raises :class:`UnknownPresetError` (a ValueError, and a KeyError for
+    callers written against older labkit) listing the names of :data:`GPU_PRESETS`.
+    """
+    if isinstance(preset, GPUPreset):
+        return preset
+    if not isinstance(preset, str):
+        raise TypeError(f"preset must be a preset name or a GPUPreset, got "
+                        f"{type(preset).__name__}; choose one of {', '.join(GPU_PRESETS)}")
+    for name, p in GPU_PRESETS.items():
+        if name.lower() == preset.lower():
+            return p
+    raise UnknownPresetError(f"no GPU preset {preset!r}; choose one of {', '.join(GPU_PRESETS)}")
+
+
+def preset_for(device_name: str, default: str = "H200") -> GPUPreset:
+    """The preset whose name appears in a device name ("NVIDIA A100-SXM4-80GB" → A100),
+    else ``default``: a simulation next to a measurement should model the same GPU."""
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be a str such as 'NVIDIA H200', got {device_name!r}")
+    get_preset(default)  # an unknown default fails here, naming the presets
+    for name, p in GPU_PRESETS.items():
+        if re.search(rf"(?<![A-Za-z0-9]){name}(?![0-9])", device_name, re.IGNORECASE):
+            return p
+    return get_preset(default)
+
+
+def roofline_kernel_us(flops: float, bytes: float, preset: str | GPUPreset = "H200",
+                       dtype: str = "fp32") -> float:
+    """How long one kernel takes on ``preset``, by the roofline model, in µs.
+
+    A kernel needs at least ``flops / peak`` to compute and ``bytes / bandwidth`` to move
+    its data; whichever is longer bounds it, and no kernel is shorter than the preset's
+    floor. Peaks are never reached in practice, so this is an optimistic estimate, which
+    is the conservative choice here: it makes kernels look *shorter*, i.e. the launch
+    cost look *worse*, only as much as the hardware allows.
+    """
+    p = get_preset(preset)
+    flops, bytes = _check_amount("flops", flops), _check_amount("bytes", bytes)
+    compute_us = flops / p.peak_flops(dtype) * 1e6
+    memory_us = bytes / (p.hbm_gbps * 1e9) * 1e6
+    return max(p.kernel_floor_us, compute_us, memory_us)
+
+
+def add_chain_cost(numel: int, dtype: torch.dtype = torch.float32) -> tuple[float, float]:
+    """(flops, bytes) of one ``y = y + 1`` kernel on ``numel`` elements: read y, write y'."""
+    check_int("numel", numel, 0)
+    itemsize = torch.empty((), dtype=_check_dtype(dtype)).element_size()
+    return float(numel), float(2 * numel * itemsize)
+
+
+def _check_amount(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}; "
+                         "add_chain_cost(numel) gives both for the lesson's chain")
+    return float(value)
