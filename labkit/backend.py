@@ -40,7 +40,7 @@ import types
 
 import torch
 
-__all__ = ["get", "resolve", "ensure", "recover", "NAMES"]
+__all__ = ["get", "resolve", "ensure", "recover", "check_graph_options", "NAMES"]
 
 NAMES = ("auto", "cuda", "emulated")
 
@@ -169,6 +169,38 @@ def ensure(B=None, where: str = "B") -> types.SimpleNamespace:
         raise TypeError(f"{where} must be the backend namespace that labkit.backend.get() "
                         f"returns, got {type(B).__name__} {B!r:.40}{hint}")
     return B
+
+
+def check_graph_options(B, pool=None, stream=None, capture_error_mode: str = "global",
+                        where: str = "capture") -> None:
+    """Check what ``B.graph`` will be given, before any warm-up runs.
+
+    Args:
+        B: the backend namespace.
+        pool: None, or a pool handle: the ``(id, 0)`` pair ``B.graph_pool_handle()`` and
+            ``g.pool()`` return, the same on both backends.
+        stream: None, or a stream made by ``B.Stream()``.
+        capture_error_mode: ``"global"``, ``"thread_local"`` or ``"relaxed"``.
+        where: the caller, named in the errors.
+
+    Raises:
+        TypeError: a pool that is not a handle, a stream of another kind, a mode that is
+            not a string. RuntimeError: an unknown mode (torch.cuda's own check).
+
+    .. warning::
+        torch checks these in ``capture_begin``, after ``B.graph`` switched to the
+        capture stream; a failed check there leaves that stream current. Checked here,
+        a typo fails before anything ran.
+    """
+    from labkit.emulator.graph import check_capture_error_mode
+    from labkit.emulator.pool import check_handle
+
+    if pool is not None:
+        check_handle(pool, f"{where}(pool=...)")
+    if stream is not None and not isinstance(stream, B.Stream):
+        raise TypeError(f"{where}(stream=...): expected a stream made by B.Stream() (or None "
+                        f"for the default side stream), got {type(stream).__name__}")
+    check_capture_error_mode(capture_error_mode)
 
 
 def recover(B) -> None:

@@ -57,6 +57,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map
 
+from labkit import backend
+from labkit.backend import check_graph_options, ensure
 from labkit.core.signature import (
     GraphArgumentError,
     describe_tree,
@@ -64,6 +66,7 @@ from labkit.core.signature import (
     leaf_pairs,
     metadata_tree,
 )
+from labkit.core.validate import check_int
 
 __all__ = [
     "on_side_stream", "side_stream_warmup", "capture", "cleanup_on_failure", "Captured",
@@ -75,16 +78,12 @@ __all__ = [
 
 
 def _default_backend(B):
-    from labkit import backend
-
-    return backend.ensure(B)
+    return ensure(B)
 
 
 def check_backend(B, where: str = "B") -> None:
     """``B`` must be the namespace :func:`labkit.backend.get` returns (not its name)."""
-    from labkit import backend
-
-    backend.ensure(B, where)
+    ensure(B, where)
 
 
 # ---- steps 1 and 2 ---------------------------------------------------------------------
@@ -130,7 +129,7 @@ def side_stream_warmup(fn: Callable, *args, B=None, iters: int = 3, **kwargs) ->
     """
     B = _default_backend(B)
     _check_callable(fn, "side_stream_warmup(fn, ...)")
-    _check_count(iters, "iters", minimum=0)
+    check_int("iters", iters, 0)
     out = None
     with on_side_stream(B):
         for _ in range(iters):
@@ -216,7 +215,7 @@ def capture(fn: Callable, *args, B=None, pool=None, stream=None, warmup: int = 3
     """
     B = _default_backend(B)
     _check_callable(fn, "capture(fn, ...)")
-    _check_count(warmup, "warmup", minimum=0)
+    check_int("warmup", warmup, 0)
     _check_graph_options(B, pool, stream, capture_error_mode, "capture")
     if warmup:
         side_stream_warmup(fn, *args, B=B, iters=warmup, **kwargs)
@@ -241,10 +240,8 @@ def cleanup_on_failure(B):
     try:
         yield
     except BaseException as exc:
-        from labkit.backend import recover
-
         try:
-            recover(B)
+            backend.recover(B)
             B.set_stream(previous)
         except Exception as again:     # e.g. a sticky device error: keep the first error
             if hasattr(exc, "add_note"):
@@ -264,27 +261,12 @@ def _check_callable(fn, where: str) -> None:
 
 def _check_graph_options(B, pool, stream, capture_error_mode="global",
                          where: str = "capture") -> None:
-    """What ``B.graph`` takes, checked before any warm-up runs: a pool handle (the
-    ``(id, 0)`` pair of ``B.graph_pool_handle()``/``g.pool()``, the same on both
-    backends), a ``B.Stream``, a capture error mode."""
-    from labkit.emulator.graph import _check_capture_error_mode
-    from labkit.emulator.pool import check_handle
-
-    if pool is not None:
-        check_handle(pool, f"{where}(pool=...)")
-    if stream is not None and not isinstance(stream, B.Stream):
-        raise TypeError(f"{where}(stream=...): expected a stream made by B.Stream() (or None "
-                        f"for the default side stream), got {type(stream).__name__}")
-    _check_capture_error_mode(capture_error_mode)
+    check_graph_options(B, pool, stream, capture_error_mode, where)
 
 
 def _check_count(value, name: str, *, minimum: int) -> None:
-    """``value`` must be an int (not a bool) >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} "
-                        f"{value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    """``value`` must be an int (not a bool) >= ``minimum``: ``check_int``, kept for callers."""
+    check_int(name, value, minimum)
 
 
 # ---- the runner ------------------------------------------------------------------------
@@ -339,7 +321,7 @@ class StaticGraph:
     def __init__(self, fn: Callable, *, B=None, pool=None, stream=None, warmup: int = 3,
                  name: str | None = None):
         _check_callable(fn, type(self).__name__)
-        _check_count(warmup, "warmup", minimum=0)
+        check_int("warmup", warmup, 0)
         self.fn = fn
         self.B = _default_backend(B)
         _check_graph_options(self.B, pool, stream, where=type(self).__name__)

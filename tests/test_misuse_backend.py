@@ -119,8 +119,8 @@ def test_capture_refuses_a_result_instead_of_a_function(E):
 
 @pytest.mark.parametrize("value, exc, words", [
     (-1, ValueError, "warmup must be >= 0, got -1"),
-    ("3", TypeError, "warmup must be an int >= 0, got str '3'"),
-    (2.0, TypeError, "got float 2.0"),
+    ("3", TypeError, "warmup must be an int >= 0, got '3' (str)"),
+    (2.0, TypeError, "got 2.0 (float)"),
 ])
 def test_warmup_counts_are_checked(E, value, exc, words):
     x = torch.ones(3)

@@ -195,7 +195,7 @@ class CUDAGraph:
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 
 
-def _check_capture_error_mode(mode) -> None:
+def check_capture_error_mode(mode) -> None:
     """torch.cuda's check and message (a RuntimeError), plus a TypeError for a non-string."""
     if not isinstance(mode, str):
         raise TypeError(f"capture_error_mode must be one of the strings "
@@ -204,6 +204,9 @@ def _check_capture_error_mode(mode) -> None:
     if mode not in CAPTURE_ERROR_MODES:
         raise RuntimeError(f"Unknown capture error mode. Expected `global`, "
                            f"`thread_local`, or `relaxed`, got {mode}")
+
+
+_check_capture_error_mode = check_capture_error_mode
 
 
 class graph:
