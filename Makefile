@@ -52,6 +52,7 @@ help:
 	@echo "make execute-notebooks  re-run notebooks/ and solutions/ in place (refresh outputs)"
 	@echo "make lint         ruff check"
 	@echo "make colab-cells  restamp every notebook's Colab badge + setup cell from [tool.labkit] in pyproject.toml"
+	@echo "make slides       reveal.js slides of every lesson in build/slides/ (stored outputs, no kernel)"
 	@echo "vars: PYTHON=$(PYTHON) TORCH_VERSION=$(TORCH_VERSION) TORCH_INDEX=$(TORCH_INDEX) VENV=$(VENV)"
 
 # --- environment --------------------------------------------------------------------
@@ -139,6 +140,12 @@ exercises-check: $(TEST_STAMP)
 colab-cells: $(TEST_STAMP)
 	$(VPY) tools/colab_cells.py
 	$(VPY) -m labkit exercises
+
+# Slides from the stored outputs (no kernel): build/slides/NN_name.slides.html, reveal.js
+# copied once into build/slides/vendor/ by npm so they work offline (without npm they load
+# it from a CDN). Cells carry slide tags from `tools/slides.py tag`.
+slides: $(TEST_STAMP)
+	$(VPY) tools/slides.py build
 
 doctor: $(STAMP)
 	$(VPY) -m labkit doctor
