@@ -301,7 +301,8 @@ def _text(cell) -> str:
 def problems(r: dict, backend: str) -> list[str]:
     """What is wrong with a run of :func:`run_walkthrough` (empty: nothing)."""
     if r["error"] is not None:
-        return [f"the walkthrough failed in the clean env: {r['error'][-3000:]}"]
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", r["error"])      # no terminal colours
+        return [f"the walkthrough failed in the clean env: ...{plain[-2500:]}"]
     if r["errors"]:
         return [f"error outputs: {r['errors']}"]
     probe = r["probe"]
