@@ -2,6 +2,10 @@
 
     python -m labkit doctor [--json]              what this machine has
     python -m labkit exercises [--check|--force]  regenerate exercises/ from solutions/
+    python -m labkit demo NN [--backend B] [--out PATH.png]
+                                                  lesson NN's headline demo: prints its
+                                                  figures, saves its picture as a PNG
+    python -m labkit demo --list                  what each demo (00..07) shows
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from labkit import doctor, exercises
+    from labkit import demo, doctor, exercises
 
     parser = argparse.ArgumentParser(
         prog="python -m labkit",
@@ -31,6 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
                                       "up to exercises/backup/ first.")
     exercises.add_arguments(p_ex)
     p_ex.set_defaults(run=exercises.run)
+    p_demo = sub.add_parser("demo", help="run lesson NN's headline demo: print its figures, "
+                                         "save its picture as a PNG (--list: what each shows)",
+                            description="Run a lesson's headline demo from a terminal: it "
+                                        "prints the figures it measured and saves the "
+                                        "picture as a PNG. Without a GPU it runs on labkit's "
+                                        "CPU emulator and says so.")
+    demo.add_arguments(p_demo)
+    p_demo.set_defaults(run=demo.run)
     return parser
 
 

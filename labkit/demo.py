@@ -1,0 +1,731 @@
+"""``python -m labkit demo NN``: each lesson's headline picture and numbers, from a terminal.
+
+For a room where Jupyter is not at hand: one command per lesson runs that lesson's key
+demonstration with labkit's own engines, prints the figures it measured and saves the
+picture as a PNG::
+
+    python -m labkit demo --list                 what each demo shows
+    python -m labkit demo 01                     lesson 01, saved as ./labkit-demo-01.png
+    python -m labkit demo 06 --out room/06.png   another path (it must end in .png)
+    python -m labkit demo 04 --backend emulated  the CPU emulator, even on a GPU machine
+
+On a GPU (``--backend cuda``, or ``auto`` where one is present) the numbers are measured on
+it; each demo takes under 30 s on an H200. Without one (``emulated``) the graphs run on
+labkit's CPU emulator, and every line and picture that would need a GPU says whether it is
+the emulator's CPU timing or a simulation of a named GPU. The demos use small sizes on
+the emulator so that each runs in seconds.
+
+A demo writes its PNG only where that is safe: a path ending in ``.png`` whose folder
+exists, and that is either free or holds a PNG an earlier demo saved (a presenter re-runs
+demos; each PNG carries a ``Software: labkit demo NN`` text chunk that says so). Any other
+file is left alone, with a message saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import struct
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["Demo", "DEMOS", "BACKENDS", "is_demo_png", "check_out_path", "add_arguments",
+           "run", "main"]
+
+#: ``--backend`` accepts exactly these (``labkit.backend.get``'s names).
+BACKENDS = ("auto", "cuda", "emulated")
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_MARK_KEY = "Software"
+_MARK = "labkit demo"
+
+
+@dataclass(frozen=True)
+class Demo:
+    """One lesson's headline demo: what it shows, and the function that runs it."""
+
+    number: str
+    lesson: str
+    shows: str
+    run: Callable  # run(B, small: bool) -> matplotlib Figure; prints its figures
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _on_cpu_note(B) -> str:
+    return ("emulated: labkit's CPU emulator runs the graphs; times below are this CPU's, "
+            "not a GPU's") if B.is_emulated else ""
+
+
+def _device(B) -> str:
+    from labkit.core import timing
+
+    return timing.device_name(B)
+
+
+def _footer(fig, B, number: str) -> None:
+    """A line under the picture naming the demo and what ran it (the figure grows for it)."""
+    where = (f"backend emulated: {_device(B)}, timings are this CPU's"
+             if B.is_emulated else f"backend cuda: {_device(B)}")
+    w, h = fig.get_size_inches()
+    extra = 0.3
+    fig.set_size_inches(w, h + extra)
+    for ax in fig.axes:                       # same size in inches, moved up by `extra`
+        pos = ax.get_position()
+        ax.set_position([pos.x0, (pos.y0 * h + extra) / (h + extra), pos.width,
+                         pos.height * h / (h + extra)])
+    fig.text(0.995, 0.008, f"labkit demo {number} · {where}", ha="right", va="bottom",
+             fontsize=7, color="0.4")
+
+
+def _measure_us(fn, B, small: bool) -> float:
+    from labkit.core import timing
+
+    return timing.measure_us(fn, B, warmup=2 if small else 5, repeats=10 if small else 30)
+
+
+# --------------------------------------------------------------------------- 00
+
+def _demo_00(B, small):
+    import matplotlib.pyplot as plt
+    import torch
+
+    from labkit.capture import capture
+
+    print(f"CUDA available to torch: {torch.cuda.is_available()} -> backend {B.name!r}: "
+          + ("torch.cuda's own graphs" if B.name == "cuda" else "labkit's CPU emulator"))
+    static_x = torch.zeros(4, device=B.device)            # the graph reads this memory
+    g, static_y = capture(lambda t: t * 2 + 1, static_x, B=B)   # warm up, then record
+    rows = []
+    for values in ([0.0, 1.0, 2.0, 3.0], [10.0, 20.0, 30.0, 40.0]):
+        static_x.copy_(torch.tensor(values))              # new data, same memory
+        g.replay()                                        # the recorded kernels run again
+        B.synchronize()
+        rows.append((values, static_y.tolist()))
+        print(f"copy_ {values} -> replay() -> static_y {static_y.tolist()}")
+    right = all(y == [2 * v + 1 for v in x] for x, y in rows)
+    print(f"every replay gave 2·x + 1 for the new x: {right}")
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for k, (ax, (x, y)) in enumerate(zip(axes, rows)):
+        idx = range(len(x))
+        ax.bar([i - 0.2 for i in idx], x, width=0.4, color="#9ecae1", label="static_x (copy_ in)")
+        ax.bar([i + 0.2 for i in idx], y, width=0.4, color="#08519c",
+               label="static_y (after replay)")
+        for i, v in zip(idx, y):
+            ax.text(i + 0.2, v, f"{v:g}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(idx))
+        ax.set_xlabel("element")
+        ax.set_title(f"replay {k + 1}", fontsize=10)
+    axes[0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"a first graph: y = 2·x + 1 captured once, replayed on new data ({B.name})",
+                 fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- 01
+
+def _demo_01(B, small):
+    from labkit import timeline as T
+
+    m = T.measure_launch_cost(B, n_ops=100, numel=256, repeats=10 if small else 30)
+    print(f"{'':26s}{'eager':>9s}{'graph':>9s}{'ratio':>8s}")
+    print(f"{'µs per kernel, this run':26s}{m['eager_us_per_kernel']:9.2f}"
+          f"{m['graph_us_per_kernel']:9.2f}{m['speedup']:7.1f}×  ({m['timer']}, {m['device']})")
+    print(f"CPU cost to issue one eager op: {m['cpu_us_per_launch']:.2f} µs")
+    if B.is_emulated:
+        print("emulated: the 'graph' column is the emulator replaying ops in Python on this "
+              "CPU, not a GPU graph. The timelines below are SIMULATED: this CPU's launch "
+              "cost, kernel times from a roofline model of an H200.")
+    n, numel = 20, 256
+    if B.is_emulated:
+        preset = T.preset_for(_device(B))                   # not a GPU: the H200 preset
+        kernel_us = T.roofline_kernel_us(*T.add_chain_cost(numel), preset)
+        launch_us = m["cpu_us_per_launch"]
+        pictures = [
+            T.simulate(n, launch_us, kernel_us, preset=preset,
+                       label=f"eager: {n} adds of {numel} elements"),
+            T.simulate(n, launch_us, kernel_us, graphed=True, preset=preset,
+                       label=f"graphed: {n} adds of {numel} elements"),
+        ]
+    else:
+        steps = T.chain_steps(B, n_ops=n, numel=numel)
+        pictures = [
+            T.profile_timeline(steps.eager, B, label=f"eager: {n} adds of {numel} elements"),
+            T.profile_timeline(steps.graphed, B, label=f"graphed: {n} adds of {numel} elements"),
+        ]
+    sums = [T.summarize(tl) for tl in pictures]
+    for tl, s in zip(pictures, sums):
+        print(f"{tl.label:30s} [{tl.tag}]  step {s['step_us']:7.1f} µs  "
+              f"GPU idle {s['gpu_idle_fraction']:4.0%}")
+    print(f"the eager step is {sums[0]['step_us'] / sums[1]['step_us']:.1f}× as long as the "
+          f"same kernels in one graph [{pictures[0].tag}]")
+    fig = T.plot_timelines(pictures)                        # one time axis: lengths compare
+    return fig
+
+
+# --------------------------------------------------------------------------- 02
+
+def _demo_02(B, small):
+    import matplotlib.pyplot as plt
+    import torch
+
+    from labkit.capture import capture, recorded_kernels
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(),
+                                torch.nn.Linear(64, 8)).to(B.device)
+    static_x = torch.zeros(4, 16, device=B.device)
+    with torch.no_grad():
+        g, static_y = capture(model, static_x, B=B)        # warm-up, capture, private pool
+        kernels = recorded_kernels(g, B)
+        what = ("CUDA kernels of one replay" if B.name == "cuda"
+                else "ATen ops the emulator recorded")
+        print(f"recorded {len(kernels)} kernels ({what}): {', '.join(kernels)}")
+        ok, kept = [], []
+        for _ in range(3):
+            batch = torch.randn(4, 16, device=B.device)
+            static_x.copy_(batch)                           # new data into the same memory
+            g.replay()
+            B.synchronize()
+            ok.append(torch.allclose(static_y, model(batch), atol=1e-5))
+            kept.append((batch, static_y))                  # a reference, not a clone
+        print(f"3 replays, each equal to model(batch): {all(ok)}")
+        print("a reference kept from replay 1 now holds replay 3's result: "
+              f"{torch.allclose(kept[0][1], model(kept[2][0]), atol=1e-5)} (clone() what you keep)")
+        eager_us = _measure_us(lambda: model(static_x), B, small)
+        replay_us = _measure_us(g.replay, B, small)
+    ratio = eager_us / replay_us
+    print(f"eager forward {eager_us:8.1f} µs | graph replay {replay_us:8.1f} µs | {ratio:.1f}× "
+          f"[{_device(B)}]")
+    if B.is_emulated:
+        print("emulated: both times are this CPU's; the emulator replays the recorded ops in "
+              "Python, so the ratio says nothing about a GPU (lesson 01 simulates that)")
+
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    bars = ax.barh(["graph replay", "eager forward"], [replay_us, eager_us],
+                   color=["#31a354", "#3182bd"])
+    for b, v in zip(bars, (replay_us, eager_us)):
+        ax.text(v, b.get_y() + b.get_height() / 2, f" {v:.1f} µs", va="center", fontsize=9)
+    ax.set_xlim(0, max(eager_us, replay_us) * 1.3)
+    ax.set_xlabel("µs per call (median)" + (" · emulator on a CPU: not GPU speed"
+                                            if B.is_emulated else ""))
+    ax.set_title(f"MLP 16→64→8, batch 4: one replay runs {len(kernels)} recorded kernels "
+                 f"({ratio:.1f}× vs eager, {_device(B)})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- 03
+
+def _demo_03(B, small):
+    import matplotlib.pyplot as plt
+    import torch
+    from matplotlib.patches import Rectangle
+
+    from labkit import backend
+    from labkit.capture import capture
+    from labkit.guards import error_lines, lint_capture
+
+    gen = torch.Generator(device=B.device)
+    state = {"h": torch.zeros(4, device=B.device), "decay": 1.0}
+
+    # lesson 03 §10: every pitfall in one function
+    def step(x, p):
+        n = x.sum().item()
+        if x.mean() > 0:
+            x = x * 2
+        kept = x[x > 0]
+        as_list = x.tolist()
+        bias = torch.tensor([1.0, 2.0, 3.0, 4.0], device=x.device)
+        noise = torch.rand(4, device=x.device, generator=gen)
+        state["h"] = torch.tanh(state["h"] + x)
+        state["decay"] *= 0.5
+        y = x * state["decay"] + bias + noise + p
+        B.synchronize()
+        del n, kept, as_list
+        return y
+
+    x = torch.randn(4, device=B.device)
+    try:
+        capture(step, x, 0.5, B=B)
+        first = "(captured: unexpected)"
+    except Exception as e:                   # what capture by hand says: the first hazard
+        first = error_lines(e)[0]
+    finally:
+        backend.recover(B)                   # default stream back, RNG out of capture mode
+    print(f"capture by hand stops at the first hazard: {first}")
+    report = lint_capture(step, x, 0.5, B=B)
+    print(str(report).splitlines()[0])
+    for i, f in enumerate(report.findings, 1):
+        print(f"{i:3d}. {f.title} [{f.severity}] at line {f.lineno}: {f.code}")
+
+    colors = {"fails capture": "#de2d26", "silently wrong": "#fd8d3c", "check": "#9ecae1"}
+    rows = report.findings
+    fig, ax = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.2))
+    for i, f in enumerate(rows):
+        y = len(rows) - 1 - i
+        ax.add_patch(Rectangle((0, y + 0.08), 0.22, 0.84,
+                               color=colors.get(f.severity, "0.7")))
+        ax.text(0.11, y + 0.5, f.severity, ha="center", va="center", fontsize=8)
+        ax.text(0.24, y + 0.5, f"line {f.lineno}: {f.title}", va="center", fontsize=9,
+                weight="bold")
+        ax.text(0.64, y + 0.5, (f.code or "")[:44], va="center", fontsize=8, family="monospace")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, len(rows))
+    ax.axis("off")
+    ax.set_title(f"lint_capture: {len(rows)} hazards found in one eager run; capture by hand "
+                 f"stops at the first ({B.name})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- 04
+
+def _train_04(B, mode, *, micro=2, steps=3, **kw):
+    """Lesson 04 §5: two blocks, `micro` microbatches per step, gradients accumulating."""
+    import torch
+
+    from labkit import bridge
+    from labkit.core.models import make_blocks
+
+    shape = (2, 8, 32)
+    model = torch.nn.Sequential(*make_blocks(2, seed=0, device=B.device))
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(shape, generator=g).to(B.device),
+             torch.randn(shape, generator=g).to(B.device)) for _ in range(steps * micro)]
+    sample = (torch.randn(shape, device=B.device, requires_grad=True),)
+    if mode == "torch":
+        call = B.make_graphed_callables(model, sample)
+    elif mode == "bridge":
+        call = bridge.make_graphed_callables(model, sample, B=B, **kw)
+    else:
+        call = model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for s in range(steps):
+        opt.zero_grad()
+        for m in range(micro):
+            x, t = data[s * micro + m]
+            loss = ((call(x) - t) ** 2).mean() / micro
+            loss.backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _demo_04(B, small):
+    import matplotlib.pyplot as plt
+    import torch
+
+    if B.name == "cuda":     # autograd's GPU thread makes its first cuBLAS call here, once
+        w = torch.ones(8, 8, device=B.device, requires_grad=True)
+        (w @ w).sum().backward()
+    if hasattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch"):
+        torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)  # lesson 04
+
+    eager = _train_04(B, "eager")
+    variants = {
+        "labkit bridge (wgrads cloned)": _train_04(B, "bridge"),
+        "bridge, clone_wgrads=False": _train_04(B, "bridge", clone_wgrads=False),
+        "torch.make_graphed_callables": _train_04(B, "torch"),
+    }
+    tol = 1e-4
+    diffs = {name: max((a - b).abs().max().item() for a, b in zip(p, eager))
+             for name, p in variants.items()}
+    print("2 transformer blocks, 3 SGD steps of 2 microbatches (gradients accumulate):")
+    for name, d in diffs.items():
+        print(f"  {name:32s} max |Δ weight| vs eager {d:9.2e}  "
+              f"{'== eager' if d < tol else 'WRONG'}")
+    print(f"(torch {torch.__version__}; torch's row depends on the installed torch: "
+          "pytorch issue #181723)")
+
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    names = list(diffs)[::-1]
+    vals = [max(diffs[n], 1e-12) for n in names]
+    bars = ax.barh(names, vals, color=["#31a354" if diffs[n] < tol else "#de2d26" for n in names])
+    for b, n in zip(bars, names):
+        d = diffs[n]
+        ax.text(b.get_width(), b.get_y() + b.get_height() / 2,
+                f"  {d:.1e} ({'== eager' if d < tol else 'wrong'})", va="center", fontsize=9)
+    ax.axvline(tol, color="0.3", ls=":", lw=1)
+    ax.text(tol, -0.45, f" tolerance {tol:g}", fontsize=8, color="0.3", va="bottom")
+    ax.set_xscale("log")
+    ax.set_xlim(1e-12, 1e3)
+    ax.set_xlabel("largest |weight difference| from eager training after 3 steps (log)")
+    ax.set_title("gradient accumulation through graphs: the wgrad clone is what keeps it "
+                 f"right ({B.name})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- 05
+
+def _run_05(B, P, M, *, graphs=True, steps=2, create=None, layers=4):
+    """Lesson 05's training loop: `layers` blocks in P stages, M microbatches, 1F1B."""
+    import torch
+
+    from labkit.core.models import make_blocks
+    from labkit.pipeline import GlobalRecord, graph_layers, split_stages, train_step
+
+    shape = (2, 8, 32)
+    g = torch.Generator().manual_seed(1)
+    data = [[(torch.randn(shape, generator=g).to(B.device),
+              torch.randn(shape, generator=g).to(B.device)) for _ in range(M)]
+            for _ in range(steps)]
+    blocks = make_blocks(layers, seed=0, device=B.device)
+    record = GlobalRecord()
+    calls = graph_layers(blocks, B, record, reuse=(P == 1)) if graphs else list(blocks)
+    stages = split_stages(calls, P)
+    opt = torch.optim.SGD(blocks.parameters(), lr=0.1)
+    for batch in data:
+        opt.zero_grad()
+        xs, ts = zip(*batch)
+        train_step(stages, xs, ts, record=record if graphs else None, B=B, create_graphs=create)
+        opt.step()
+    return [p.detach().clone() for p in blocks.parameters()]
+
+
+def _demo_05(B, small):
+    import matplotlib.pyplot as plt
+
+    from labkit.pipeline import max_in_flight, one_f_one_b, plot_schedule, simulate
+    from labkit.pipeline import schedule as S
+
+    P, M = 4, 8
+    orders = one_f_one_b(P, M)
+    print(f"schedule of {P} stages × {M} microbatches (a simulation: forward 1, backward 2 units)")
+    print("microbatches in flight per stage, 1F1B: ", [max_in_flight(o) for o in orders])
+    print("microbatches in flight per stage, GPipe:", [max_in_flight(o) for o in S.gpipe(P, M)])
+
+    layers, micro = (2, 3) if small else (4, 4)             # small: the emulator's seconds
+    eager = _run_05(B, 2, micro, graphs=False, layers=layers)
+    print(f"real training of {layers} blocks, PP=2, {micro} microbatches, 2 steps; graphs "
+          f"created after step 1 in one shared pool ({B.name}):")
+    for order in ("recorded", "grouped", "torch"):
+        got = _run_05(B, 2, micro, create={"order": order}, layers=layers)
+        d = max((a - b).abs().max().item() for a, b in zip(got, eager))
+        print(f"  created in {order:9s} order: max |Δ weight| vs eager {d:9.2e}  "
+              f"{'== eager' if d < 1e-4 else 'WRONG'}")
+
+    fig, axes = plt.subplots(2, 1, figsize=(11, 5.2), sharex=True)
+    plot_schedule(simulate(S.gpipe(P, M)), ax=axes[0])
+    plot_schedule(simulate(orders), ax=axes[1])
+    axes[0].set_title("GPipe (simulated): " + axes[0].get_title(), fontsize=10)
+    axes[1].set_title("1F1B (simulated): " + axes[1].get_title(), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- 06
+
+def _demo_06(B, small):
+    import torch
+
+    from labkit.decode import DecodeGraphRunner, build_model, plots, serve, synthetic_workload
+
+    max_bs = 16
+    model = build_model("tiny", max_requests=max_bs, device=B.device, dtype=torch.float32)
+    runner = DecodeGraphRunner(model, B, max_bs=max_bs, progress=False)
+    runner.capture()
+    rep = runner.capture_report()
+    print(f"captured {rep['graphs']} decode graphs (buckets {runner.buckets}) in "
+          f"{rep['capture_seconds']:.2f} s, largest first, one pool")
+    a = model.args
+    n = 24 if small else 64
+    workload = synthetic_workload(n, arrival_rate=2.0, vocab_size=a.vocab_size,
+                                  max_seq_len=a.max_seq_len, seed=0)
+    serve(model, workload[:8])                              # warm the eager path once
+    eager = serve(model, workload)
+    graphed = serve(model, workload, runner=runner)
+    for name, res in (("eager", eager), ("graphed", graphed)):
+        s = res.summary()
+        print(f"{name:8s} decode {s['decode_tokens_per_s']:9.1f} tokens/s | step p50 "
+              f"{s['step_ms_p50']:6.2f} ms | wall {res.wall_s:.2f} s")
+    speedup = graphed.decode_tokens_per_s / eager.decode_tokens_per_s
+    print(f"speed-up (decode tokens/s): {speedup:.2f}× [{_device(B)}]")
+    print(f"tokens identical, request by request: {graphed.tokens == eager.tokens} | "
+          f"{len(graphed.decode_batch_size)} decode steps, "
+          f"{len(set(graphed.decode_batch_size))} different batch sizes, every one a graph "
+          f"replay: {graphed.runner_stats['graph'] == len(graphed.decode_latency_s)}")
+    if B.is_emulated:
+        note = ("emulator timings on this CPU: they say nothing about GPU speed "
+                "(the emulator replays a graph op by op)")
+        print("emulated: " + note)
+    else:
+        note = f"measured on {_device(B)} (tiny model, fp32)"
+    fig = plots.plot_serving({"eager": eager, "graphed": graphed}, note=note)
+    return fig
+
+
+# --------------------------------------------------------------------------- 07
+
+def _demo_07(B, small):
+    import matplotlib.pyplot as plt
+    import torch
+
+    from labkit import full_step as FS
+
+    cfg = FS.CONFIGS["tiny"]
+    gen = torch.Generator().manual_seed(0)
+    m_eager, m_graph = FS.build_lm(cfg, B.device), FS.build_lm(cfg, B.device)  # same weights
+    eager = FS.EagerTrainer(m_eager, FS.lm_loss,
+                            FS.make_capturable_optimizer(m_eager.parameters(), B, lr=1e-2))
+    trainer = FS.FullStepTrainer(m_graph, FS.lm_loss,
+                                 FS.make_capturable_optimizer(m_graph.parameters(), B, lr=1e-2),
+                                 B, cfg.num_microbatches, warmup_steps=2)
+    data = [FS.random_microbatches(cfg, gen, device=B.device) for _ in range(6)]
+    rows = []
+    print("step  what ran          loss (eager)  loss (graphs)")
+    for it, batch in enumerate(data):
+        what = FS.phase(it, trainer.fwd_bwd.warmup_steps, trainer.captured)
+        e = eager.step(batch).item()
+        g = trainer.step(batch).item()
+        what = "capture + replay" if what == "capture" else what
+        rows.append((it, what, e, g))
+        print(f"{it:4d}  {what:17s} {e:12.6f} {g:14.6f}")
+    same = all(torch.allclose(q, p, rtol=1e-4, atol=1e-5)
+               for p, q in zip(eager.model.parameters(), trainer.model.parameters()))
+    print(f"weights after 6 steps equal eager training's: {same} | "
+          f"{len(trainer.graphs)} graphs (forward+backward of all microbatches, optimizer), "
+          "one pool")
+    eager_us = _measure_us(lambda: eager.step(data[-1]), B, small)
+    graph_us = _measure_us(lambda: trainer.step(data[-1]), B, small)
+    print(f"eager step {eager_us / 1e3:8.3f} ms | whole-step graphs {graph_us / 1e3:8.3f} ms | "
+          f"{eager_us / graph_us:.1f}× [{_device(B)}]")
+    if B.is_emulated:
+        print("emulated: a replay here runs the recorded ops on the CPU, skipping Python, "
+              "modules and autograd; the ratio is the emulator's, not what a GPU gains")
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+    its = [r[0] for r in rows]
+    ax1.plot(its, [r[2] for r in rows], "o-", color="#3182bd", label="eager", ms=8)
+    ax1.plot(its, [r[3] for r in rows], "x--", color="#de2d26", label="whole-step graphs", ms=9)
+    for it, what, _, g in rows:
+        ax1.annotate(what, (it, g), textcoords="offset points", xytext=(0, 9), ha="center",
+                     fontsize=7)
+    ax1.set_xlabel("training step")
+    ax1.set_ylabel("loss")
+    ax1.legend(fontsize=8)
+    ax1.margins(y=0.2)
+    ax1.set_title(f"same losses, step by step (weights equal: {same})", fontsize=10)
+    bars = ax2.bar(["eager step", "whole-step\ngraphs"], [eager_us / 1e3, graph_us / 1e3],
+                   color=["#3182bd", "#31a354"])
+    for b in bars:
+        ax2.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{b.get_height():.3f} ms",
+                 ha="center", va="bottom", fontsize=9)
+    ax2.set_ylabel("ms per step (median)")
+    ax2.set_ylim(0, max(eager_us, graph_us) / 1e3 * 1.18)
+    ax2.set_title(f"{eager_us / graph_us:.1f}× on {_device(B)}"
+                  + ("\n(emulator: not a GPU's gain)" if B.is_emulated else ""), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+DEMOS: dict[str, Demo] = {d.number: d for d in (
+    Demo("00", "start here",
+         "which backend runs; a first graph: copy_ new data in, replay(), read the static "
+         "output (bars: x and 2x+1 for two replays)", _demo_00),
+    Demo("01", "launch-bound timeline",
+         "measured µs per kernel eager vs graph; the CPU/GPU timeline of 20 tiny adds, eager "
+         "vs one graph (profiled on a GPU, simulated from this CPU's launch cost without one)",
+         _demo_01),
+    Demo("02", "raw capture and replay",
+         "an MLP captured with warm-up + capture, the kernels it recorded, replays equal to "
+         "eager, and eager forward vs replay time (bars)", _demo_02),
+    Demo("03", "constraint pitfalls",
+         "capture by hand stops at the first hazard; lint_capture finds all 10 in one run "
+         "(chart: each hazard, its line and severity)", _demo_03),
+    Demo("04", "fwd/bwd autograd bridge",
+         "gradient accumulation through graphed layers: labkit's bridge equals eager, "
+         "without the wgrad clone (and torch's make_graphed_callables) it does not (bars)",
+         _demo_04),
+    Demo("05", "1F1B ordered capture",
+         "GPipe vs 1F1B schedule charts (simulated), microbatches in flight, and real "
+         "training: graphs created in recorded order equal eager, other orders do not",
+         _demo_05),
+    Demo("06", "decode bucketing",
+         "a serving loop eager vs bucketed decode graphs: tokens/s, step times, identical "
+         "tokens (lesson 06's serving chart)", _demo_06),
+    Demo("07", "whole-step capture",
+         "a training step as two graphs (fwd+bwd of every microbatch, optimizer): losses "
+         "equal eager step by step, and ms per step eager vs graphs", _demo_07),
+)}
+
+
+# --------------------------------------------------------------------------- the PNG
+
+def _png_text_chunks(path: Path, limit: int = 1 << 20) -> dict[str, str] | None:
+    """The tEXt chunks before the image data of a PNG file, or None if it is not a PNG."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(8) != _PNG_SIGNATURE:
+                return None
+            out: dict[str, str] = {}
+            while fh.tell() < limit:
+                head = fh.read(8)
+                if len(head) < 8:
+                    return out
+                length, kind = struct.unpack(">I4s", head)
+                if kind in (b"IDAT", b"IEND"):
+                    return out
+                data = fh.read(length)
+                fh.read(4)  # CRC
+                if kind == b"tEXt" and b"\0" in data:
+                    key, _, value = data.partition(b"\0")
+                    out[key.decode("latin-1")] = value.decode("latin-1")
+            return out
+    except OSError:
+        return None
+
+
+def is_demo_png(path) -> bool:
+    """True when ``path`` is a PNG that ``python -m labkit demo`` saved (its text chunk says so)."""
+    chunks = _png_text_chunks(Path(path))
+    return bool(chunks) and chunks.get(_MARK_KEY, "").startswith(_MARK)
+
+
+def check_out_path(path) -> str | None:
+    """Why a demo must not write its PNG to ``path``, or None when it may.
+
+    .. warning::
+        A demo overwrites only its own earlier PNGs: anything else at ``path`` (a
+        learner's picture, a notebook, a folder) is refused, since a presenter typing a
+        wrong path must not lose a file.
+    """
+    p = Path(path)
+    if p.is_dir():
+        return (f"--out {path} is a folder; the demo saves one PNG file: give a file path "
+                f"ending in .png, e.g. --out {p / 'labkit-demo-01.png'}")
+    if p.suffix.lower() != ".png":
+        return (f"--out {path} does not end in .png; the demo saves a PNG picture: give a "
+                f"path ending in .png, e.g. --out {p.with_suffix('.png')}")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        return (f"--out {path}: the folder {parent} does not exist; create it first "
+                f"(mkdir -p {parent}) or pick another path")
+    if p.exists() and not is_demo_png(p):
+        return (f"--out {path}: a file is already there and it is not a PNG that a labkit "
+                f"demo saved, so it is left alone; pick another path, or move that file away")
+    return None
+
+
+def _save(fig, path: Path, number: str) -> None:
+    """Write the PNG next to its destination first, then move it there in one step."""
+    fd, tmp = tempfile.mkstemp(prefix=".labkit-demo-", suffix=".png", dir=path.parent or ".")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=110,
+                    metadata={_MARK_KEY: f"{_MARK} {number} (python -m labkit demo {number})"})
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+# --------------------------------------------------------------------------- command line
+
+def _demo_number(text: str) -> str:
+    """argparse type for NN: '1', '01' -> '01'; anything else is refused with the choices."""
+    choices = ", ".join(DEMOS)
+    if not text.isdigit() or f"{int(text):02d}" not in DEMOS:
+        raise argparse.ArgumentTypeError(
+            f"no demo {text!r}: expected a lesson number, one of {choices} "
+            "(python -m labkit demo --list says what each shows)")
+    return f"{int(text):02d}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``python -m labkit demo``."""
+    parser.add_argument("number", nargs="?", type=_demo_number, metavar="NN",
+                        help="the lesson whose demo to run: " + ", ".join(DEMOS))
+    parser.add_argument("--list", action="store_true", help="say what each demo shows")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto",
+                        help="auto (a GPU when there is one, else the emulator; "
+                             "LABKIT_BACKEND overrides it), cuda, or emulated (default: auto)")
+    parser.add_argument("--out", metavar="PATH", default=None,
+                        help="where to save the picture (a .png path; default "
+                             "./labkit-demo-NN.png). Only a PNG an earlier demo saved is "
+                             "overwritten.")
+
+
+def _list() -> str:
+    lines = ["python -m labkit demo NN: each lesson's headline demo (prints its figures, "
+             "saves a PNG)", ""]
+    for d in DEMOS.values():
+        lines.append(f"  {d.number}  {d.lesson}")
+        lines.append(f"      {d.shows}")
+    lines += ["", "--backend auto|cuda|emulated (default auto), --out PATH.png "
+                  "(default ./labkit-demo-NN.png)"]
+    return "\n".join(lines)
+
+
+def _error(message: str) -> int:
+    print(f"python -m labkit demo: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args) -> int:
+    """Run one demo from parsed arguments; returns the exit status (no traceback ever)."""
+    if args.list:
+        print(_list())
+        return 0
+    if args.number is None:
+        return _error("give a demo number, e.g. `python -m labkit demo 01`, or --list to "
+                      "see them (" + ", ".join(DEMOS) + ")")
+    demo = DEMOS[args.number]
+    out = Path(args.out if args.out is not None else f"labkit-demo-{demo.number}.png")
+    problem = check_out_path(out)
+    if problem:
+        return _error(problem)
+
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)      # a file, no window: works over ssh and in CI
+    import matplotlib.pyplot as plt
+    import torch
+
+    from labkit import backend
+
+    try:
+        B = backend.get(args.backend)
+    except (RuntimeError, ValueError) as e:
+        return _error(f"--backend {args.backend}: {e} On the command line: --backend "
+                      "emulated runs the demo on the CPU emulator.")
+    if B.is_emulated:
+        torch.set_num_threads(1)           # tiny tensors: one thread is faster and steadier
+    print(f"labkit demo {demo.number} · lesson {demo.number}, {demo.lesson}")
+    print(f"backend: {B.name} | device: {B.device} ({_device(B)}) | torch {torch.__version__}")
+    if B.is_emulated:
+        print(_on_cpu_note(B) + "; what needs a GPU is labelled emulated or simulated")
+    print()
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # library notices; the demo prints what matters
+            fig = demo.run(B, B.is_emulated)
+            _footer(fig, B, demo.number)
+            _save(fig, out, demo.number)
+            plt.close(fig)
+    except Exception as e:  # noqa: BLE001 - a command line ends in a message, not a traceback
+        with contextlib.suppress(Exception):
+            backend.recover(B)
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(f"\ndemo {demo.number} failed on backend {B.name}: {type(e).__name__}: {first}\n"
+              "Check the setup with `python -m labkit doctor`; `--backend emulated` runs the "
+              "same demo on the CPU emulator.", file=sys.stderr)
+        return 1
+    print(f"\nsaved {out} ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m labkit demo",
+                                     description="Run a lesson's headline demo.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
