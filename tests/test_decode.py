@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import DecodeModels, prefill_slots
 
 from labkit import backend
 from labkit.decode import (
@@ -123,38 +124,13 @@ def test_padding_policy_per_buffer(k, monkeypatch):
 
 # ---- the model and the runner ----------------------------------------------------------
 
-_CACHE: dict = {}
-
-
-def _model(B):
-    key = ("model", B.name)
-    if key not in _CACHE:
-        m = build_model("tiny", max_requests=MAX_BS, device=B.device, dtype=torch.float32)
-        _CACHE[key] = (m, _prefill(m))
-    return _CACHE[key]
+DECODE = DecodeModels(MAX_BS, seed=0, prompt_lens=(2, 20))
+_model, _runner = DECODE.model, DECODE.runner
 
 
 def _prefill(m, seed=0):
     """Prefill all 16 slots with random prompts; return each slot's (token, position)."""
-    g = torch.Generator().manual_seed(seed)
-    slots = list(range(1, MAX_BS + 1))
-    lens = torch.randint(2, 20, (MAX_BS,), generator=g).tolist()
-    prompts = [torch.randint(0, m.args.vocab_size, (n,), generator=g).tolist() for n in lens]
-    from labkit.decode import EagerRunner
-    logits = EagerRunner(m).forward(make_extend_batch(m, slots, prompts))
-    last = torch.tensor(lens).cumsum(0) - 1
-    toks = logits[last.to(logits.device)].argmax(-1).tolist()
-    return {s: (t, n) for s, t, n in zip(slots, toks, lens)}
-
-
-def _runner(B, **kw):
-    key = ("runner", B.name, tuple(sorted(kw.items(), key=str)))
-    if key not in _CACHE:
-        m, _ = _model(B)
-        r = DecodeGraphRunner(m, B, progress=False, **{"max_bs": MAX_BS, **kw})
-        r.capture()
-        _CACHE[key] = r
-    return _CACHE[key]
+    return prefill_slots(m, MAX_BS, seed, (2, 20))
 
 
 def _decode_batch(m, state, slots, mode=ForwardMode.DECODE, k=1):

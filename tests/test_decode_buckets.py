@@ -36,9 +36,9 @@ def test_numpy_ints_are_ints():
 
 @pytest.mark.parametrize("sizes, err, words", [
     ([], ValueError, "buckets is empty"),
-    ([1, 2.5, 4], TypeError, r"buckets\[1\] is 2.5 \(float\)"),
-    (["8", "16"], TypeError, r"buckets\[0\] is '8' \(str\)"),
-    ([4, 0, 8], ValueError, r"buckets\[1\] is 0"),
+    ([1, 2.5, 4], TypeError, r"buckets\[1\] must be an int >= 1, got 2.5 \(float\): a bucket "),
+    (["8", "16"], TypeError, r"buckets\[0\] must be an int >= 1, got '8' \(str\)"),
+    ([4, 0, 8], ValueError, r"buckets\[1\] must be >= 1, got 0: a bucket is a batch size"),
     ([1, 2, 32], ValueError, "bucket 32 exceeds max_bs=16"),
     ("1,2,4", ValueError, r"unknown bucket scheme '1,2,4'.*such as \[1, 2, 4, 8\]"),
     (8, TypeError, "must be a list of batch sizes"),
@@ -62,7 +62,7 @@ def test_unknown_scheme_lists_the_choices():
     ([1, 8, 4, 16], ValueError, r"sorted ascending .*buckets\[1\]=8 and buckets\[2\]=4"),
     ([1, 4, 4, 8], ValueError, "without repeats"),
     ([], ValueError, "buckets is empty"),
-    ([1, 2, "4"], TypeError, r"buckets\[2\] is '4'"),
+    ([1, 2, "4"], TypeError, r"buckets\[2\] must be an int >= 1, got '4'"),
 ])
 def test_pad_to_bucket_rejects_lists_bisect_cannot_search(buckets, err, words):
     with pytest.raises(err, match=words):
@@ -79,7 +79,7 @@ def test_pad_to_bucket_unsorted_would_otherwise_be_silently_wrong():
 
 
 @pytest.mark.parametrize("raw, err, words", [
-    (0, ValueError, "at least one request, got raw_bs=0"),
+    (0, ValueError, "raw_bs must be >= 1, got 0: a batch has at least one request"),
     (2.0, TypeError, r"got 2.0 \(float\)"),
     (None, TypeError, r"got None \(NoneType\)"),
 ])
@@ -94,17 +94,17 @@ def test_pad_to_bucket_oversize_names_both_sizes():
         pad_to_bucket(5, [1, 2, 4])
 
 
-@pytest.mark.parametrize("workload, words", [
-    ([1, 0, 3], r"workload\[1\] is 0"),
-    ([1, 2.5], r"workload\[1\] is 2.5"),
+@pytest.mark.parametrize("workload, err, words", [
+    ([1, 0, 3], ValueError, r"workload\[1\] must be >= 1, got 0: the workload is the batch"),
+    ([1, 2.5], TypeError, r"workload\[1\] must be an int >= 1, got 2.5 \(float\)"),
 ])
-def test_explore_buckets_rejects_bad_workloads(workload, words):
-    with pytest.raises(ValueError, match=words):
+def test_explore_buckets_rejects_bad_workloads(workload, err, words):
+    with pytest.raises(err, match=words):
         explore_buckets(16, workload)
 
 
 def test_explore_buckets_rejects_negative_memory_model():
-    with pytest.raises(ValueError, match="activation_bytes_per_row must be a whole number"):
+    with pytest.raises(ValueError, match="activation_bytes_per_row must be >= 0, got -1: a number"):
         explore_buckets(16, [1, 2], activation_bytes_per_row=-1)
 
 

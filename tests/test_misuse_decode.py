@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import DecodeModels
 
 from labkit import backend
 from labkit.decode import (
@@ -35,33 +36,8 @@ from labkit.decode import (
 from labkit.decode.__main__ import main as cli_main
 
 MAX_BS = 8
-_CACHE: dict = {}
-
-
-def _model(B):
-    """A tiny model with every slot prefilled; returns (model, {slot: (token, position)})."""
-    key = ("model", B.name)
-    if key not in _CACHE:
-        m = build_model("tiny", max_requests=MAX_BS, device=B.device, dtype=torch.float32)
-        g = torch.Generator().manual_seed(1)
-        slots = list(range(1, MAX_BS + 1))
-        lens = torch.randint(3, 12, (MAX_BS,), generator=g).tolist()
-        prompts = [torch.randint(0, m.args.vocab_size, (n,), generator=g).tolist() for n in lens]
-        logits = EagerRunner(m).forward(make_extend_batch(m, slots, prompts))
-        last = torch.tensor(lens).cumsum(0) - 1
-        toks = logits[last.to(logits.device)].argmax(-1).tolist()
-        _CACHE[key] = (m, {s: (t, n) for s, t, n in zip(slots, toks, lens)})
-    return _CACHE[key]
-
-
-def _runner(B, **kw):
-    key = ("runner", B.name, tuple(sorted(kw.items(), key=str)))
-    if key not in _CACHE:
-        m, _ = _model(B)
-        r = DecodeGraphRunner(m, B, progress=False, **{"max_bs": MAX_BS, **kw})
-        r.capture()
-        _CACHE[key] = r
-    return _CACHE[key]
+DECODE = DecodeModels(MAX_BS, seed=1, prompt_lens=(3, 12))
+_model, _runner = DECODE.model, DECODE.runner
 
 
 def _batch(m, state, slots):
@@ -212,7 +188,8 @@ def test_make_decode_batch_value_errors(args, match):
 
 
 @pytest.mark.parametrize("args,kw,match", [
-    (([1, 2.0], [5, 6], [3, 3]), {}, r"slots\[1\] must be an int \(request slots\), got 2.0"),
+    (([1, 2.0], [5, 6], [3, 3]), {},
+     r"slots\[1\] must be an int, got 2.0 \(float\): slots holds request slots"),
     (([1, 2], [5, "6"], [3, 3]), {}, r"tokens\[1\] must be a list of token ids"),
     (([1, 2], 5, [3, 3]), {}, r"tokens must be a list"),
     (("12", [5, 6], [3, 3]), {}, r"slots must be a list of request slots \(ints\), got str"),
@@ -253,7 +230,7 @@ def test_make_extend_batch_errors(args, match):
     ({"max_bs": 0}, ValueError, r"max_bs must be in 1\.\.8, got 0"),
     ({"max_bs": -3}, ValueError, r"max_bs must be in 1\.\.8, got -3"),
     ({"max_bs": 9}, ValueError, r"max_bs must be in 1\.\.8, got 9: the model has 8 request slots"),
-    ({"max_bs": "8"}, TypeError, r"max_bs must be an int, got '8'"),
+    ({"max_bs": "8"}, TypeError, r"max_bs must be an int in 1\.\.8, got '8' \(str\)"),
     ({"max_bs": 4.0}, TypeError, r"max_bs must be an int"),
     ({"buckets": "SGLang"}, ValueError,
      r"unknown bucket scheme 'SGLang': choose one of sglang, every, pow2"),
@@ -284,7 +261,8 @@ def test_runner_options(kw, err, match):
 
 def test_runner_needs_a_backend_and_a_model():
     m, _ = _model(backend.get("emulated"))
-    with pytest.raises(TypeError, match=r"B must be a labkit backend"):
+    with pytest.raises(TypeError, match=r"DecodeGraphRunner\(model, B\) must be the backend "
+                                        r"namespace .* got str 'emulated'.*labkit\.backend\.get"):
         DecodeGraphRunner(m, "emulated")
     with pytest.raises(TypeError, match=r"with caches set up"):
         DecodeGraphRunner(object(), backend.get("emulated"))
@@ -474,7 +452,8 @@ def test_serve_misuse():
         serve(m, wl[0])
     with pytest.raises(ValueError, match=r"prompt has token id 500, outside the vocabulary"):
         serve(m, [Request(0, 0, [1, 500], 2)])
-    with pytest.raises(ValueError, match=r"max_new_tokens=0"):
+    with pytest.raises(ValueError, match=r"request 0's max_new_tokens must be >= 1, got 0: the "
+                                         r"prefill already samples one token"):
         serve(m, [Request(0, 0, [1, 2], 0)])
     with pytest.raises(ValueError, match=r"needs 70 positions, more than max_seq_len=64"):
         serve(m, [Request(0, 0, [1] * 10, 61)])
@@ -496,7 +475,8 @@ def test_serve_warns_when_max_steps_cuts_requests_short():
 @pytest.mark.parametrize("args,kw,err,match", [
     (("huge",), {}, ValueError, r"unknown model config 'huge': choose one of tiny, small"),
     ((3,), {}, TypeError, r"args must be a config name"),
-    (("tiny",), {"max_requests": 0}, ValueError, r"max_requests must be an int >= 1"),
+    (("tiny",), {"max_requests": 0}, ValueError,
+     r"max_requests must be >= 1, got 0: the number of live requests"),
     (("tiny",), {"dtype": torch.int32}, TypeError, r"dtype must be a floating torch dtype"),
     (("tiny",), {"dtype": "float16"}, TypeError, r"dtype must be a floating torch dtype"),
 ])
@@ -511,7 +491,7 @@ def test_model_args_misuse():
         ModelArgs(dim=60, n_head=8)
     with pytest.raises(ValueError, match=r"n_head=4 is not a multiple of n_local_heads=3"):
         ModelArgs(n_head=4, n_local_heads=3)
-    with pytest.raises(ValueError, match=r"ModelArgs.vocab_size must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"ModelArgs.vocab_size must be >= 1, got 0"):
         ModelArgs(vocab_size=0)
 
 

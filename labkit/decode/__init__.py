@@ -5,7 +5,8 @@ graph runner and a continuous-batching serving loop. One module per idea:
 
     model      ModelArgs, Transformer, build_model   (gpt-fast's shape; KV pool as buffers)
     batch      ForwardMode, ForwardBatch, make_decode_batch, make_extend_batch
-    attention  TorchNativeAttnBackend, make_attn_backend  (metadata: out of graph / in graph)
+    attention  make_attn_backend: an attention backend by name
+    torch_attention   TorchNativeAttnBackend (metadata: out of graph / in graph; stock ops)
     triton_attention  TritonAttnBackend, decode_attention (GPU: keys read through the page
                       table; imported on demand, it needs Triton)
     buckets    default_buckets, pad_to_bucket, explore_buckets

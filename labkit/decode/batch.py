@@ -12,11 +12,12 @@ it reaches a device tensor, let alone a graph's static buffer.
 from __future__ import annotations
 
 import enum
-import numbers
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
+
+from labkit.core.validate import check_int, is_int
 
 __all__ = ["ForwardMode", "ForwardBatch", "make_decode_batch", "make_extend_batch"]
 
@@ -140,10 +141,6 @@ class ForwardBatch:
 
 # ---- checks on host values (no device work) ----------------------------------------------
 
-def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
 def _int_list(name: str, values, what: str) -> list[int]:
     """``values`` as a list of Python ints, or a TypeError naming the first bad entry."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
@@ -152,10 +149,7 @@ def _int_list(name: str, values, what: str) -> list[int]:
         values = values.tolist()
     out = []
     for i, v in enumerate(values):
-        if not _is_int(v):
-            raise TypeError(f"{name}[{i}] must be an int ({what}), got {v!r} "
-                            f"({type(v).__name__})")
-        out.append(int(v))
+        out.append(check_int(f"{name}[{i}]", v, None, fix=f"{name} holds {what}"))
     return out
 
 
@@ -224,7 +218,7 @@ def make_decode_batch(model, slots: Sequence[int], tokens: Sequence[Sequence[int
     if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__"):
         raise TypeError(f"{fn}: tokens must be a list (one token, or one list of k tokens, "
                         f"per request), got {type(tokens).__name__}")
-    rows = [[t] if _is_int(t) else _int_list(f"tokens[{i}]", t, "token ids")
+    rows = [[t] if is_int(t) else _int_list(f"tokens[{i}]", t, "token ids")
             for i, t in enumerate(tokens)]
     _same_length(fn, slots=slots, tokens=rows, start_positions=start_positions)
     if not rows:

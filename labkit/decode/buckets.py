@@ -18,8 +18,9 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from numbers import Integral
 from typing import Iterable, Sequence
+
+from labkit.core.validate import check_int
 
 __all__ = ["default_buckets", "pow2_buckets", "make_buckets", "pad_to_bucket",
            "BatchTooLargeError", "BucketReport", "explore_buckets", "SCHEMES"]
@@ -32,23 +33,9 @@ class BatchTooLargeError(ValueError):
     """A batch has more requests than the largest captured graph."""
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, Integral) and not isinstance(x, bool)
-
-
-def _check_count(value, what: str, fix: str) -> int:
-    """``value`` as an int >= 1, or an error naming what was given and what to do."""
-    if not _is_int(value):
-        raise TypeError(f"{what} must be a whole number >= 1, got {value!r} "
-                        f"({type(value).__name__}). {fix}")
-    if value < 1:
-        raise ValueError(f"{what} must be >= 1, got {value}. {fix}")
-    return int(value)
-
-
 def _check_max_bs(max_bs) -> int:
-    return _check_count(max_bs, "max_bs", "It is the largest batch a graph is captured for, "
-                        "e.g. max_bs=16.")
+    return check_int("max_bs", max_bs, 1,
+                     fix="the largest batch a graph is captured for, e.g. max_bs=16")
 
 
 def _check_bucket_list(buckets, *, sorted_required: bool) -> list[int]:
@@ -60,11 +47,7 @@ def _check_bucket_list(buckets, *, sorted_required: bool) -> list[int]:
     if not out:
         raise ValueError("buckets is empty: capture at least one graph, e.g. buckets=[1, 2, 4, 8]")
     for i, b in enumerate(out):
-        if not _is_int(b):
-            raise TypeError(f"buckets[{i}] is {b!r} ({type(b).__name__}): a bucket is a "
-                            f"batch size, a whole number >= 1")
-        if b < 1:
-            raise ValueError(f"buckets[{i}] is {b}: a bucket is a batch size, >= 1")
+        check_int(f"buckets[{i}]", b, 1, fix="a bucket is a batch size")
     if sorted_required:
         for i in range(1, len(out)):
             if out[i] <= out[i - 1]:
@@ -156,11 +139,7 @@ def pad_to_bucket(raw_bs: int, buckets: Sequence[int]) -> int:
         bucket without an error, so the list is checked first (``TypeError``/``ValueError``
         naming the first bad entry).
     """
-    if not _is_int(raw_bs):
-        raise TypeError(f"raw_bs must be a whole number of requests, got {raw_bs!r} "
-                        f"({type(raw_bs).__name__})")
-    if raw_bs < 1:
-        raise ValueError(f"a batch has at least one request, got raw_bs={raw_bs}")
+    check_int("raw_bs", raw_bs, 1, fix="a batch has at least one request")
     _check_bucket_list(buckets, sorted_required=True)
     i = bisect.bisect_left(buckets, raw_bs)
     if i == len(buckets):
@@ -213,13 +192,10 @@ def explore_buckets(max_bs: int, workload: Iterable[int], scheme: str | Iterable
     for what, v in (("activation_bytes_per_row", activation_bytes_per_row),
                     ("output_bytes_per_row", output_bytes_per_row),
                     ("graph_overhead_bytes", graph_overhead_bytes)):
-        if not _is_int(v) or v < 0:
-            raise ValueError(f"{what} must be a whole number of bytes >= 0, got {v!r}")
+        check_int(what, v, 0, fix="a number of bytes")
     sizes = list(workload)
     for i, bs in enumerate(sizes):
-        if not _is_int(bs) or bs < 1:
-            raise ValueError(f"workload[{i}] is {bs!r}: the workload is the batch size of each "
-                             f"decode step, whole numbers >= 1")
+        check_int(f"workload[{i}]", bs, 1, fix="the workload is the batch size of each decode step")
     real = padded = oversize = 0
     for bs in sizes:
         try:

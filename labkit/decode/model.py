@@ -34,6 +34,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from labkit.core.validate import check_int
+
 __all__ = ["ModelArgs", "CONFIGS", "RMSNorm", "KVCache", "Attention", "FeedForward",
            "TransformerBlock", "Transformer", "precompute_freqs_cis", "apply_rotary_emb",
            "rotary_emb_",
@@ -67,9 +69,7 @@ class ModelArgs:
             self.intermediate_size = find_multiple(int(2 * 4 * self.dim / 3), 32)
         for name in ("vocab_size", "n_layer", "n_head", "dim", "n_local_heads",
                      "intermediate_size", "max_seq_len"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"ModelArgs.{name} must be an int >= 1, got {v!r}")
+            check_int(f"ModelArgs.{name}", getattr(self, name), 1)
         if self.dim % self.n_head:
             raise ValueError(f"ModelArgs: dim={self.dim} is not a multiple of n_head={self.n_head}")
         if self.n_head % self.n_local_heads:
@@ -257,9 +257,8 @@ class Transformer(nn.Module):
         ``req_to_token`` is an identity layout here (a real server hands out pages on
         demand); all code still goes through the table, as SGLang's does.
         """
-        if not isinstance(max_requests, int) or isinstance(max_requests, bool) or max_requests < 1:
-            raise ValueError(f"max_requests must be an int >= 1 (live requests; slot 0 is the "
-                             f"dummy slot on top), got {max_requests!r}")
+        check_int("max_requests", max_requests, 1,
+                  fix="the number of live requests (slot 0 is the dummy slot on top)")
         a = self.args
         p = self.output.weight
         self.cache_generation += 1
@@ -317,8 +316,7 @@ def build_model(args: ModelArgs | str = "tiny", max_requests: int = 16, device=N
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"build_model: dtype must be a floating torch dtype (torch.float32, "
                         f"torch.float16, torch.bfloat16), got {dtype!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"build_model: seed must be an int, got {seed!r}")
+    check_int("build_model: seed", seed, None)
     g = torch.random.fork_rng(devices=[])
     with g:
         torch.manual_seed(seed)

@@ -27,6 +27,7 @@ Typical use (any backend)::
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gc
 import logging
@@ -36,10 +37,12 @@ from typing import Callable, Iterable
 
 import torch
 
+from labkit.backend import ensure as ensure_backend
 from labkit.capture import cleanup_on_failure, own_cublas_workspace
+from labkit.core.validate import check_int
 
 from .attention import TorchNativeAttnBackend, make_attn_backend
-from .batch import ForwardBatch, ForwardMode, _check_model, _is_int, check_batch
+from .batch import ForwardBatch, ForwardMode, _check_model, check_batch
 from .buckets import make_buckets, pad_to_bucket
 from .buffers import Pad, StaticBuffers
 
@@ -105,10 +108,8 @@ class FullGraphBackend:
     """One full CUDA graph per shape key, all in one memory pool, one capture stream."""
 
     def __init__(self, B, num_warmups: int = 2):
-        _check_count("num_warmups", num_warmups, 1, None,
-                     "first-call work (lazy init, autotuning) must happen before capture")
-        self.B = B
-        self.num_warmups = num_warmups
+        self.B = ensure_backend(B, "FullGraphBackend(B)")
+        self.num_warmups = check_int("num_warmups", num_warmups, 1, fix=_WARMUP_WHY)
         self.graphs: dict = {}
         self.outputs: dict = {}
         self.pool = None
@@ -251,10 +252,10 @@ _FALLBACKS = ("error", "eager")
 _SCHEMES = ("sglang", "every", "pow2")
 
 
-def _check_backend(model, B) -> None:
-    if not all(hasattr(B, a) for a in ("CUDAGraph", "graph", "device", "name")):
-        raise TypeError("B must be a labkit backend (B = labkit.backend.get('auto')), got "
-                        f"{type(B).__name__}")
+_WARMUP_WHY = "first-call work (lazy init, autotuning) must happen before capture"
+
+
+def _check_device(model, B) -> None:
     if model.device.type != torch.device(B.device).type:
         raise ValueError(f"model is on {model.device} but backend {B.name!r} runs on "
                          f"{B.device}: build the model with device=B.device")
@@ -269,23 +270,14 @@ def _check_same_caches(attn, model, fn: str) -> None:
                            "build (and capture) a new runner after setup_caches")
 
 
-def _check_count(name: str, value, lo: int, hi: int | None = None, why: str = "") -> None:
-    """An int option in ``lo..hi``, or an error naming it, its value and the range."""
-    if not _is_int(value):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < lo or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise ValueError(f"{name} must be {rng}, got {value}" + (f": {why}" if why else ""))
-
-
 def _check_options(model, *, max_bs, buckets, disable_padding, num_tokens_per_bs, forward_mode,
                    fallback, num_warmups, compile_bs, progress):
     """DecodeGraphRunner's options, each against its type and range (or fixed set).
     Returns ``buckets`` as given, or as a list when it was another iterable (read once)."""
     slots = model.num_slots - 1
-    _check_count("max_bs", max_bs, 1, slots,
-                 f"the model has {slots} request slots (build_model(max_requests=...)), so no "
-                 "batch is larger; leave max_bs=None for all of them")
+    check_int("max_bs", max_bs, 1, slots,
+              fix=f"the model has {slots} request slots (build_model(max_requests=...)), so "
+              "no batch is larger; leave max_bs=None for all of them")
     if isinstance(buckets, str):
         if buckets not in _SCHEMES:
             raise ValueError(f"unknown bucket scheme {buckets!r}: choose one of "
@@ -298,11 +290,12 @@ def _check_options(model, *, max_bs, buckets, disable_padding, num_tokens_per_bs
         if not sizes:
             raise ValueError("buckets is an empty list: give at least one batch size")
         for b in sizes:
-            _check_count("every bucket size", b, 1, max_bs, f"max_bs is {max_bs}")
+            check_int("every bucket size", b, 1, max_bs, fix=f"max_bs is {max_bs}")
     for name, flag in (("disable_padding", disable_padding), ("progress", progress)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
-    _check_count("num_tokens_per_bs", num_tokens_per_bs, 1, model.args.max_seq_len)
+    check_int("num_tokens_per_bs", num_tokens_per_bs, 1, model.args.max_seq_len,
+              fix="the tokens each request feeds per step (1 for decode)")
     graphable = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY)
     if forward_mode is not None:
         if forward_mode not in graphable:
@@ -314,9 +307,8 @@ def _check_options(model, *, max_bs, buckets, disable_padding, num_tokens_per_bs
     if fallback not in _FALLBACKS:
         raise ValueError(f"fallback must be one of {', '.join(map(repr, _FALLBACKS))}, got "
                          f"{fallback!r}")
-    _check_count("num_warmups", num_warmups, 1, None,
-                 "first-call work (lazy init, autotuning) must happen before capture")
-    _check_count("compile_bs", compile_bs, 0, None)
+    check_int("num_warmups", num_warmups, 1, fix=_WARMUP_WHY)
+    check_int("compile_bs", compile_bs, 0, fix="buckets up to this size are compiled; 0: none")
     return buckets
 
 
@@ -373,7 +365,8 @@ class DecodeGraphRunner(BaseGraphRunner):
                  num_warmups: int = 2, compile_bs: int = 0, progress: bool = True,
                  attention: str = "torch_native"):
         _check_model(model, "DecodeGraphRunner")
-        _check_backend(model, B)
+        B = ensure_backend(B, "DecodeGraphRunner(model, B)")
+        _check_device(model, B)
         max_bs = model.num_slots - 1 if max_bs is None else max_bs
         buckets = _check_options(
             model, max_bs=max_bs, buckets=buckets, disable_padding=disable_padding,
@@ -408,10 +401,7 @@ class DecodeGraphRunner(BaseGraphRunner):
         self._warned_fallback = False
         self._loaded: tuple | None = None  # (batch, raw_bs, padded_bs) now in the buffers
         self._compiled = None
-        self._bucket_of = {raw: pad_to_bucket(raw, self.buckets)  # raw bs -> bucket, once
-                           for raw in range(1, self.max_bucket + 1)}
-        self._bucket_batches: dict[int, ForwardBatch] = {}
-        self._fast_dsts: dict[int, list[torch.Tensor]] = {}   # fast path: head views
+        self._bucket_batches: dict[int, ForwardBatch] = {}    # see _bucket_batch
         self.last_replay: tuple[int, int] | None = None  # (raw_bs, bucket) of the last replay
 
     # ---- capture -----------------------------------------------------------------------
@@ -485,23 +475,30 @@ class DecodeGraphRunner(BaseGraphRunner):
         return bs
 
     def _load(self, batch: ForwardBatch, padding_override: dict | None) -> int:
-        """Fill the static buffers from a checked batch and plan its metadata out of
-        graph; returns the bucket. The batch is not marked: only :meth:`plan` marks."""
+        """Pad to the bucket, fill the static buffers and prepare the metadata out of graph
+        (SGLang's ``replay_prepare``); returns the bucket. Only :meth:`plan` marks the batch."""
         raw_bs = batch.batch_size
-        bs = self._bucket_of.get(raw_bs) or pad_to_bucket(raw_bs, self.buckets)
-        override = ({**self.padding_override, **(padding_override or {})}
-                    if self.padding_override or padding_override else None)
-        self.buffers.fill_from(batch, raw_bs, bs, override=override)
-        fill = self.buffers.slots["seq_lens"].fill_value  # host view of the padded rows
-        fb = self._bucket_batches.get(bs)
-        if fb is None:  # the padded view over the static buffers, built once per bucket
-            fb = self._bucket_batches[bs] = self._buffer_batch(bs, [])
-        seq_lens_cpu = batch.seq_lens_cpu
-        fb.seq_lens_cpu = (seq_lens_cpu if bs == raw_bs
-                           else list(seq_lens_cpu) + [fill] * (bs - raw_bs))
+        bs = self.buckets[bisect.bisect_left(self.buckets, raw_bs)]   # smallest that holds it
+        override = {**self.padding_override, **(padding_override or {})}
+        self.buffers.fill_from(batch, raw_bs, bs, override=override or None)
+        fb = self._bucket_batch(bs)
+        fill = self.buffers.slots["seq_lens"].fill_value
+        fb.seq_lens_cpu = list(batch.seq_lens_cpu) + [fill] * (bs - raw_bs)
         self.attn.init_forward_metadata_out_graph(fb)
         self._loaded = (batch, raw_bs, bs)
         return bs
+
+    def _bucket_batch(self, bs: int) -> ForwardBatch:
+        """The padded batch of bucket ``bs``: views of the static buffers, made once."""
+        if bs not in self._bucket_batches:
+            self._bucket_batches[bs] = self._buffer_batch(bs, [])
+        return self._bucket_batches[bs]
+
+    def _is_planned(self, batch: ForwardBatch) -> bool:
+        """``batch`` is the one :meth:`plan` loaded, unchanged since."""
+        loaded = self._loaded
+        return (loaded is not None and loaded[0] is batch and loaded[1] == batch.batch_size
+                and not batch.needs_forward_metadata_init())
 
     def replay(self, batch: ForwardBatch, padding_override: dict | None = None) -> torch.Tensor:
         """Replay the bucket's graph for ``batch``; return logits for the real tokens only.
@@ -557,34 +554,22 @@ class DecodeGraphRunner(BaseGraphRunner):
                 raise ValueError(f"{fn}: padding_override[{name!r}] = {pad!r}; choose one of "
                                  f"{', '.join(pads)}")
 
+    @torch.no_grad()
     def _replay(self, batch: ForwardBatch, padding_override: dict | None) -> torch.Tensor:
-        """replay() after its checks. Autograd off (the plain switch: cheaper per step
-        than entering a ``no_grad`` context manager; nothing here needs grad anyway)."""
-        grad = torch.is_grad_enabled()
-        if grad:
-            torch._C._set_grad_enabled(False)
-        try:
-            raw_bs = batch.batch_size
-            loaded = self._loaded
-            if (loaded is not None and loaded[0] is batch and loaded[1] == raw_bs
-                    and not padding_override and not batch.needs_forward_metadata_init()):
-                n = raw_bs * self.num_tokens_per_bs
-                dsts = self._fast_dsts.get(n)
-                if dsts is None:
-                    b = self.buffers
-                    dsts = self._fast_dsts[n] = [b.input_ids[:n], b.positions[:n]]
-                torch._foreach_copy_(dsts, [batch.input_ids, batch.positions])
-                bs = loaded[2]
-                self.stats["fast_path"] += 1
-            else:
-                bs = self._load(batch, padding_override)
-            self.last_replay = (raw_bs, bs)
-            out = self.backend.replay(bs)
-            self.stats["graph"] += 1
-            return out[: raw_bs * self.num_tokens_per_bs]  # drop the padded rows
-        finally:
-            if grad:
-                torch._C._set_grad_enabled(True)
+        """replay() after its checks (SGLang's ``CudaGraphRunner.replay``)."""
+        raw_num_token = batch.batch_size * self.num_tokens_per_bs
+        if self._is_planned(batch) and not padding_override:
+            # Planned ahead: only the two fields that arrive after planning.
+            self.buffers.input_ids[:raw_num_token].copy_(batch.input_ids)
+            self.buffers.positions[:raw_num_token].copy_(batch.positions)
+            bs = self._loaded[2]
+            self.stats["fast_path"] += 1
+        else:
+            bs = self._load(batch, padding_override)
+        self.last_replay = (batch.batch_size, bs)
+        out = self.backend.replay(bs)
+        self.stats["graph"] += 1
+        return out[:raw_num_token]                      # drop the padded rows
 
     def eager_forward(self, batch: ForwardBatch) -> torch.Tensor:
         self.stats["eager"] += 1
@@ -648,8 +633,8 @@ def demo_stale_tail(runner: DecodeGraphRunner, batch: ForwardBatch, buffer: str 
         raise ValueError(f"{buffer!r} is not an index buffer; choose one of {list(table_size)}")
     if stale_value is None:
         stale_value = table_size[buffer] + 1000
-    elif not _is_int(stale_value):
-        raise TypeError(f"stale_value must be an int, got {stale_value!r}")
+    else:
+        check_int("stale_value", stale_value, None)
     slot = runner.buffers.slots[buffer]
     k = runner.num_tokens_per_bs
     slot.tensor[slot.rows(raw, k):slot.rows(bs, k)] = stale_value

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from labkit.core.validate import check_int, is_int
+
 from .batch import make_decode_batch, make_extend_batch
 from .model import greedy
 from .runner import EagerRunner
@@ -57,17 +59,17 @@ def synthetic_workload(num_requests: int = 32, arrival_rate: float = 1.0,
     """Seeded requests: exponential inter-arrival gaps (mean ``1 / arrival_rate`` steps),
     uniform prompt and output lengths (inclusive ranges), random prompt tokens. With
     ``max_seq_len`` the output length is clipped so every request fits its KV slot."""
-    _check_int("num_requests", num_requests, 0)
+    check_int("num_requests", num_requests, 0)
     if (not isinstance(arrival_rate, numbers.Real) or isinstance(arrival_rate, bool)
             or not math.isfinite(arrival_rate) or arrival_rate <= 0):
         raise ValueError(f"arrival_rate must be a finite number > 0 (requests per decode step), "
                          f"got {arrival_rate!r}")
     _check_range("prompt_len", prompt_len)
     _check_range("output_len", output_len)
-    _check_int("vocab_size", vocab_size, 1)
+    check_int("vocab_size", vocab_size, 1)
     if max_seq_len is not None:
-        _check_int("max_seq_len", max_seq_len, 2)
-    _check_int("seed", seed, 0)
+        check_int("max_seq_len", max_seq_len, 2)
+    check_int("seed", seed, 0)
     rng = np.random.default_rng(seed)
     t = 0.0
     reqs = []
@@ -83,17 +85,10 @@ def synthetic_workload(num_requests: int = 32, arrival_rate: float = 1.0,
     return reqs
 
 
-def _check_int(name: str, value, lo: int) -> None:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {value}")
-
-
 def _check_range(name: str, rng) -> None:
     """An inclusive (lo, hi) range of lengths, 1 <= lo <= hi."""
     if (not isinstance(rng, (tuple, list)) or len(rng) != 2
-            or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in rng)):
+            or not all(is_int(v) for v in rng)):
         raise TypeError(f"{name} must be a (min, max) pair of ints, got {rng!r}")
     if not 1 <= rng[0] <= rng[1]:
         raise ValueError(f"{name}=({rng[0]}, {rng[1]}): need 1 <= min <= max")
@@ -217,7 +212,7 @@ def _check_serve_args(model, workload, runner, max_running, max_steps) -> None:
                          "model's weights and KV cache): pass the runner's own model")
     slots = model.num_slots - 1
     if max_running is not None:
-        _check_int("max_running", max_running, 1)
+        check_int("max_running", max_running, 1)
         if max_running > slots:
             raise ValueError(f"max_running={max_running} > KV slots ({slots})")
     if hasattr(runner, "captured") and not runner.captured:
@@ -230,7 +225,7 @@ def _check_serve_args(model, workload, runner, max_running, max_steps) -> None:
                          f"graph is {largest} and fallback='error', so a large step would fail "
                          f"mid-run: pass max_running={largest}, capture with max_bs={running}, "
                          "or build the runner with fallback='eager'")
-    _check_int("max_steps", max_steps, 1)
+    check_int("max_steps", max_steps, 1)
     if isinstance(workload, Request) or not hasattr(workload, "__iter__"):
         raise TypeError("serve: workload must be a list of Request (synthetic_workload(...)), "
                         f"got {type(workload).__name__}")
@@ -243,9 +238,8 @@ def _check_serve_args(model, workload, runner, max_running, max_steps) -> None:
         seen.add(r.rid)
         if not r.prompt:
             raise ValueError(f"serve: request {r.rid} has an empty prompt")
-        if not isinstance(r.max_new_tokens, numbers.Integral) or r.max_new_tokens < 1:
-            raise ValueError(f"serve: request {r.rid} has max_new_tokens={r.max_new_tokens!r}; "
-                             "need an int >= 1 (the prefill already samples one token)")
+        check_int(f"serve: request {r.rid}'s max_new_tokens", r.max_new_tokens, 1,
+                  fix="the prefill already samples one token")
         if r.output:
             raise ValueError(f"serve: request {r.rid} already has output {r.output[:4]}...: "
                              "pass fresh requests (serve copies them and never writes back)")

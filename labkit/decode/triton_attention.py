@@ -1,6 +1,6 @@
 """Decode attention as one Triton kernel that reads keys *through* the page table.
 
-Why this exists: :class:`~labkit.decode.attention.TorchNativeAttnBackend` gathers every
+Why this exists: :class:`~labkit.decode.torch_attention.TorchNativeAttnBackend` gathers every
 request's keys and values into a dense ``(bs, W, 2, H, D)`` tensor (one ``index_select``)
 so that SDPA can read them. That copy is the price of using stock kernels: at ``bs=64``,
 ``W=256`` (8 KV heads of 64, fp16) it writes and reads 33 MB per layer, more memory
@@ -45,7 +45,7 @@ import math
 
 import torch
 
-from .attention import DecodeMetadata, TorchNativeAttnBackend
+from .torch_attention import DecodeMetadata, TorchNativeAttnBackend
 
 __all__ = ["triton_available", "decode_attention", "num_kv_splits", "TritonAttnBackend"]
 

@@ -24,8 +24,7 @@ replay), :mod:`.trainer` (the two graphs wired together). The model lesson 07 tr
 """
 
 from .loader import StaticBatchLoader, fill_static_buffers
-from .model import (CONFIGS, Block, LMConfig, TinyLM, build_lm, lm_loss,
-                    random_microbatches)
+from .model import CONFIGS, Block, LMConfig, TinyLM, build_lm, lm_loss, random_microbatches
 from .optimizer import CapturableAdamW, ensure_grads, make_capturable_optimizer
 from .step import forward_backward, nonfinite_flag, phase
 from .trainer import EagerTrainer, FullStepTrainer
