@@ -195,7 +195,7 @@ def test_without_an_out_variant_replay_copies(E, monkeypatch):
 
 
 def test_replay_vs_eager_measurement_runs_and_agrees():
-    from labkit.emulator.cost import replay_vs_eager
+    from labkit.bench.emulator_cost import replay_vs_eager
 
     r = replay_vs_eager(d_model=16, nhead=2, batch=2, seq=4, iters=3)
     assert r["results_equal"] and r["ops_recorded"] > 20

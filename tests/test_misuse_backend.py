@@ -278,7 +278,7 @@ def test_event_elapsed_time_needs_an_event(E):
 
 
 def test_emulator_cost_command_line(capsys):
-    from labkit.emulator import cost
+    from labkit.bench import emulator_cost as cost
 
     with pytest.raises(SystemExit) as exit_:
         cost.main(["--iters", "0"])
