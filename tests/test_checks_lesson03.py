@@ -582,3 +582,15 @@ def test_hints_come_in_steps_after_a_failure(B, capsys):
     labkit.checks.hint()
     out = capsys.readouterr().out
     assert "hint 1 of 2 for capturable_clip: fix:" in out and "hint 2 of 2" in out
+
+
+@pytest.mark.parametrize("check", [check_capturable_clip, check_arg_mismatches, check_build_server])
+def test_checkers_refuse_a_wrong_backend_or_trial_count(check):
+    with pytest.raises(TypeError, match=r"B must be the backend namespace .*got str 'cuda': "
+                                        r"write B = labkit.backend.get\('cuda'\)"):
+        check(lambda *a: None, B="cuda", quiet=True)
+    with pytest.raises(ValueError, match="trials must be >= 1, got 0: a checker passes only "
+                                         "after at least one trial"):
+        check(lambda *a: None, trials=0, quiet=True)
+    with pytest.raises(TypeError, match=r"trials must be an int >= 1, got 2.5 \(float\)"):
+        check(lambda *a: None, trials=2.5, quiet=True)

@@ -73,9 +73,11 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from labkit.backend import ensure as _backend
 from labkit.backend import recover as _recover
 from labkit.checks import NOT_DONE, LearnerTimeout, call_learner, compare_outputs, fail, passed
 from labkit.core.signature import ArgMetadata, mismatches
+from labkit.core.validate import check_int
 
 __all__ = ["check_capturable_clip", "check_arg_mismatches", "check_build_server"]
 
@@ -127,14 +129,6 @@ def _learner_error(exc: BaseException) -> str:
     return f"{text}\n   at {loc}: {line}" if line else f"{text}\n   at {loc}"
 
 
-def _backend(B):
-    if B is not None:
-        return B
-    from labkit import backend
-
-    return backend.get("auto")
-
-
 def _generator(seed: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed)
@@ -145,6 +139,7 @@ def _run(name: str, trials: int, one_trial: Callable[[int, torch.Generator], Non
          quiet: bool, explain: Callable[[BaseException], _Failure] | None = None,
          B=None):
     """Run ``one_trial(trial, gen)`` for each trial; turn what goes wrong into one report."""
+    check_int("trials", trials, 1, fix="a checker passes only after at least one trial")
     for trial in range(1, trials + 1):
         gen = _generator(1000 * trial + 3)
         torch.manual_seed(trial)
