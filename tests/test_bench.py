@@ -185,3 +185,102 @@ def test_suites_run_on_the_emulator():
     assert shared["extra"]["reserved_MiB"] < separate["extra"]["reserved_MiB"]
     runner = got[("capture", "decode_runner_torch_native")]
     assert runner["batch_size"] == 4 and runner["extra"]["graphs"] == 3   # buckets 1, 2, 4
+
+
+# ---- labkit.core.timing: the one timer, trace reader and GPU-busy time ---------------------
+
+def test_bench_timing_is_core_timing():
+    from labkit.bench import timing as bench_timing
+    from labkit.core import timing
+
+    for name in ("measure_us", "time_call", "profile_gpu_busy_us", "device_name"):
+        assert getattr(bench_timing, name) is getattr(timing, name), name
+
+
+def test_busy_us_counts_overlaps_once():
+    from labkit.core.timing import busy_us
+
+    assert busy_us([]) == 0.0
+    assert busy_us([(0, 2), (5, 6)]) == 3
+    assert busy_us([(0, 4), (1, 2), (3, 6), (10, 11)]) == 7     # 0..6 once, then 10..11
+
+
+def test_time_call_medians_per_call_and_checks_its_arguments():
+    from labkit.core.timing import Timing, measure_us, time_call
+
+    E = backend.get("emulated")
+    calls = []
+    t = time_call(lambda: calls.append(1), E, warmup=2, repeats=3, inner=4)
+    assert isinstance(t, Timing) and len(calls) == 2 + 3 * 4
+    assert 0 < t.device_us and 0 < t.host_us
+    assert measure_us(lambda: None, E, warmup=0, repeats=1) > 0
+    with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
+        time_call(lambda: None, E, repeats=0)
+    with pytest.raises(TypeError, match="inner must be an int >= 1, got 2.5"):
+        time_call(lambda: None, E, inner=2.5)
+    with pytest.raises(TypeError, match="pass the function, not its result"):
+        time_call(None, E)
+
+
+def test_trace_reader_names_a_bad_trace(tmp_path):
+    from labkit.core.timing import complete_events, read_chrome_trace
+
+    events = [{"ph": "X", "name": "k", "cat": "kernel", "ts": 1, "dur": 2},
+              {"ph": "M", "name": "process_name"}, {"ph": "i", "name": "marker", "ts": 3}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert [e["name"] for e in complete_events(path)] == ["k"]
+    assert read_chrome_trace({"traceEvents": []}) == {"traceEvents": []}
+    with pytest.raises(ValueError, match="no trace file at"):
+        read_chrome_trace(tmp_path / "missing.json")
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(ValueError, match="holds a JSON list"):
+        read_chrome_trace(tmp_path / "list.json")
+    with pytest.raises(TypeError, match="Chrome-trace dict or a path"):
+        read_chrome_trace(5)
+    with pytest.raises(ValueError, match="traceEvents\" must be a list"):
+        complete_events({"traceEvents": {}})
+    with pytest.raises(ValueError, match="trace event 0 \\('k'\\) has no numeric ts/dur"):
+        complete_events({"traceEvents": [{"ph": "X", "name": "k", "ts": "x", "dur": 1}]})
+
+
+def test_no_gpu_busy_time_and_an_emulator_label_without_a_gpu():
+    from labkit.core.timing import device_name, profile_gpu_busy_us
+
+    E = backend.get("emulated")
+    assert profile_gpu_busy_us(lambda: None, E) is None
+    assert device_name(E) == "CPU (emulated CUDA graphs)"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_busy_time_of_a_chain_and_its_replay():
+    from labkit import timeline as T
+    from labkit.core.timing import GPU_EVENT_CATEGORIES, profile_gpu_busy_us, record_chrome_trace
+
+    Bc = backend.get("cuda")
+    steps = T.chain_steps(Bc, n_ops=20, numel=256)
+    trace = record_chrome_trace(steps.graphed, Bc)
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") in GPU_EVENT_CATEGORIES]
+    assert len(kernels) >= 20, f"{len(kernels)} GPU events for a replay of 20 adds"
+    for fn in (steps.eager, steps.graphed):
+        busy = profile_gpu_busy_us(fn, Bc)
+        assert busy is not None and busy > 0
+
+
+# ---- labkit.bench.emulator_cost (was labkit.emulator.cost) ---------------------------------
+
+def test_emulator_cost_runs_and_replay_agrees_with_eager(capsys):
+    from labkit.bench.emulator_cost import main, replay_vs_eager
+
+    r = replay_vs_eager(d_model=16, nhead=2, batch=2, seq=4, iters=2)
+    assert r["results_equal"] and r["ops_recorded"] > 0
+    assert r["eager_us"] > 0 and r["replay_us"] > 0
+    with pytest.raises(ValueError, match="d_model=10 must be a multiple of nhead=4"):
+        replay_vs_eager(d_model=10, nhead=4)
+    with pytest.raises(TypeError, match="iters must be an int >= 1, got 2.5"):
+        replay_vs_eager(iters=2.5)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--iters", "0"])
+    assert exit_.value.code == 2
+    assert "--iters: must be at least 1, got 0" in capsys.readouterr().err

@@ -49,10 +49,20 @@ def chain_steps(B, n_ops: int = 100, numel: int = 256, dtype: torch.dtype = torc
                 warmup: int = 3) -> ChainSteps:
     """Build a :func:`chain` on ``B.device`` and capture it, with the lesson-02 template.
 
-    Warm up on a side stream, so lazy initialisation (allocator, library handles) happens
-    outside the capture and off the default stream; then capture into a fresh graph
-    (``B.graph`` captures on a side stream of its own). Capture records the ops, it does
-    not run them: ``out`` holds the result only after the first replay.
+    Warm up on a side stream, then capture into a fresh graph (``B.graph`` captures on a
+    side stream of its own).
+
+    Args:
+        B: the backend (``None``: ``labkit.backend.get("auto")``).
+        n_ops: adds in the chain (kernels on a GPU).
+        numel: elements of ``x``.
+        dtype: of ``x``.
+        warmup: eager runs on the side stream before the capture.
+
+    .. warning::
+        Capture records the ops, it does not run them: ``out`` holds the result only after
+        the first replay. The warm-up keeps lazy initialisation (allocator, library
+        handles) out of the capture, where it would be recorded or refused.
     """
     B = _check_chain_args(B, n_ops=n_ops, numel=numel, dtype=dtype, warmup=warmup)
     x = torch.zeros(numel, device=B.device, dtype=dtype)
@@ -81,18 +91,25 @@ def measure_launch_cost(B, n_ops: int = 100, numel: int = 256, repeats: int = 20
                         warmup: int = 3, dtype: torch.dtype = torch.float32) -> dict:
     """Per-kernel cost of a chain of ``n_ops`` tiny adds, eager vs one graph replay.
 
-    Returns a dict with
-    ``eager_us_per_kernel`` / ``graph_us_per_kernel`` (step time ÷ n_ops), their ratio
-    ``speedup``, the step times ``eager_step_us`` / ``graph_step_us``, and the CPU-side
-    costs ``cpu_us_per_launch`` (issuing one eager op: the Python → ATen → driver path,
-    the ``launch_us`` a :func:`simulate` of this machine wants) and ``cpu_us_per_replay``
-    (issuing one ``g.replay()``). ``timer`` says how the step times were taken.
+    Both are timed by :func:`labkit.core.timing.time_call` (the median of ``repeats``).
 
-    On a GPU (``B.name == "cuda"``) step times are CUDA-event times on the device. On the
-    emulator they are CPU wall times: the eager number is the real dispatch cost of a
-    torch op on this CPU, but the graph number is the emulator's replay, which runs on the
-    CPU too. It shows the mechanism (one call replays N ops), not what a GPU gains; the
-    ``note`` key says so.
+    Args:
+        B: the backend (``None``: ``labkit.backend.get("auto")``).
+        n_ops, numel, dtype, warmup: the chain, as for :func:`chain_steps`.
+        repeats: timed samples of each.
+
+    Returns:
+        A dict: ``eager_step_us`` / ``graph_step_us`` (one step), ``eager_us_per_kernel`` /
+        ``graph_us_per_kernel`` (a step / ``n_ops``), their ratio ``speedup``,
+        ``cpu_us_per_launch`` (issuing one eager op: the ``launch_us`` that a
+        :func:`simulate` of this machine wants), ``cpu_us_per_replay`` (issuing one
+        ``g.replay()``), ``timer``, ``device`` and the arguments.
+
+    .. warning::
+        On the emulator the step times are CPU wall times: the eager number is the real
+        dispatch cost of a torch op on this CPU, but the graph number is the emulator's
+        replay, which runs on the CPU too. It shows the mechanism (one call replays N
+        ops), not what a GPU gains; the ``note`` key says so.
     """
     B = _check_chain_args(B, n_ops=n_ops, numel=numel, dtype=dtype, warmup=warmup,
                           repeats=repeats)
@@ -132,10 +149,11 @@ def measure_launch_cost(B, n_ops: int = 100, numel: int = 256, repeats: int = 20
 
 def sweep_measured(B, numels: Sequence[int], n_ops: int = 50, repeats: int = 10,
                    dtype: torch.dtype = torch.float32) -> list[dict]:
-    """:func:`measure_launch_cost` at each tensor size: measured time per step vs work.
+    """:func:`measure_launch_cost` at each size in ``numels``: one row per size.
 
-    Meaningful on a GPU. On the emulator both curves are CPU compute once tensors grow,
-    so use :func:`sweep_simulated` there for the GPU picture.
+    .. warning::
+        Meaningful on a GPU only. On the emulator both curves are CPU compute once tensors
+        grow; :func:`sweep_simulated` draws the GPU picture there.
     """
     numels = _check_numels(numels)
     B = _check_chain_args(B, n_ops=n_ops, numel=1, dtype=dtype, warmup=0, repeats=repeats)

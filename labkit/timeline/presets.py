@@ -32,14 +32,21 @@ class UnknownPresetError(KeyError, ValueError):
 class GPUPreset:
     """What a roofline needs to know about a GPU.
 
-    ``fp16_tflops`` is the dense tensor-core peak (what matmuls can reach), ``fp32_tflops``
-    the CUDA-core peak (what element-wise fp32 kernels use), ``hbm_gbps`` the memory
-    bandwidth; all from the vendor datasheets, without sparsity. ``kernel_floor_us`` and
-    ``kernel_gap_us`` are *not* datasheet values: the shortest time any kernel takes (block
-    scheduling, the tail of the launch on the device) and the device's gap between two
-    consecutive kernels of one stream. They are rough, a tenth of a µs to a few µs; the
-    H200 pair (0.9 + 0.1 µs) reproduces the lesson's reference measurement, 1.1 µs per
-    kernel for a graphed chain of 100 tiny adds including the one graph launch.
+    Args:
+        name: how lessons and plot titles call it ("H200").
+        fp16_tflops: dense tensor-core peak, without sparsity (what matmuls can reach).
+        fp32_tflops: CUDA-core peak (what element-wise fp32 kernels use).
+        hbm_gbps: memory bandwidth.
+        kernel_floor_us: the shortest time any kernel takes (block scheduling, the tail of
+            the launch on the device).
+        kernel_gap_us: the device's gap between two consecutive kernels of one stream.
+        memory: the memory, for display.
+
+    .. warning::
+        The peaks come from vendor datasheets; ``kernel_floor_us`` and ``kernel_gap_us``
+        do not. They are rough, chosen so that a simulated graphed chain on the H200
+        matches :data:`REFERENCE_H200` (``tests/test_timeline.py`` checks it), and they
+        move every kernel's time in a simulation: a picture built from them is a model.
     """
 
     name: str
@@ -90,8 +97,9 @@ GPU_PRESETS: dict[str, GPUPreset] = {
 def get_preset(preset: str | GPUPreset) -> GPUPreset:
     """A preset by name (case-insensitive), or the preset itself.
 
-    An unknown name raises :class:`UnknownPresetError` (a ValueError, and a KeyError for
-    callers written against older labkit) listing the names of :data:`GPU_PRESETS`.
+    Raises:
+        UnknownPresetError: an unknown name (a ValueError, and a KeyError for callers
+            written against older labkit), listing the names of :data:`GPU_PRESETS`.
     """
     if isinstance(preset, GPUPreset):
         return preset
@@ -120,11 +128,18 @@ def roofline_kernel_us(flops: float, bytes: float, preset: str | GPUPreset = "H2
                        dtype: str = "fp32") -> float:
     """How long one kernel takes on ``preset``, by the roofline model, in µs.
 
-    A kernel needs at least ``flops / peak`` to compute and ``bytes / bandwidth`` to move
-    its data; whichever is longer bounds it, and no kernel is shorter than the preset's
-    floor. Peaks are never reached in practice, so this is an optimistic estimate, which
-    is the conservative choice here: it makes kernels look *shorter*, i.e. the launch
-    cost look *worse*, only as much as the hardware allows.
+    ``max(kernel_floor_us, flops / peak, bytes / bandwidth)``.
+
+    Args:
+        flops: the kernel's arithmetic.
+        bytes: what it reads and writes in memory (:func:`add_chain_cost` gives both for
+            the lesson's chain).
+        preset: a name from :data:`GPU_PRESETS` or a :class:`GPUPreset`.
+        dtype: ``"fp32"`` (CUDA-core peak) or ``"fp16"``/``"bf16"`` (tensor-core peak).
+
+    .. warning::
+        Peaks are never reached, so this is a lower bound on a kernel's time. That makes
+        the launch cost look as large as the hardware allows, never larger.
     """
     p = get_preset(preset)
     flops, bytes = _check_amount("flops", flops), _check_amount("bytes", bytes)

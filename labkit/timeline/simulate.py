@@ -19,24 +19,33 @@ def simulate(n_kernels: int, launch_us: float, kernel_us: float | Sequence[float
              label: str | None = None) -> Timeline:
     """The two-lane picture of a chain of kernels, from three numbers.
 
-    Eager: the CPU issues launches back to back, each costing ``launch_us``; kernel *i*
-    can start once its launch has returned *and* kernel *i-1* has finished (one stream
-    runs kernels in order), plus the device's small gap between two kernels::
+    Eager: the CPU issues launches back to back; kernel *i* starts once its launch has
+    returned and kernel *i-1* has finished (one stream runs kernels in order)::
 
         start[i] = max(launch_end[i], end[i-1] + gap_us)
 
-    Graphed: one ``cudaGraphLaunch`` of ``graph_launch_us`` (default: one launch), then
-    the device runs the recorded kernels back to back, ``gap_us`` apart. The CPU is free
-    as soon as that launch returns. ``gap_us`` defaults to the preset's ``kernel_gap_us``,
-    else 0.1 µs; with the same gap in both modes a GPU-bound chain takes exactly as long
-    graphed as eager, which is the point: a graph removes launch cost, not kernel time.
+    Graphed: one ``cudaGraphLaunch``, then the recorded kernels back to back, ``gap_us``
+    apart; the CPU is free as soon as that launch returns.
 
-    ``kernel_us`` is one duration for all kernels or one per kernel (a real layer mixes a
-    long matmul with short element-wise kernels). ``preset`` only names the GPU whose
-    kernel times these are, for the plot's label; pass kernel times from
-    :func:`roofline_kernel_us` to make that name true. What the model leaves out: the
-    launch queue's depth limit (~1000 entries: a far-ahead CPU eventually blocks), the
-    small gaps between queued eager kernels, and launch latency on the device.
+    Args:
+        n_kernels: kernels in the chain.
+        launch_us: CPU cost of one eager launch
+            (``measure_launch_cost(B)["cpu_us_per_launch"]`` on this machine).
+        kernel_us: one duration for every kernel, or a list of one per kernel.
+        graphed: draw the graph replay instead of the eager chain.
+        graph_launch_us: cost of the one graph launch (default: ``launch_us``).
+        gap_us: device gap between kernels (default: the preset's ``kernel_gap_us``,
+            else 0.1). The same gap in both modes makes a GPU-bound chain take as long
+            graphed as eager: a graph removes launch cost, not kernel time.
+        preset: the GPU whose kernel times these are, for the label only; kernel times
+            from :func:`roofline_kernel_us` make the name true.
+        label: the plot's title (default: mode and kernel count).
+
+    .. warning::
+        The model leaves out the launch queue's depth limit (a CPU far ahead eventually
+        blocks), the gaps between queued eager kernels and launch latency on the device.
+        Its timelines say ``simulated`` in every plot and trace so they are never read as
+        measurements.
     """
     n_kernels = check_int("n_kernels", n_kernels, 0)
     launch_us = _check_us("launch_us", launch_us)

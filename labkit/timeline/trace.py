@@ -35,17 +35,22 @@ def timeline_from_chrome_trace(trace: dict | str | os.PathLike, label: str = "",
                                device: str | None = None, ops_lane: bool = True) -> Timeline:
     """A measured :class:`Timeline` from a ``torch.profiler`` Chrome trace.
 
-    ``trace`` is the JSON (dict) or a path to it, as written by
-    ``prof.export_chrome_trace``. Kineto writes CPU and GPU events on one clock in µs,
-    so the lanes line up as they happened:
+    Kineto writes CPU and GPU events on one clock in µs, so the lanes line up as they
+    happened. Times are shifted so the first span starts at 0.
 
-    * ``CPU``: launch calls (``cat`` cuda_runtime/cuda_driver, names like
-      ``cudaLaunchKernel``, ``cudaGraphLaunch``); synchronisation calls are left out;
-    * ``GPU``: kernels, memcpys and memsets (``cat`` kernel/gpu_memcpy/gpu_memset);
-    * ``CPU ops`` (if ``ops_lane``): the outermost ATen ops (``cat`` cpu_op), which show
-      the rest of each op's CPU cost around its launch call.
+    Args:
+        trace: the trace dict, or the path ``prof.export_chrome_trace`` wrote.
+        label: the timeline's title.
+        device: the GPU's name, for the tag.
+        ops_lane: add the ``CPU ops`` lane, the outermost ATen ops (``cat`` cpu_op), which
+            show the rest of each op's CPU cost around its launch call.
 
-    Times are shifted so the first span starts at 0.
+    The ``CPU`` lane holds launch calls (``cat`` cuda_runtime/cuda_driver, names like
+    ``cudaLaunchKernel``, ``cudaGraphLaunch``; synchronisation calls are left out), the
+    ``GPU`` lane kernels, memcpys and memsets.
+
+    Raises:
+        ValueError: the trace has no GPU work (recorded without ``ProfilerActivity.CUDA``).
     """
     events = complete_events(trace)
     spans: list[Span] = []
@@ -79,15 +84,23 @@ def profile_timeline(fn: Callable[[], Any], B, label: str = "", warmup: int = 2,
                      trace_path: str | os.PathLike | None = None) -> Timeline:
     """Record ``fn()`` with ``torch.profiler`` on a GPU and return its measured timeline.
 
-    ``fn`` is one step: an eager chain, or ``g.replay``. It runs ``warmup`` times
-    unprofiled, then once as the profiler's own warmup step (the first profiled step
-    carries CUPTI start-up costs), then once recorded. ``trace_path`` keeps the raw
-    Chrome trace (Perfetto opens it too). The profiler adds a few µs of its own to each
-    op on the CPU, so a profiled eager chain looks somewhat *more* launch-bound than it
-    runs; take numbers from :func:`measure_launch_cost`, pictures from here.
+    Args:
+        fn: one step, e.g. an eager chain or ``g.replay``.
+        B: the ``"cuda"`` backend.
+        label: the timeline's title.
+        warmup: unprofiled calls first (the profiler then runs one more as its own
+            warm-up step: the first profiled step carries CUPTI's start-up cost).
+        ops_lane: as for :func:`timeline_from_chrome_trace`.
+        trace_path: keep the raw Chrome trace there (Perfetto opens it).
 
-    Needs the ``"cuda"`` backend; on a CPU there is no device trace to record, so build the
-    picture with :func:`simulate` instead.
+    Raises:
+        RuntimeError: ``B`` is not the cuda backend: there is no device trace to record;
+            :func:`simulate` draws the picture on a CPU.
+
+    .. warning::
+        The profiler adds CPU time of its own to each op, so a profiled eager chain looks
+        more launch-bound than it runs: take numbers from :func:`measure_launch_cost`,
+        pictures from here.
     """
     B = backend.ensure(B)
     if B.name != "cuda":
@@ -123,9 +136,8 @@ def _check_folder_of(path, what: str) -> Path:
 def chrome_trace_events(spans: Iterable[Span]) -> list[dict]:
     """Spans as Chrome-trace "complete" events (``ph: "X"``), one (pid, tid) per lane.
 
-    The format (the Trace Event Format that chrome://tracing and Perfetto read) wants
-    ``ts`` and ``dur`` in **microseconds**, which is what :class:`Span` holds. Each lane
-    gets its own pid, so Perfetto draws it as its own track, CPU lanes above the GPU.
+    Each lane gets its own pid, so Perfetto draws it as its own track, CPU lanes above
+    the GPU.
     """
     if isinstance(spans, Timeline):
         raise TypeError("chrome_trace_events takes spans: pass tl.spans (or use "
