@@ -13,7 +13,8 @@ Four suites, one module each, each the measured counterpart of a lesson:
 
 Every number is one row (see :mod:`labkit.bench.report` for the schema), appended to
 ``docs/benchmarks/results.json`` and rendered to ``docs/benchmarks/README.md`` with a PNG
-plot per suite. How things are timed, and why, is in :mod:`labkit.bench.timing`.
+plot per suite. How things are timed, and why, is in :mod:`labkit.core.timing`
+(:mod:`labkit.bench.timing` names what the suites use).
 
 On a machine without a GPU the command says so and exits (code 0): the CPU emulator
 reproduces what graphs do, not how fast a GPU runs them, so it has nothing to measure

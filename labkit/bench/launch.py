@@ -1,11 +1,10 @@
 """Suite ``launch``: what one kernel launch costs, eager vs inside a graph (lesson 01).
 
 The smallest launch-bound program: a chain of 100 dependent adds on 256 floats
-(``labkit.timeline.chain``). Each add's kernel runs for about a microsecond; eagerly each
-one also pays the host's launch path (Python → dispatcher → ATen → ``cudaLaunchKernel``),
-and the GPU waits for it. A graph replays all 100 kernels from one launch. Per-kernel
-cost = ``median_us / 100``; ``gpu_busy_us`` shows how little of either number is the
-GPU computing.
+(``labkit.timeline.chain``), whose kernels are shorter than the host's launch path
+(Python → dispatcher → ATen → ``cudaLaunchKernel``), so the GPU waits for each launch. A
+graph replays all 100 kernels from one launch. Per-kernel cost = ``median_us / 100``;
+``gpu_busy_us`` shows how little of either number is the GPU computing.
 """
 
 from __future__ import annotations
