@@ -20,11 +20,20 @@ labkit                              Megatron
 Modules: :mod:`.loader` (static inputs), :mod:`.optimizer` (grads at fixed addresses, a
 capturable AdamW), :mod:`.step` (the captured step), :mod:`.wrapper` (warm up, capture,
 replay), :mod:`.trainer` (the two graphs wired together). The model lesson 07 trains
-(``TinyLM`` and friends) is re-exported here.
+(``TinyLM`` and friends) lives in :mod:`labkit.core.models` and is re-exported here.
 """
 
+from labkit.core.models import (
+    CONFIGS,
+    Block,
+    LMConfig,
+    TinyLM,
+    build_lm,
+    lm_loss,
+    random_microbatches,
+)
+
 from .loader import StaticBatchLoader, fill_static_buffers
-from .model import CONFIGS, Block, LMConfig, TinyLM, build_lm, lm_loss, random_microbatches
 from .optimizer import CapturableAdamW, ensure_grads, make_capturable_optimizer
 from .step import forward_backward, nonfinite_flag, phase
 from .trainer import EagerTrainer, FullStepTrainer

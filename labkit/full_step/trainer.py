@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from labkit import backend
+from labkit.core.models import LMConfig, lm_loss
 from labkit.core.validate import check_int
 
 from .loader import StaticBatchLoader
-from .model import LMConfig, lm_loss
 from .optimizer import CapturableAdamW, ensure_grads
 from .step import forward_backward, nonfinite_flag
 from .wrapper import FullCudaGraphWrapper, OptimizerCudaGraphWrapper
