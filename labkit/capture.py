@@ -1,38 +1,8 @@
-"""Capture and replay: the template of the source chapter's §1.2 as code you can call (lesson 02).
+"""Capture and replay on either backend: warm up on a side stream, capture, replay.
 
-A CUDA graph is recorded once and replayed many times. Every correct use follows the same
-three steps, and each step exists for a reason:
-
-1. **Warm up on a side stream.** Run the work a few times eagerly first. The first calls
-   do things that must not happen during capture: lazy initialisation (library handles,
-   lazily built module buffers), autotuning and benchmarking (cuBLAS, cuDNN, Triton).
-   Running them on a side stream rather than the default (legacy) stream also keeps
-   autograd's per-stream state off the legacy stream, which a later capture cannot depend
-   on (:func:`side_stream_warmup`). Warm-up does *not* pre-size the graph's memory: capture
-   allocates from a fresh private pool, so blocks cached during warm-up are not reused.
-2. **Capture on a non-default stream into a private pool.** ``with B.graph(g):`` switches
-   to a side stream (torch's own internal capture stream unless ``stream=`` names one:
-   pass the warm-up stream to reuse per-stream state such as cuBLAS workspaces), begins
-   capture, and every kernel launched inside is *recorded, not run*. Every tensor
-   allocated inside comes from the graph's private memory pool, and those addresses are
-   what the graph will read and write on every replay. Graphs may share one pool
-   (``pool=B.graph_pool_handle()`` or ``pool=g.pool()``) to save memory.
-3. **Replay: copy_ in, replay(), read out.** The graph reads its inputs *by address*:
-   new data goes into the static input tensor with ``copy_`` (rebinding a Python name
-   changes nothing the graph can see); ``g.replay()`` relaunches every recorded kernel
-   with one call; the result is in the static output, *overwritten in place* by the next
-   replay.
-
-What this module gives you, on either backend (``B = labkit.backend.get("auto")``):
-
-* :func:`side_stream_warmup` and :func:`capture`: steps 1 and 2, as the source chapter
-  writes them;
-* :class:`StaticGraph`: a small runner that owns the static inputs and outputs, does
-  steps 1-3, and refuses misuse with a message that says what was captured and what it
-  received (a wrong shape, dtype, device or Python value, a call before capture);
-* :func:`recorded_kernels`: what a graph recorded (emulated: the ATen ops; CUDA: the
-  kernels of one replay, from ``torch.profiler``);
-* :func:`format_pool_stats`: what a graph pool holds (``B.pool_stats(handle)``).
+:func:`side_stream_warmup` and :func:`capture` do the first two steps; :class:`StaticGraph`
+does all three and refuses a call the graph was not captured for; :func:`recorded_kernels`
+and :func:`format_pool_stats` show what a graph recorded and what its pool holds.
 
 .. warning::
     A graph keeps writing to the memory it captured. Keep static inputs and outputs
@@ -41,10 +11,9 @@ What this module gives you, on either backend (``B = labkit.backend.get("auto")`
     themselves, the same tensors every time.
 
 .. warning::
-    Python runs once, at capture. Python scalars are baked into the recorded kernels,
-    Python side effects (appending to a list, counting calls, printing) happen once, and
-    Python control flow takes the branch it took during capture, forever. Lesson 03
-    (:mod:`labkit.guards`) shows each of these pitfalls and how to catch them early.
+    Python runs once, at capture: Python scalars are baked into the recorded kernels,
+    Python side effects happen once, and control flow keeps the branch it took during
+    capture. :mod:`labkit.guards` catches these before they cost a wrong answer.
 """
 
 from __future__ import annotations
@@ -107,7 +76,7 @@ def on_side_stream(B, stream=None):
 def side_stream_warmup(fn: Callable, *args, B=None, iters: int = 3, **kwargs) -> Any:
     """Run ``fn(*args, **kwargs)`` ``iters`` times on a fresh side stream; return the last result.
 
-    This is the source chapter's warm-up, line for line::
+    The warm-up, written out::
 
         s = B.Stream()
         s.wait_stream(B.current_stream())      # the side stream sees earlier work
@@ -287,7 +256,7 @@ def _static_copy(x):
 
 
 class StaticGraph:
-    """A captured function with its own static inputs and outputs: the §1.2 template.
+    """A captured function with its own static inputs and outputs: capture once, call many times.
 
     ::
 

@@ -62,12 +62,9 @@ class CUDAGraph:
     pool that graphs may share, with the same reuse hazards as on a GPU.
 
     What it cannot show: the host/device split (on a CPU the "kernels" run when replay
-    is called, on the calling thread) and real GPU timing. Replay skips Python, modules
-    and the autograd tape, so a module-heavy step replays faster than it runs eagerly
-    (a small transformer layer's fwd+bwd: about half the time, see
-    ``python -m labkit.emulator.cost``), but each recorded op costs a few µs of Python, so a
-    chain of bare tensor ops replays no faster than eager (100 tiny adds: ~4.1 µs per op
-    replayed vs ~2.9 µs eager on one CPU thread). None of these ratios is a GPU's.
+    is called, on the calling thread) and GPU timing: ``python -m
+    labkit.bench.emulator_cost`` measures what a replay costs on the CPU, which is no
+    GPU's figure.
 
     .. warning::
         As on a GPU, a graph keeps writing to the memory it captured. Keep static inputs

@@ -1,22 +1,15 @@
 """Graph memory pools on the CPU, carved the way CUDA's caching allocator carves them.
 
-Why this exists: on a GPU every tensor allocated during capture comes from the graph's
-*private pool*, and the graph keeps writing to those addresses on every replay. Two
-graphs can share a pool (``pool=other.pool()`` or ``graph_pool_handle()``) to save memory;
-then a block that user code frees after one capture is handed to the next capture in the
-same pool, and replaying the graphs out of capture order makes them overwrite each other's
-live data. To show that on a CPU the emulator needs real aliasing, so it allocates from
-big byte *segments* and hands out *blocks* of them, like ``CUDACachingAllocator``:
+Blocks come from big byte segments, as in ``CUDACachingAllocator``: sizes round up to
+512 bytes; requests up to 1 MiB come from 2 MiB segments, larger ones from 20 MiB
+segments (up to 10 MiB) or a segment of their own rounded to 2 MiB; a free block is
+chosen best-fit (smallest that fits, lowest address on ties), split when the rest is
+worth keeping, and coalesced with free neighbours when freed. A block is freed when the
+last tensor using it dies (a ``weakref.finalize`` on the NumPy view its storage owns).
 
-* sizes are rounded up to 512 bytes; requests up to 1 MiB are served from 2 MiB
-  segments (the "small" pool), larger ones from 20 MiB segments (up to 10 MiB) or a
-  segment of their own rounded to 2 MiB (the "large" pool);
-* a free block is chosen best-fit (smallest that fits, lowest address on ties), split
-  when the rest is worth keeping, and coalesced with free neighbours when freed.
-
-A block is freed when the last tensor using it dies, exactly as on a GPU. Each block is a
-NumPy view of its segment wrapped by ``torch.from_numpy``: the block's storage owns that
-view, so a ``weakref.finalize`` on the view fires when the storage is released.
+.. warning::
+    The aliasing is real: graphs that share a pool reuse each other's freed blocks, so
+    replaying them out of capture order overwrites live data, as on a GPU.
 """
 
 from __future__ import annotations

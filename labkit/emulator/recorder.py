@@ -1,24 +1,14 @@
-"""Recording ATen calls during capture: the heart of the emulator.
+"""Capture on the emulator: a ``TorchDispatchMode`` that records each ATen op, not runs it.
 
-While a graph captures, a ``TorchDispatchMode`` sees every ATen operation after autograd
-and autocast have done their part, i.e. the same stream of kernels a GPU would record.
-For each one it does what capture does on a GPU:
+It sees the ops after autograd and autocast, the same stream of kernels a GPU would
+record. Each op's outputs come from the graph's pool, shaped by running the op on ``meta``
+tensors, and hold poison (NaN, or the dtype's maximum) until the first replay; each
+recorded step holds aliases of the memory its arguments live in, so replay reads and
+writes by address. What capture refuses is :mod:`labkit.core.rules`' table.
 
-* **records it and does not compute it.** Outputs are allocated from the graph's pool
-  (with the right shape and strides, found by running the op on ``meta`` tensors) and
-  filled with poison (NaN, or the dtype's maximum for integers); in-place updates of
-  existing tensors are *not* applied until replay;
-* **remembers addresses, not Python objects.** A step holds aliases of the exact memory
-  its arguments live in. Replay writes into the same storage every time, reads whatever
-  is in the input buffers then, and never sees a Python name that was rebound;
-* **refuses what a GPU refuses.** Ops that must read device data on the host (``.item()``,
-  ``if tensor:``, printing, ``nonzero``, boolean masks, ``unique``...) raise CUDA's
-  "operation not permitted when stream is capturing" and invalidate the capture; copies
-  to host memory (``.tolist()``, ``.numpy()``, ``.cpu()``) raise PyTorch's pinned-memory
-  error; an unregistered custom generator raises PyTorch's RNG error.
-
-View ops (``view``, ``t``, ``select``, ``expand``...) only change metadata, so they run for
-real during capture and are not recorded: their result aliases the same memory anyway.
+.. warning::
+    In-place updates made during capture are not applied until replay, as on a GPU; view
+    ops run for real (they only change metadata) and are not recorded.
 """
 
 from __future__ import annotations
