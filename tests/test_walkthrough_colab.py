@@ -6,7 +6,8 @@ What the test does, without the internet and without Colab:
    into a temporary folder (so the build writes no ``build/`` or ``*.egg-info`` into the
    checkout) and built with ``pip wheel --no-deps --no-build-isolation``: the build backend
    already installed here (setuptools), no index, no network. A real build, so a
-   subpackage the packaging config misses is missing from the wheel too.
+   subpackage the packaging config misses is missing from the wheel too. Where setuptools
+   is not installed (a Python >= 3.12 venv), :func:`zip_wheel` zips the same package list.
 2. **A clean environment with only what Colab preinstalls.** ``python -m venv
    --without-pip`` from the base interpreter of the running Python (same version, so the
    same binary wheels fit), without system site-packages. Colab's preinstalled packages
@@ -40,7 +41,7 @@ environment on ``sys.path``); it called the widget manager and printed the backe
 walkthrough's own backend line was printed; and the folder held only the notebook.
 
 It is skipped only when a prerequisite is missing here, naming it: the base interpreter,
-the ``venv`` module, setuptools for the build, or one of the packages to link.
+the ``venv`` module, or one of the packages to link.
 
 The same procedure runs on a GPU machine for the stored outputs (no pytest there):
 ``python tests/test_walkthrough_colab.py --out executed.ipynb [--wheel labkit.whl]``
@@ -141,12 +142,16 @@ def link_site(target: Path, roots=COLAB_ROOTS) -> list[str]:
 # ------------------------------------------------------------------------ the pieces
 
 def build_wheel(dest: Path, root: Path = ROOT) -> Path:
-    """A wheel of the checkout, built offline from a copy of its packaging files."""
+    """A wheel of the checkout, built offline from a copy of its packaging files.
+
+    With setuptools installed here (the build backend of ``pyproject.toml``): ``pip wheel
+    --no-build-isolation``, the real packaging. Without it (a Python >= 3.12 venv has no
+    setuptools, and build isolation would need an index): :func:`zip_wheel`.
+    """
     try:
         import setuptools  # noqa: F401  (the build backend, used without isolation)
     except ImportError:
-        raise Missing("setuptools (the build backend of pyproject.toml) is not installed "
-                      f"in {sys.prefix}; pip wheel --no-build-isolation needs it") from None
+        return zip_wheel(dest / "wheel", root)
     src = dest / "src"
     src.mkdir(parents=True)
     for f in ("pyproject.toml", "README.md"):
@@ -161,6 +166,43 @@ def build_wheel(dest: Path, root: Path = ROOT) -> Path:
     if p.returncode or not wheels:
         raise RuntimeError(f"building the labkit wheel failed:\n{p.stdout}\n{p.stderr}")
     return wheels[0]
+
+
+def zip_wheel(out: Path, root: Path = ROOT) -> Path:
+    """A pure-Python wheel (PEP 427) of what ``[tool.setuptools.packages.find]`` includes:
+    ``labkit`` and every ``labkit.*`` package (a folder with ``__init__.py`` whose parents
+    are packages), their ``.py`` files. The setup cell installs it with ``--no-deps``, so
+    the metadata holds name and version only."""
+    import base64
+    import hashlib
+    import zipfile
+
+    text = (root / "labkit" / "__init__.py").read_text()
+    version = re.search(r'^__version__ = "([^"]+)"', text, re.M).group(1)
+    info = f"labkit-{version}.dist-info"
+    files = {}
+    for init in sorted((root / "labkit").rglob("__init__.py")):
+        pkg = init.parent
+        rel = pkg.relative_to(root)
+        if all((root / Path(*rel.parts[:i]) / "__init__.py").exists()
+               for i in range(1, len(rel.parts) + 1)):
+            for f in sorted(pkg.glob("*.py")):
+                files[f.relative_to(root).as_posix()] = f.read_bytes()
+    files[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\nName: labkit\nVersion: {version}\n"
+                                 ).encode()
+    files[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: tests/test_walkthrough_colab.py"
+                              b"\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    files[f"{info}/RECORD"] = ("\n".join(record + [f"{info}/RECORD,,"]) + "\n").encode()
+    out.mkdir(parents=True, exist_ok=True)
+    wheel = out / f"labkit-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return wheel
 
 
 def _pip_env() -> dict:
