@@ -107,8 +107,8 @@ class _SyncWatch:
     """Notes every host synchronization made while active, instead of letting a CPU-only
     torch refuse ``torch.cuda.synchronize()`` with "Torch not compiled with CUDA enabled"
     (which a learner would read as a broken install, not as the rule). Patched: the
-    ``synchronize`` of ``torch.cuda``, ``torch.accelerator``, every labkit backend
-    namespace and the emulator module, and of the Stream and Event classes of both."""
+    ``synchronize`` of ``torch.cuda``, ``torch.accelerator`` and every labkit backend
+    namespace, and of the Stream and Event classes of both backends."""
 
     def __init__(self):
         self.calls: list[str] = []
@@ -129,20 +129,18 @@ class _SyncWatch:
         setattr(owner, attr, noted)
 
     def __enter__(self):
-        from labkit import backend, emulator
-        from labkit.emulator import streams
+        from labkit import backend
 
         on_gpu = torch.cuda.is_available()
+        emulated = backend.get("emulated")
         self._patch(torch.cuda, "synchronize", "torch.cuda.synchronize()", on_gpu)
         self._patch(torch.cuda.Stream, "synchronize", "Stream.synchronize()", on_gpu)
         self._patch(torch.cuda.Event, "synchronize", "Event.synchronize()", on_gpu)
         if hasattr(torch, "accelerator"):
             self._patch(torch.accelerator, "synchronize", "torch.accelerator.synchronize()",
                         on_gpu)
-        self._patch(streams.Stream, "synchronize", "Stream.synchronize()", True)
-        self._patch(streams.Event, "synchronize", "Event.synchronize()", True)
-        self._patch(streams, "synchronize", "synchronize()", True)
-        self._patch(emulator, "synchronize", "synchronize()", True)
+        self._patch(emulated.Stream, "synchronize", "Stream.synchronize()", True)
+        self._patch(emulated.Event, "synchronize", "Event.synchronize()", True)
         for ns in list(backend._cache.values()):
             self._patch(ns, "synchronize", "B.synchronize()", ns.name == "emulated" or on_gpu)
         return self
