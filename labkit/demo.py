@@ -585,13 +585,24 @@ def _png_text_chunks(path: Path, limit: int = 1 << 20) -> dict[str, str] | None:
 
 
 def is_demo_png(path) -> bool:
-    """True when ``path`` is a PNG that ``python -m labkit demo`` saved (its text chunk says so)."""
+    """True when ``path`` is a PNG that ``python -m labkit demo`` saved.
+
+    Args:
+        path: a file path. Its PNG text chunk ``Software`` must start with
+            ``labkit demo`` (every demo PNG carries one); anything else, a missing or
+            unreadable file included, gives False.
+    """
     chunks = _png_text_chunks(Path(path))
     return bool(chunks) and chunks.get(_MARK_KEY, "").startswith(_MARK)
 
 
 def check_out_path(path) -> str | None:
     """Why a demo must not write its PNG to ``path``, or None when it may.
+
+    Args:
+        path: the ``--out`` value. Accepted: a path ending in ``.png`` (any case) in a
+            folder that exists and this user can write, where no file is yet or a PNG
+            that a demo saved (:func:`is_demo_png`).
 
     .. warning::
         A demo overwrites only its own earlier PNGs: anything else at ``path`` (a
@@ -609,6 +620,9 @@ def check_out_path(path) -> str | None:
     if not parent.is_dir():
         return (f"--out {path}: the folder {parent} does not exist; create it first "
                 f"(mkdir -p {parent}) or pick another path")
+    if not os.access(parent, os.W_OK):
+        return (f"--out {path}: this user cannot write to the folder {parent}; pick another "
+                f"path (e.g. in your home folder or /tmp)")
     if p.exists() and not is_demo_png(p):
         return (f"--out {path}: a file is already there and it is not a PNG that a labkit "
                 f"demo saved, so it is left alone; pick another path, or move that file away")

@@ -134,13 +134,16 @@ def test_timings_on_the_emulator_are_labelled_as_not_a_gpu(ran, nn):
                      body, re.M), body
 
 
-def test_rerun_overwrites_its_own_png(ran, tmp_path):
+def test_default_path_and_a_rerun_over_its_own_png(ran, tmp_path):
     _, png = ran("00")
-    again = tmp_path / "again.png"
-    again.write_bytes(png.read_bytes())                  # an earlier demo's picture
-    r = run("0", "--backend", "emulated", "--out", str(again))
+    default = tmp_path / "labkit-demo-00.png"
+    default.write_bytes(png.read_bytes())                # an earlier demo's picture
+    before = default.stat().st_mtime_ns
+    r = run("0", "--backend", "emulated", cwd=tmp_path)  # "0" means 00; no --out
     assert r.returncode == 0, r.stderr
-    assert demo.is_demo_png(again)
+    assert "saved labkit-demo-00.png" in r.stdout
+    assert demo.is_demo_png(default) and default.stat().st_mtime_ns != before
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["labkit-demo-00.png"]
 
 
 # ---- --list and bad input -------------------------------------------------------------------
@@ -208,10 +211,25 @@ def test_out_in_a_missing_folder_is_refused(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
-def test_backend_cuda_without_a_gpu_is_named():
-    r = run("00", "--backend", "cuda", "--out", "/tmp/labkit-unused.png")
+def test_backend_cuda_without_a_gpu_is_named(tmp_path):
+    r = run("00", "--backend", "cuda", "--out", str(tmp_path / "d.png"))
     assert r.returncode == 2
     assert "--backend cuda" in r.stderr and "--backend emulated" in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_in_a_folder_without_write_permission_is_refused(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as root: permissions do not stop writing")
+        r = run("01", "--backend", "emulated", "--out", str(locked / "x.png"))
+    finally:
+        locked.chmod(0o755)
+    assert r.returncode == 2
+    assert "cannot write" in r.stderr and "another path" in r.stderr, r.stderr
 
 
 # ---- the PNG check and a demo that fails, in process ----------------------------------------
