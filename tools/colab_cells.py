@@ -66,7 +66,8 @@ if "google.colab" in sys.modules:
     import os
     import subprocess
 
-    src = os.environ.get("{env}", "{spec}")
+    src = os.environ.get("{env}",
+                         "{spec}")
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", src],
                          capture_output=True, text=True)
     if pip.returncode:
