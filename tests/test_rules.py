@@ -12,6 +12,7 @@ from labkit.guards import expect_error, lint_capture
 
 B = backend.get("emulated")
 REPEATS = torch.tensor([1, 2, 1, 1])
+GEN = torch.Generator()
 
 
 def _clone_set(x):
@@ -60,6 +61,8 @@ TRIGGERS = {
     "index (boolean mask)": lambda x: x[x > 0],
     "index_put_ (boolean mask)": _clone_set,
     "repeat_interleave (tensor repeats)": lambda x: x.repeat_interleave(REPEATS),
+    "unregistered generator": lambda x: x + torch.rand(4, generator=GEN),
+    "synchronize": lambda x: (B.synchronize(), x * 2)[1],
 }
 
 # What the linter does not flag, the emulator does not refuse.
@@ -69,6 +72,7 @@ CLEAN = {
     "repeat_interleave with an int": lambda x: x.repeat_interleave(2),
     "torch.where instead of a mask": lambda x: torch.where(x > 0, x, 0),
     "torch.as_tensor of a tensor": lambda x: torch.as_tensor(x) * 2,
+    "the default generator": lambda x: x + torch.rand(4, generator=torch.default_generator),
 }
 
 # ATen table entries no trigger reaches on torch 2.13 (decompositions and aliases of others:

@@ -13,7 +13,7 @@ import torch
 
 __all__ = ["Rule", "HAZARDS", "SEVERITIES", "FUNCTION_RULES", "ATEN_RULES", "MASK_INDEX_OPS",
            "REFUSE", "HOST_COPY", "AT_ATEN", "function_rule", "aten_rule", "HOST_COPY_MESSAGE",
-           "RNG_MESSAGE"]
+           "RNG_MESSAGE", "GENERATOR_RULE", "unregistered_generators"]
 
 #: kind -> (title, severity, default fix). Severities: "fails capture" (capture raises on
 #: a GPU), "silently wrong" (capture works, replays compute something else), "check".
@@ -159,6 +159,27 @@ _MASK_RULE = Rule("dynamic_shape", "with a boolean mask", "indexing with a boole
                   "selects as many elements as are True: the shape depends on the data")
 _REPEAT_RULE = Rule("dynamic_shape", "aten.repeat_interleave", "with tensor repeats the output "
                     "length depends on the data (pass output_size=...)")
+
+
+GENERATOR_RULE = Rule("unregistered_generator", "generator=...", "draws from a custom "
+                      "torch.Generator that is not registered with the graph; capture raises "
+                      f"'{RNG_MESSAGE}'")
+
+
+def unregistered_generators(args: tuple, kwargs: dict, known) -> list[torch.Generator]:
+    """The generators a call draws from (``generator=`` or positional) that are not in ``known``.
+
+    Args:
+        args, kwargs: a Python-level call's arguments.
+        known: the default generators and those registered with the graph
+            (``g.register_generator_state(gen)``); compared by identity.
+    """
+    found = []
+    for gen in [(kwargs or {}).get("generator"), *args]:
+        if isinstance(gen, torch.Generator) and not any(gen is k for k in known) \
+                and not any(gen is f for f in found):
+            found.append(gen)
+    return found
 
 
 def function_rule(name: str, args: tuple = (), kwargs: dict | None = None) -> Rule | None:

@@ -326,12 +326,11 @@ class _CaptureFunctionMode(TorchFunctionMode):
             self.cap.refuse_host_copy()
         if rule is not None and rule.emulator == rules.REFUSE:
             self.cap.refuse(rule)
-        gen = kwargs.get("generator")
-        if isinstance(gen, torch.Generator) and gen is not torch.default_generator:
-            if not any(gen is g for g in self.cap.graph._generators):
-                raise RuntimeError(RNG_MESSAGE + "\n[labkit emulator] this op draws from a "
-                                   "custom torch.Generator: call "
-                                   "g.register_generator_state(generator) before capture.")
+        known = [torch.default_generator, *self.cap.graph._generators]
+        if rules.unregistered_generators(args, kwargs, known):
+            raise RuntimeError(RNG_MESSAGE + "\n[labkit emulator] this op draws from a "
+                               "custom torch.Generator: call "
+                               "g.register_generator_state(generator) before capture.")
         return func(*args, **kwargs)
 
 

@@ -14,7 +14,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from labkit.capture import _check_callable
-from labkit.core.rules import HAZARDS, SEVERITIES, aten_rule, function_rule
+from labkit.core.rules import (
+    GENERATOR_RULE,
+    HAZARDS,
+    SEVERITIES,
+    aten_rule,
+    function_rule,
+    unregistered_generators,
+)
 from labkit.core.signature import _short
 from labkit.core.signature import values_equal as _values_equal
 from labkit.core.validate import check_int
@@ -198,15 +205,10 @@ class _Linter:
         """A Python-level tensor call; True when it is a hazard we reported."""
         # Generators are checked here, where they are the user's own objects: below the
         # dispatcher each op sees a fresh Python wrapper, so identity means nothing there.
-        for gen in [kwargs.get("generator"), *args]:
-            if isinstance(gen, torch.Generator) and not any(gen is g for g in self.defaults) \
-                    and not any(gen is g for g in self.registered):
-                self.add("unregistered_generator", f"{name}(generator=...)",
-                         "draws from a custom torch.Generator that is not registered with "
-                         "the graph; capture raises 'Attempt to increase offset for a CUDA "
-                         "generator not in capture mode.'",
-                         "call g.register_generator_state(gen) before capture (and pass "
-                         "generators=[gen] here), or use the default generator")
+        if unregistered_generators(args, kwargs, self.defaults + self.registered):
+            self.add(GENERATOR_RULE.kind, f"{name}({GENERATOR_RULE.shown})", GENERATOR_RULE.why,
+                     "call g.register_generator_state(gen) before capture (and pass "
+                     "generators=[gen] here), or use the default generator")
         rule = function_rule(name, args, kwargs)
         if rule is None:
             return False
