@@ -1,113 +1,32 @@
-"""The fwd/bwd bridge: ``make_graphed_callables`` built from scratch (lesson 04).
+"""One forward graph and one backward graph for one module (Megatron's ``_CudaGraphRunner``).
 
-A CUDA graph replays kernels; autograd knows nothing about it. To train through graphs,
-a layer needs *two* graphs, a forward one and a backward one, and something that plugs
-them back into the autograd engine so that ``loss.backward()`` replays the right backward
-graph at the right moment. That something is an ``autograd.Function``:
-
-* its ``forward`` copies the live inputs into the forward graph's static input buffers
-  (only when ``data_ptr`` differs: a buffer that already *is* the input needs no copy),
-  replays the forward graph and returns the static outputs;
-* its ``backward`` copies the incoming output-gradients into the backward graph's static
-  grad-output buffers, replays the backward graph and returns the static input-gradients
-  (dgrads) and weight-gradients (wgrads) that graph wrote.
-
-The backward graph is captured by running ``torch.autograd.grad`` on the forward graph's
-static outputs *inside* a capture: every backward kernel is recorded, reading the
-activations the forward graph saved (which live in the shared pool) and writing the
-gradients into fresh pool tensors that become ``static_grad_inputs``.
-
-This module mirrors Megatron-LM's ``local`` implementation
-(``megatron/core/transformer/cuda_graphs.py`` at e03878b5f):
-
-==========================  ====================================================
-labkit                      Megatron
-==========================  ====================================================
-:class:`GraphStatus`        ``_GraphStatus`` (FWD_READY / BWD_READY)
-:class:`GraphRunner`        ``_CudaGraphRunner`` (one fwd/bwd pair)
-:meth:`GraphRunner.create_fwd_graph`  ``_CudaGraphRunner.create_fwd_graph``
-:meth:`GraphRunner.create_bwd_graph`  ``_CudaGraphRunner.create_bwd_graph``
-:class:`ReplayNode`         ``_CudagraphReplayNode``
-:func:`replay_forward`      ``_CudagraphReplayNode.forward``
-:func:`replay_backward`     ``_CudagraphReplayNode.backward``
-:func:`get_connected_params`  ``_CudaGraphRunner.get_connected_params``
-:func:`mismatch_errors`     ``get_mismatch_errors``, via :mod:`labkit.guards`
-:func:`attach_main_grad`, :class:`FusedLinear`  Megatron DDP's ``main_grad`` and the
-                            gradient-accumulation-fusion linear layer
-==========================  ====================================================
-
-and :func:`make_graphed_callables` puts runners together the way
-``torch.cuda.make_graphed_callables`` does (one pool; forwards captured in order,
-backwards in reverse order), so the two can be compared line by line.
-
-What the training details are for (the source chapter's §2.1 and §2.4):
-
-* **connected params**: the backward graph must also produce the wgrads, so the layer's
-  parameters are appended to the forward graph's *input surface* (they become extra
-  inputs of the ``autograd.Function``). Which parameters? Those the outputs actually
-  depend on: walk ``grad_fn.next_functions`` down to the ``AccumulateGrad`` leaves.
-* **wgrad clone**: the wgrads live in the backward graph's static buffers, which the next
-  replay of that graph overwrites. Anything that keeps the returned tensor past that
-  point (a deferred/bucketed gradient reduction, an ``AccumulateGrad`` that *steals* the
-  tensor when the graph holds only a weak reference to it) would silently see another
-  microbatch's gradient. Cloning before returning makes the returned tensor the
-  caller's own. (dgrads are consumed at once by the previous layer and are not cloned.)
-* **main_grad / grad_added_to_main_grad**: with gradient-accumulation fusion the layer's
-  backward adds its wgrad straight into ``param.main_grad`` and sets
-  ``param.grad_added_to_main_grad = True`` so that the DDP hook does not add it again.
-  Under replay the Python of that backward does not run, so the flag is not set: the
-  runner remembers the value the captured backward left and restores it after every
-  replay.
-* **warmup pollution**: warming up runs real forwards and backwards, which update module
-  buffers and (with fusion) ``main_grad``. Back them up before and restore them after.
-* **RNG**: generators the layer draws from are registered with both graphs, so dropout
-  gets fresh numbers on every replay (the default generator is registered by CUDA
-  graphs themselves).
-* **status machine**: a runner's forward graph may replay again only after its backward
-  ran: a second forward would overwrite the static buffers the first one's backward
-  still needs. Calling out of order raises :class:`GraphOrderError` instead of silently
-  computing wrong gradients.
+:class:`GraphRunner` owns the static buffers, warms up, captures both graphs into a pool,
+guards each call's arguments and replays through :class:`~labkit.bridge.replay.ReplayNode`.
+:func:`get_connected_params` finds the parameters whose weight gradients the backward
+graph must produce; :func:`capture_stream` is the one stream runners warm up and capture on.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Callable, Iterable, Sequence
 
 import torch
 
 from labkit.backend import ensure
+from labkit.bridge.replay import GraphStatus, ReplayNode, replay_backward, replay_forward
 from labkit.capture import (
     _check_graph_options,
     cleanup_on_failure,
     on_side_stream,
     own_cublas_workspace,
 )
-from labkit.core.main_grad import FusedLinear, attach_main_grad, zero_main_grad
 from labkit.core.main_grad import check_module as _check_module
 from labkit.core.signature import ArgMetadata as ArgMeta
 from labkit.core.signature import GraphArgumentError, get_mismatch_errors
-from labkit.core.signature import GraphArgumentError as GraphArgMismatch
 from labkit.core.signature import values_equal as _values_equal
 from labkit.core.validate import check_int
 
-__all__ = [
-    "GraphStatus", "GraphOrderError", "GraphArgMismatch", "ArgMeta", "mismatch_errors",
-    "get_connected_params", "GraphRunner", "ReplayNode", "replay_forward", "replay_backward",
-    "GraphedModule", "make_graphed_callables", "attach_main_grad", "zero_main_grad",
-    "FusedLinear", "capture_stream",
-]
-
-
-class GraphStatus(enum.Enum):
-    """What a runner may do next (Megatron's ``_GraphStatus``)."""
-
-    FWD_READY = 0   # set after a backward replay (and initially)
-    BWD_READY = 1   # set after a forward replay that autograd will differentiate
-
-
-class GraphOrderError(RuntimeError):
-    """A runner's forward or backward graph was called when the other one was due."""
+__all__ = ["GraphRunner", "get_connected_params", "capture_stream", "mismatch_errors"]
 
 
 # ---- argument metadata and guards --------------------------------------------------------
@@ -245,37 +164,6 @@ def _check_arg_tuple(args, where: str, hint: str = "") -> tuple:
             else type(args).__name__)
     raise TypeError(f"{where} must be a tuple of the callable's positional arguments, got "
                     f"{what}. For one argument write (x,), not x{hint}.")
-
-
-def _check_callables(callables, sample_args) -> tuple[tuple, tuple, bool]:
-    """``(callables, sample_args, single)`` for :func:`make_graphed_callables`, checked:
-    one callable with a tuple of its arguments, or a tuple of callables with a tuple of
-    argument tuples of the same length (torch's convention)."""
-    if isinstance(callables, list):
-        raise TypeError("make_graphed_callables: pass several callables as a tuple, not a "
-                        "list (torch's convention): tuple(callables), with sample_args a "
-                        "tuple of argument tuples, one per callable.")
-    single = not isinstance(callables, tuple)
-    if single:
-        callables = (callables,)
-        sample_args = (_check_arg_tuple(sample_args, "sample_args"),)
-    else:
-        if not callables:
-            raise ValueError("make_graphed_callables: callables is an empty tuple; pass one "
-                             "callable, or a tuple of them")
-        sample_args = _check_arg_tuple(sample_args, "sample_args",
-                                       " (with several callables: a tuple of such tuples)")
-        if len(callables) != len(sample_args):
-            raise ValueError(f"make_graphed_callables: {len(callables)} callables but "
-                             f"{len(sample_args)} entries in sample_args; give one tuple of "
-                             f"sample arguments per callable, in the same order.")
-        sample_args = tuple(_check_arg_tuple(a, f"sample_args[{i}]")
-                            for i, a in enumerate(sample_args))
-    for i, c in enumerate(callables):
-        if not callable(c):
-            raise TypeError(f"make_graphed_callables: callables[{i}] is a "
-                            f"{type(c).__name__}, not a module or function")
-    return callables, sample_args, single
 
 
 def _check_sample_devices(name: str, args: Sequence, B) -> None:
@@ -589,169 +477,3 @@ class GraphRunner:
             with torch.no_grad():
                 out = self.forward_impl(self, tensors)
         return out[0] if self.single_output else tuple(out)
-
-
-# ---- the bridge -------------------------------------------------------------------------------
-
-def _order_error(runner: GraphRunner, wanted: str) -> GraphOrderError:
-    if wanted == "fwd":
-        return GraphOrderError(
-            f"{runner.name}: tried to replay the forward graph while its backward graph is "
-            "due (status BWD_READY). A second forward replay would overwrite the static "
-            "buffers the pending backward still needs: run backward first, or give each "
-            "in-flight microbatch its own runner (lesson 05). (A forward that will never "
-            "be differentiated belongs under torch.no_grad().)")
-    return GraphOrderError(
-        f"{runner.name}: tried to replay the backward graph while its forward graph is due "
-        "(status FWD_READY): this backward has already run (backward twice through one "
-        "forward?) or the forward was never replayed.")
-
-
-def replay_forward(runner, inputs: Sequence[torch.Tensor]) -> tuple:
-    """The forward half of the bridge (Megatron's ``_CudagraphReplayNode.forward``).
-
-    ``inputs`` are the live tensors matching ``runner.input_surface`` (user inputs, then
-    the connected parameters). Copy each into its static buffer unless it already lives
-    there, replay, and return new tensor objects on the static output buffers.
-    """
-    if runner.status is not GraphStatus.FWD_READY:
-        raise _order_error(runner, "fwd")
-    for user, static in zip(inputs, runner.input_surface):
-        if user.data_ptr() != static.data_ptr():
-            static.copy_(user)
-            runner.copies["fwd"] += 1
-    runner.fwd_graph.replay()
-    runner.replays["fwd"] += 1
-    return tuple(o.detach() for o in runner.output_surface)
-
-
-def replay_backward(runner, grads: Sequence[torch.Tensor | None]) -> tuple:
-    """The backward half of the bridge (Megatron's ``_CudagraphReplayNode.backward``).
-
-    ``grads`` are the output-gradients autograd hands in, one per output. Copy them into
-    ``runner.static_grad_outputs`` (skipping outputs without a buffer and buffers that
-    already are the gradient), replay the backward graph, flip the status back to
-    FWD_READY, restore ``grad_added_to_main_grad``, and return one gradient per tensor of
-    ``runner.input_surface``: the dgrads as they are, the wgrads cloned.
-    """
-    if runner.status is not GraphStatus.BWD_READY:
-        raise _order_error(runner, "bwd")
-    for g, static in zip(grads, runner.static_grad_outputs):
-        if static is None:
-            continue
-        if g is None:
-            static.zero_()
-        elif g.data_ptr() != static.data_ptr():
-            static.copy_(g)
-            runner.copies["bwd"] += 1
-    runner.bwd_graph.replay()
-    runner.replays["bwd"] += 1
-    runner.status = GraphStatus.FWD_READY
-    if runner.restore_grad_added:
-        for p, added in runner.groundtruth_grad_added_to_main_grad.items():
-            p.grad_added_to_main_grad = added
-    n = runner.num_dgrads
-    dgrads = runner.static_grad_inputs[:n]
-    if runner.clone_wgrads:
-        # the next replay overwrites these buffers: return copies the caller owns
-        wgrads = tuple(w.clone() if w is not None else None
-                       for w in runner.static_grad_inputs[n:])
-    else:   # what torch.cuda.make_graphed_callables returns: fresh tensors on the buffers
-        wgrads = tuple(w.detach() if w is not None else None
-                       for w in runner.static_grad_inputs[n:])
-    return (*dgrads, *wgrads)
-
-
-class ReplayNode(torch.autograd.Function):
-    """The ``autograd.Function`` that joins the two graphs (``_CudagraphReplayNode``).
-
-    Its inputs are the user tensors *and* the connected parameters, so autograd routes
-    the wgrads it returns to the parameters' ``AccumulateGrad`` nodes (``.grad``, hooks,
-    ``main_grad``) exactly as eager backward would.
-    """
-
-    @staticmethod
-    def forward(ctx, runner: GraphRunner, *inputs):
-        ctx.runner = runner
-        outs = runner.forward_impl(runner, inputs)
-        flags = runner.output_requires_grad
-        if not all(flags):
-            ctx.mark_non_differentiable(*[o for o, rg in zip(outs, flags) if not rg])
-        return outs
-
-    @staticmethod
-    def backward(ctx, *grads):
-        grads_in = ctx.runner.backward_impl(ctx.runner, grads)
-        return (None, *grads_in)
-
-
-# ---- make_graphed_callables ----------------------------------------------------------------
-
-class GraphedModule(torch.nn.Module):
-    """A module whose calls replay its graphs while it is in the mode it was captured in
-    (training or eval), and run eagerly otherwise, like torch's graphed modules.
-
-    ``.module`` is the original (its parameters are this module's parameters, so an
-    optimizer can be built from either); ``.runner`` holds the graphs.
-    """
-
-    def __init__(self, module: torch.nn.Module, runner: GraphRunner):
-        super().__init__()
-        self.module = module
-        self.runner = runner
-        self._captured_training = module.training
-
-    def forward(self, *args, **kwargs):
-        if kwargs:
-            _refuse_kwargs(self.runner.name, kwargs)
-        if self.module.training == self._captured_training:
-            return self.runner(*args)
-        return self.module(*args)
-
-
-def make_graphed_callables(callables, sample_args, *, B=None, pool=None,
-                           num_warmup_iters: int = 3, **runner_kw):
-    """Graph the forward and backward of each callable, from scratch.
-
-    The same contract as ``torch.cuda.make_graphed_callables``: ``callables`` is one
-    module/function or a tuple of them, ``sample_args`` the matching tuple of argument
-    tuples; the result is a graphed callable (or a tuple of them) that must be called
-    with arguments of the same shapes and dtypes. All graphs share one pool; forwards
-    are captured in the order given and backwards in reverse order, which is the order
-    a model that calls them in sequence replays them in.
-
-    ``runner_kw`` is passed to each :class:`GraphRunner` (``generators``,
-    ``clone_wgrads``...). Modules come back wrapped in :class:`GraphedModule`; functions
-    (no parameters) as their runner.
-
-    .. warning::
-        A sample that does not require grad gets no dgrad in the backward graph. torch's
-        own function then leaves a live input's ``.grad`` at ``None`` without a word
-        (its docs ask for matching ``requires_grad``); labkit's refuses such a call,
-        because an upstream layer or pipeline stage would silently never train. Give
-        the sample ``requires_grad=True`` wherever the real input may require grad.
-        ``sample_args`` is a tuple of arguments (``(x,)``): a bare tensor is refused,
-        since ``tuple(x)`` would split it along its first dimension.
-    """
-    B = ensure(B)
-    callables, sample_args, single = _check_callables(callables, sample_args)
-    check_int("num_warmup_iters", num_warmup_iters, minimum=0)
-    _check_graph_options(B, pool, None, where="make_graphed_callables")
-    pool = pool if pool is not None else B.graph_pool_handle()
-    runners = []
-    for c, args in zip(callables, sample_args):
-        module = c if isinstance(c, torch.nn.Module) else torch.nn.Module()
-        if isinstance(c, torch.nn.Module) and (c._forward_hooks or c._forward_pre_hooks
-                                                or c._backward_hooks):
-            raise ValueError(f"{type(c).__name__} has module hooks: a graph would run them "
-                             "once, at capture, not at every call. Remove them first.")
-        runners.append(GraphRunner(module, B, pool=pool, func=c, num_warmup=num_warmup_iters,
-                                   **runner_kw))
-    for r, args in zip(runners, sample_args):
-        r.create_fwd_graph(tuple(args))
-    for r in reversed(runners):
-        if r.grad_enabled:
-            r.create_bwd_graph()
-    out = tuple(GraphedModule(c, r) if isinstance(c, torch.nn.Module) else r
-                for c, r in zip(callables, runners))
-    return out[0] if single else out
