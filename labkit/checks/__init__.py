@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from labkit.core.signature import fmt_shape
+
 __all__ = [
     "DEFAULT_TIME_LIMIT",
     "CheckResult",
@@ -229,10 +231,6 @@ def call_learner(fn: Callable, *args: Any, time_limit: float | None = DEFAULT_TI
 # --- comparing outputs -----------------------------------------------------------------
 
 
-def _fmt_shape(t: torch.Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ("," if t.dim() == 1 else "") + ")"
-
-
 def _type_name(x: Any) -> str:
     if isinstance(x, torch.Tensor):
         return "a torch.Tensor"
@@ -244,7 +242,7 @@ def _type_name(x: Any) -> str:
 def _compare_tensors(expected: torch.Tensor, actual: torch.Tensor, where: str,
                      rtol: float, atol: float) -> str | None:
     if tuple(actual.shape) != tuple(expected.shape):
-        return f"{where}shape: expected {_fmt_shape(expected)}, got {_fmt_shape(actual)}"
+        return f"{where}shape: expected {fmt_shape(expected.shape)}, got {fmt_shape(actual.shape)}"
     if actual.dtype != expected.dtype:
         return f"{where}dtype: expected {expected.dtype}, got {actual.dtype}"
     if actual.device != expected.device:
