@@ -101,7 +101,7 @@ def _toml(path: Path) -> dict:
 
 
 def config(root: Path = ROOT) -> dict:
-    """``{"repository", "branch", "owner", "repo"}`` from ``[tool.labkit]`` of ``pyproject.toml``."""
+    """``{"repository", "branch", "owner", "repo"}`` from ``[tool.labkit]`` in pyproject.toml."""
     path = Path(root) / "pyproject.toml"
     table = _toml(path).get("tool", {}).get("labkit")
     if not isinstance(table, dict):
