@@ -144,13 +144,18 @@ def link_site(target: Path, roots=COLAB_ROOTS) -> list[str]:
 def build_wheel(dest: Path, root: Path = ROOT) -> Path:
     """A wheel of the checkout, built offline from a copy of its packaging files.
 
-    With setuptools installed here (the build backend of ``pyproject.toml``): ``pip wheel
-    --no-build-isolation``, the real packaging. Without it (a Python >= 3.12 venv has no
-    setuptools, and build isolation would need an index): :func:`zip_wheel`.
+    With setuptools installed here (the build backend of ``pyproject.toml``, with its
+    ``bdist_wheel``): ``pip wheel --no-build-isolation``, the real packaging. Without it (a
+    Python >= 3.12 venv has no setuptools, and build isolation would need an index):
+    :func:`zip_wheel`.
     """
-    try:
-        import setuptools  # noqa: F401  (the build backend, used without isolation)
-    except ImportError:
+    import importlib.util
+
+    # the build backend, used without isolation; bdist_wheel is setuptools' own from 70.1 on,
+    # the `wheel` package's before that
+    if importlib.util.find_spec("setuptools") is None or (
+            importlib.util.find_spec("setuptools.command.bdist_wheel") is None
+            and importlib.util.find_spec("wheel") is None):
         return zip_wheel(dest / "wheel", root)
     src = dest / "src"
     src.mkdir(parents=True)
