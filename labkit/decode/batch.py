@@ -56,7 +56,7 @@ def _record(batch: "ForwardBatch", names: Sequence[str]) -> tuple:
 
 
 def _unchanged(record: tuple | None, batch: "ForwardBatch") -> bool:
-    """Is ``batch`` still what ``record`` saw? Attribute reads only (a few µs per step)."""
+    """Is ``batch`` still what ``record`` saw? Attribute reads only, no device work."""
     if record is None:
         return False
     names, tensors, versions, lens, ext, mode = record

@@ -29,8 +29,8 @@ SENTINEL   (seq_lens)
     dummy one). 0 would mask every key and turn the row's softmax into NaN; a stale
     length would make it read keys it has no business with.
 
-The tails are cleared first (the zero tails with one ``torch._foreach_zero_``), then every
-head is copied with **one** ``torch._foreach_copy_`` (one launch for the lot instead of one
+Each tail is set by its policy (the zero tails with one ``torch._foreach_zero_``), and every
+head is copied with **one** ``torch._foreach_copy_`` (one call for the lot instead of one
 per buffer).
 """
 
@@ -88,8 +88,6 @@ class StaticBuffers:
         self.num_tokens_per_bs = num_tokens_per_bs
         self.max_num_token = max_bs * num_tokens_per_bs
         self.slots: dict[str, GraphSlot] = {}
-        self._plans: dict = {}  # (raw_bs, padded_bs, override) -> views fill_from needs
-        self._plans_slots, self._plans_n = self.slots, 0
         n, b = self.max_num_token, max_bs
         i64 = dict(dtype=torch.int64, device=device)
         self.register("input_ids", torch.zeros(n, **i64), Pad.HEAD_ONLY, per_token=True)
@@ -116,7 +114,6 @@ class StaticBuffers:
                              f"({'max_bs x tokens per request' if per_token else 'max_bs'})")
         slot = GraphSlot(name, tensor, Pad(pad), per_token, fill_value, row_dim)
         self.slots[name] = slot
-        self._plans.clear()  # cached fill plans (see fill_from) no longer cover every slot
         return slot
 
     def __getattr__(self, name: str) -> torch.Tensor:
@@ -132,52 +129,32 @@ class StaticBuffers:
                   override: dict[str, Pad | str] | None = None) -> None:
         """Copy ``batch`` into the heads; treat rows ``raw..padded`` by each policy.
 
-        ``override`` swaps a buffer's policy for this call only — for demonstrations of
-        what goes wrong (e.g. ``{"positions": "head_only"}`` leaves a stale tail).
-
-        The views this needs (each buffer's head, each tail to clear) depend only on
-        ``(raw_bs, padded_bs, override)``, so they are built once and cached: a step then
-        costs one ``_foreach_zero_`` for the zero tails, one ``fill_`` per sentinel tail
-        and the one ``_foreach_copy_`` of the heads, with no slicing in Python.
+        Args:
+            batch: the real batch (a ``ForwardBatch``): one tensor per buffer name.
+            raw_bs: its number of requests.
+            padded_bs: the bucket it replays.
+            override: ``{buffer: policy}`` for this call only, for demonstrations of what
+                goes wrong (e.g. ``{"positions": "head_only"}`` leaves a stale tail).
         """
-        key = (raw_bs, padded_bs, tuple(sorted((k, Pad(v)) for k, v in override.items()))
-               if override else ())
-        if self._plans_slots is not self.slots or self._plans_n != len(self.slots):
-            # the registry was swapped or grew behind register()'s back: rebuild the plans
-            self._plans.clear()
-            self._plans_slots, self._plans_n = self.slots, len(self.slots)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plans[key] = self._make_plan(raw_bs, padded_bs, override)
-        names, rows, dsts, zero_tails, fill_tails = plan
-        if zero_tails:
-            torch._foreach_zero_(zero_tails)
-        for t, value in fill_tails:
-            t.fill_(value)
-        srcs = []
-        for name, n, dst in zip(names, rows, dsts):
-            src = getattr(batch, name)
-            if tuple(src.shape) != tuple(dst.shape):
-                raise ValueError(f"{name}: batch has shape {tuple(src.shape)}, expected "
-                                 f"{tuple(dst.shape)} ({n} rows)")
-            srcs.append(src if src.dtype == dst.dtype else src.to(dst.dtype))
-        torch._foreach_copy_(dsts, srcs)  # all heads in one call
-
-    def _make_plan(self, raw_bs: int, padded_bs: int, override: dict | None):
-        override = {k: Pad(v) for k, v in (override or {}).items()}
+        override = {name: Pad(pad) for name, pad in (override or {}).items()}
         k = self.num_tokens_per_bs
-        names, rows, dsts, zero_tails, fill_tails = [], [], [], [], []
+        zero_tails, heads, srcs = [], [], []
         for name, slot in self.slots.items():
-            lo, hi = slot.rows(raw_bs, k), slot.rows(padded_bs, k)
+            raw, padded = slot.rows(raw_bs, k), slot.rows(padded_bs, k)
             pad = override.get(name, slot.pad)
-            if hi > lo and pad is Pad.ZERO_TAIL:
-                zero_tails.append(slot.part(lo, hi))
-            elif hi > lo and pad is Pad.SENTINEL:
-                fill_tails.append((slot.part(lo, hi), slot.fill_value))
-            names.append(name)
-            rows.append(lo)
-            dsts.append(slot.part(0, lo))
-        return names, rows, dsts, zero_tails, fill_tails
+            if pad is Pad.ZERO_TAIL:
+                zero_tails.append(slot.part(raw, padded))
+            elif pad is Pad.SENTINEL:
+                slot.part(raw, padded).fill_(slot.fill_value)
+            head, src = slot.part(0, raw), getattr(batch, name)
+            if tuple(src.shape) != tuple(head.shape):
+                raise ValueError(f"{name}: batch has shape {tuple(src.shape)}, expected "
+                                 f"{tuple(head.shape)} ({raw} rows)")
+            heads.append(head)
+            srcs.append(src.to(head.dtype))
+        if zero_tails:
+            torch._foreach_zero_(zero_tails)  # every index tail in one call
+        torch._foreach_copy_(heads, srcs)     # every head in one call
 
     def view(self, bs: int) -> dict[str, torch.Tensor]:
         """The first rows of every buffer for a bucket of ``bs`` requests (views, same

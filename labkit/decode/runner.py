@@ -1,7 +1,7 @@
 """The decode graph runner: capture one graph per bucket, replay the right one, pad, slice.
 
-Three layers, as in SGLang's refactor (``base_cuda_graph_runner.py`` +
-``decode_cuda_graph_runner.py`` + ``runner_backend/``):
+Three layers, as in SGLang's runner (``BaseCudaGraphRunner``, ``DecodeCudaGraphRunner`` and
+the pluggable ``FullCudaGraphBackend``, sgl-project/sglang at f438a118):
 
 :class:`FullGraphBackend`
     the pluggable graph backend: ``capture_one(key, fn)`` (two warmups on the capture
@@ -27,7 +27,6 @@ Typical use (any backend)::
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import gc
 import logging
@@ -478,7 +477,7 @@ class DecodeGraphRunner(BaseGraphRunner):
         """Pad to the bucket, fill the static buffers and prepare the metadata out of graph
         (SGLang's ``replay_prepare``); returns the bucket. Only :meth:`plan` marks the batch."""
         raw_bs = batch.batch_size
-        bs = self.buckets[bisect.bisect_left(self.buckets, raw_bs)]   # smallest that holds it
+        bs = pad_to_bucket(raw_bs, self.buckets)
         override = {**self.padding_override, **(padding_override or {})}
         self.buffers.fill_from(batch, raw_bs, bs, override=override or None)
         fb = self._bucket_batch(bs)
