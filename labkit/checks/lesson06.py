@@ -32,7 +32,6 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from numbers import Integral
 
 import torch
 
@@ -46,6 +45,7 @@ from labkit.checks import (
     fail,
     passed,
 )
+from labkit.core.validate import is_int
 from labkit.decode import (
     GraphSlot,
     Pad,
@@ -72,7 +72,7 @@ def _as_int_list(actual) -> tuple[list[int] | None, str | None]:
     if isinstance(actual, (str, bytes)) or not hasattr(actual, "__iter__"):
         return None, f"expected a list of ints, got {type(actual).__name__}"
     out = list(actual)
-    bad = [x for x in out if not isinstance(x, Integral) or isinstance(x, bool)]
+    bad = [x for x in out if not is_int(x)]
     if bad:
         return None, f"expected a list of ints, found {bad[0]!r} ({type(bad[0]).__name__})"
     return [int(x) for x in out], None
@@ -295,7 +295,7 @@ def check_pad_to_bucket(fn, *, trials: int = 6, time_limit: float = 10.0,
         for raw in in_range:
             kind, v = results[raw]
             e = _pad_to_bucket(raw, buckets)
-            if kind == "value" and (isinstance(v, bool) or not isinstance(v, Integral)):
+            if kind == "value" and not is_int(v):
                 hint = " (did you forget `return`?)" if v is None else ""
                 return failed(trial, f"pad_to_bucket({raw}, {shown}) returned {v!r}, expected "
                                      f"the int {e}{hint}")
