@@ -47,6 +47,7 @@ NBGRADER_OFF := "nbgrader.server_extensions.formgrader": false, \
 help:
 	@echo "make lab          open JupyterLab at $(LESSON00) (LAB_ARGS=... passed on)"
 	@echo "make test         unit tests + notebooks (nbval), creating/refreshing .venv first"
+	@echo "make test-browser lesson 01 in JupyterLab and its slides, in headless Chromium"
 	@echo "make exercises    regenerate exercises/*.ipynb from solutions/*.ipynb (keeps your edits)"
 	@echo "make doctor       print what this machine has (python -m labkit doctor)"
 	@echo "make execute-notebooks  re-run notebooks/ and solutions/ in place (refresh outputs)"
@@ -125,6 +126,27 @@ test-unit: $(TEST_STAMP)
 
 test-notebooks: $(TEST_STAMP)
 	$(VPY) -m pytest --nbval-lax --nbval-current-env notebooks solutions $(PYTEST_ARGS)
+
+# The real-browser test (tests/browser/, not part of `make test`): starts `make lab`, runs
+# lesson 01 in headless Chromium (widget panel, its redraw, figures), then opens lesson 01's
+# slides. It uses the system's Chromium and chromedriver and never downloads a browser; it
+# does not apt-get them either (a test command should not change the system's packages):
+# it prints the line to run. Screenshots: build/browser/.
+CHROMIUM     ?= $(shell command -v chromium || command -v chromium-browser)
+CHROMEDRIVER ?= $(shell command -v chromedriver)
+.PHONY: test-browser
+test-browser: $(TEST_STAMP)
+	@if [ -z "$(CHROMIUM)" ] || [ -z "$(CHROMEDRIVER)" ]; then \
+	  echo "make test-browser needs the system's Chromium and chromedriver (found:" \
+	       "chromium='$(CHROMIUM)', chromedriver='$(CHROMEDRIVER)'). Install them:"; \
+	  echo "  apt-get install -y chromium chromium-driver    (Debian; prefix sudo if not root)"; \
+	  echo "or point at yours: make test-browser CHROMIUM=/path/chrome CHROMEDRIVER=/path/chromedriver"; \
+	  exit 1; \
+	fi
+	@$(VPY) -c 'import selenium' 2>/dev/null || \
+	  $(PIP) install -c $(VENV)/torch-constraint.txt 'selenium>=4.11'
+	LABKIT_BROWSER_TESTS=1 CHROMIUM="$(CHROMIUM)" CHROMEDRIVER="$(CHROMEDRIVER)" \
+	  $(VPY) -m pytest tests/browser -v -s $(PYTEST_ARGS)
 
 # --- authoring ----------------------------------------------------------------------
 

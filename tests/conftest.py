@@ -5,6 +5,8 @@ The emulated backend always runs; the cuda one runs where a GPU is present (mark
 real thing on a GPU machine (``pytest -m cuda``).
 """
 
+import os
+
 import pytest
 import torch
 
@@ -45,3 +47,8 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# tests/browser/ drives headless Chromium through `make lab` and the slides (about a minute,
+# needs the system's chromium): `make test-browser` runs it, with LABKIT_BROWSER_TESTS=1
+collect_ignore = [] if os.environ.get("LABKIT_BROWSER_TESTS") == "1" else ["browser"]
