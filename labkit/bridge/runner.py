@@ -218,11 +218,10 @@ def _requires_grad_error(name: str, i: int, why: str) -> RuntimeError:
 # ---- the runner ----------------------------------------------------------------------------
 
 class GraphRunner:
-    """One forward graph and one backward graph for one module (Megatron's
-    ``_CudaGraphRunner``): the static buffers, the capture of each graph, and the state
-    machine that keeps forward and backward replays in turn.
+    """One forward graph and one backward graph for one module (Megatron's ``_CudaGraphRunner``).
 
-    Lifecycle::
+    It holds the static buffers, captures each graph into ``pool`` and keeps forward and
+    backward replays in turn::
 
         r = GraphRunner(module, B, pool=pool)
         r.create_fwd_graph(sample_args)    # warm up, capture the forward
@@ -230,13 +229,28 @@ class GraphRunner:
         y = r(x)                           # replay forward (through ReplayNode)
         y.sum().backward()                 # replays the backward graph
 
-    ``create_fwd_graph`` accepts real tensors or :class:`ArgMeta` (lesson 05 creates
-    graphs from what the eager step recorded). Several runners may share one ``pool``;
-    then they must be created in the order they will replay (lesson 05).
+    Args:
+        module: the ``torch.nn.Module`` whose parameters the graphs train.
+        B: the backend, ``labkit.backend.get(...)`` (``None``: ``get("auto")``).
+        pool: a memory-pool handle shared with other runners (``None``: a new pool).
+        func: what to graph, if not ``module`` itself (one of its methods, say).
+        num_warmup: eager forwards (and backwards) run before capture.
+        generators: ``torch.Generator`` objects the module draws from; both graphs
+            register them, so every replay draws fresh numbers.
+        clone_wgrads: return cloned wgrads (``False``: the static buffers, as torch does).
+        restore_grad_added: restore ``param.grad_added_to_main_grad`` after every
+            backward replay (the captured backward's Python does not run again).
+        restore_after_warmup: back up module buffers and ``main_grad`` around warm-up.
+        name: how messages call the runner (default: the module's class name).
+        forward_impl, backward_impl: the two halves of the bridge (default
+            :func:`~labkit.bridge.replay.replay_forward` and
+            :func:`~labkit.bridge.replay.replay_backward`); the exercises swap them.
 
-    Options that exist to show what each detail prevents (keep the defaults to train):
-    ``clone_wgrads``, ``restore_grad_added``, ``restore_after_warmup``. The replay
-    functions can be swapped (``forward_impl``/``backward_impl``) for the exercises.
+    .. warning::
+        ``clone_wgrads``, ``restore_grad_added`` and ``restore_after_warmup`` exist to show
+        what each prevents: turned off, gradients or module state can be silently wrong.
+        Runners sharing a ``pool`` must be created in the order they will replay, because
+        a capture reuses memory that an earlier graph freed (lesson 05).
     """
 
     def __init__(self, module: torch.nn.Module, B, *, pool=None, func: Callable | None = None,

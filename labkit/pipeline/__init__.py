@@ -10,7 +10,7 @@ One module per idea:
 ``te_style``       per layer x microbatch graphs from ``B.make_graphed_callables``
 ``moe``            a toy MoE layer: router graphed, dispatch eager
 ``distributed``    the same pipeline across processes (gloo / NCCL)
-``models``         the toy transformer block used by lessons 04 and 05
+``models``         re-exports the toy block of lessons 04 and 05 (:mod:`labkit.core.models`)
 =================  ===========================================================
 
 The graph pair itself (runner, bridge, status machine) is :mod:`labkit.bridge`.

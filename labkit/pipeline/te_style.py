@@ -143,9 +143,10 @@ def make_te_style_layers(layers: Sequence[torch.nn.Module], sample_input: torch.
     overwritten before its backward ran.
 
     .. warning::
-        Too few slots used to give wrong gradients with no error (issue 11). Now
-        :func:`~labkit.pipeline.step.train_step` refuses a schedule that holds more
-        microbatches in flight than there are slots, before anything runs, and a
+        With too few slots a slot's forward replays for a new microbatch before the old
+        one's backward read its buffers, and the gradients come out wrong without an
+        error. So :func:`~labkit.pipeline.step.train_step` refuses a schedule that holds
+        more microbatches in flight than there are slots, before anything runs, and a
         :class:`TEStyleLayer` refuses a forward into a slot whose backward is still due.
     """
     B = ensure(B)
