@@ -52,7 +52,7 @@ class Stream:
         return True
 
     def synchronize(self) -> None:
-        _refuse_sync_during_capture("Stream.synchronize()")
+        refuse_sync("Stream.synchronize()")
 
     def __eq__(self, other):
         return isinstance(other, Stream) and other.stream_id == self.stream_id
@@ -110,12 +110,9 @@ class stream:
         _tls.stream = self.prev
 
 
-_refuse_sync_during_capture = refuse_sync
-
-
 def synchronize(device=None) -> None:
     """Wait for all work (a no-op on a CPU), but an error during capture, as on a GPU."""
-    _refuse_sync_during_capture("synchronize()")
+    refuse_sync("synchronize()")
 
 
 class Event:
@@ -140,7 +137,7 @@ class Event:
         return True
 
     def synchronize(self) -> None:
-        _refuse_sync_during_capture("Event.synchronize()")
+        refuse_sync("Event.synchronize()")
 
     def elapsed_time(self, end: "Event") -> float:
         if not isinstance(end, Event):
