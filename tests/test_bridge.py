@@ -11,7 +11,7 @@ import torch
 
 from labkit import bridge
 from labkit.bridge import GraphArgMismatch, GraphOrderError, GraphRunner, GraphStatus
-from labkit.pipeline.models import CallCounter, TransformerBlock, make_blocks
+from labkit.core.models import CallCounter, TransformerBlock, make_blocks
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -160,6 +160,17 @@ def test_guards_refuse_mismatched_arguments(B):
         with pytest.raises(GraphArgMismatch, match=re.escape(message)):
             r(*args)
     torch.testing.assert_close(r(x, 2.0), lin(x) * 2.0)
+
+
+def test_old_names_are_the_shared_layers_objects():
+    """labkit.bridge and labkit.pipeline.models re-export; they define no second copy."""
+    from labkit.core import main_grad, models
+    from labkit.pipeline import models as pipeline_models
+
+    for name in ("attach_main_grad", "zero_main_grad", "FusedLinear"):
+        assert getattr(bridge, name) is getattr(main_grad, name), name
+    for name in ("TransformerBlock", "make_blocks", "CallCounter"):
+        assert getattr(pipeline_models, name) is getattr(models, name), name
 
 
 def test_connected_params_walks_to_accumulate_grad():

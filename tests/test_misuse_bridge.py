@@ -10,8 +10,8 @@ from helpers import assert_usable
 
 from labkit import bridge
 from labkit.bridge import GraphRunner
+from labkit.core.models import CallCounter, TransformerBlock
 from labkit.guards import error_text
-from labkit.pipeline.models import CallCounter, TransformerBlock
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
