@@ -82,9 +82,10 @@ def test_loss_is_the_graphs_static_output(B):
 def test_static_loader_keeps_addresses_and_checks_shapes(B, foreach, monkeypatch):
     """Both ways of copying (the one-launch speed trick and the plain copy_ per tensor) fill
     the same buffers and refuse the same wrong batches."""
-    monkeypatch.setattr("labkit.full_step.loader.FOREACH_LOAD", foreach)
+    monkeypatch.setenv("LABKIT_FOREACH_LOAD", "1" if foreach else "0")
     cfg = FS.CONFIGS["tiny"]
     loader = FS.StaticBatchLoader(B, cfg.num_microbatches)
+    assert loader.foreach is foreach
     a, b = [to_dev(x, B) for x in data_stream(cfg, 2)]
     bufs = loader.load(a)
     ptrs = [t.data_ptr() for mb in bufs for t in mb]

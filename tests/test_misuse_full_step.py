@@ -51,6 +51,13 @@ def test_num_microbatches_must_be_a_positive_int(B, n, error, message):
         FS.StaticBatchLoader(B, n)
 
 
+@pytest.mark.parametrize("value", ["yes", "2", ""])
+def test_foreach_load_switch_takes_0_or_1(B, monkeypatch, value):
+    monkeypatch.setenv("LABKIT_FOREACH_LOAD", value)
+    with pytest.raises(ValueError, match=f"LABKIT_FOREACH_LOAD={value!r}: set it to 1 .* or 0"):
+        FS.StaticBatchLoader(B, 2)
+
+
 def test_forward_backward_refuses_no_microbatches():
     model = FS.build_lm(CFG)
     with pytest.raises(ValueError, match="0 microbatches: a step needs at least one"):
@@ -214,7 +221,7 @@ def test_a_batch_that_is_not_a_list(B):
 def test_unknown_config_and_bad_wrapper_options(B):
     with pytest.raises(ValueError, match="unknown config 'small': choose one of tiny, bench"):
         FS.build_lm("small")
-    with pytest.raises(ValueError, match="warmup_steps must be >= 0, got -1: the number of eager steps"):
+    with pytest.raises(ValueError, match="warmup_steps must be >= 0, got -1: the number of eager"):
         FS.FullCudaGraphWrapper(lambda: None, B, warmup_steps=-1)
     with pytest.raises(ValueError, match="capture_error_mode must be 'global', "
                                          "'thread_local' or 'relaxed', got 'local'"):

@@ -8,22 +8,21 @@ from typing import Sequence
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from labkit import backend
 from labkit.core.validate import check_int
 
-__all__ = ["fill_static_buffers", "StaticBatchLoader", "FOREACH_LOAD"]
+__all__ = ["fill_static_buffers", "StaticBatchLoader", "foreach_load"]
 
 
-def _env_flag(name: str, default: str = "1") -> bool:
-    value = os.environ.get(name, default).strip()
+def foreach_load() -> bool:
+    """Whether :class:`StaticBatchLoader` copies a step with one ``torch._foreach_copy_``
+    (a speed trick, :func:`_foreach_fill`). ``LABKIT_FOREACH_LOAD=0`` turns it off, so that
+    ``python -m labkit.bench train`` can time the step with and without it."""
+    value = os.environ.get("LABKIT_FOREACH_LOAD", "1").strip()
     if value not in ("0", "1"):
-        raise ValueError(f"{name}={value!r}: set it to 1 (on) or 0 (off)")
+        raise ValueError(f"LABKIT_FOREACH_LOAD={value!r}: set it to 1 (one multi-tensor copy "
+                         "per step, the default) or 0 (one copy_ per tensor)")
     return value == "1"
-
-
-#: Speed trick: :class:`StaticBatchLoader` copies a whole step with one
-#: ``torch._foreach_copy_`` (:func:`_foreach_fill`). ``LABKIT_FOREACH_LOAD=0`` turns it
-#: off, so ``python -m labkit.bench train`` can time the step with and without it.
-FOREACH_LOAD = _env_flag("LABKIT_FOREACH_LOAD")
 
 
 def fill_static_buffers(buffers: Sequence, microbatches: Sequence,
@@ -88,7 +87,9 @@ class StaticBatchLoader:
 
     ``load(microbatches)`` allocates the buffers on its first call (one set per microbatch,
     with its structure, shapes and dtypes, on ``B.device``) and copies the data into them
-    on every call. ``buffers`` is what the step function reads, eager or captured.
+    on every call. ``buffers`` is what the step function reads, eager or captured. The copy
+    is :func:`fill_static_buffers`, or the same as one multi-tensor copy when ``foreach``
+    is set (:func:`foreach_load`).
 
     Args:
         B: the backend (``labkit.backend.get(...)``).
@@ -105,8 +106,9 @@ class StaticBatchLoader:
     def __init__(self, B, num_microbatches: int, stream=None):
         self.num_microbatches = check_int("num_microbatches", num_microbatches, 1,
                                           fix="every step has at least one microbatch")
-        self.B = B
+        self.B = B = backend.ensure(B, "StaticBatchLoader(B, num_microbatches)")
         self.stream = stream if stream is not None else B.Stream()
+        self.foreach = foreach_load()
         self.buffers: list = []
         self.loads = 0
 
@@ -122,7 +124,7 @@ class StaticBatchLoader:
         with B.stream(self.stream):
             if not self.buffers:
                 self.buffers = [_empty_like(mb, B.device) for mb in microbatches]
-            if FOREACH_LOAD:
+            if self.foreach:
                 _foreach_fill(self.buffers, microbatches)
             else:
                 fill_static_buffers(self.buffers, microbatches)
