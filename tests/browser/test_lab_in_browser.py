@@ -5,15 +5,16 @@ the system's Chromium and chromedriver (Debian: ``apt-get install chromium chrom
 and selenium in .venv; nothing downloads a browser or a driver.
 
 1. ``make lab`` itself is started (the product's own command, with LAB_ARGS for a free port, a
-   token and no browser), lesson 01 is opened, its outputs cleared and all cells run; then:
-   no error or stderr output, every code cell ran, the kernel is .venv's Python, each cell that
-   stores a matplotlib figure shows it as an image that decoded, the timeline panel is a live
-   widget (three sliders and a picture, not its text fallback), and moving the ``kernels``
-   slider redraws the picture and the label with exactly what ``TimelinePanel`` computes for
-   the slider's new value.
+   token and no browser), lesson 01 is opened, its outputs cleared and Run > Run All Cells
+   (``runmenu:run-all``) run; then: no error or stderr output, every code cell ran, the kernel
+   is .venv's Python, each cell that stores a matplotlib figure shows it as an image that
+   decoded, the timeline panel is a live widget (three sliders and a picture, not its text
+   fallback), showing it keeps the lesson's start values, its readouts are visible and it
+   does not scroll sideways, and moving the ``kernels`` slider with the keyboard redraws the
+   picture and the label with exactly what ``TimelinePanel`` computes for the new value.
 2. Lesson 01's reveal.js slides (``make slides`` where the Makefile has it, else
-   ``jupyter nbconvert --to slides``) are served over http://127.0.0.1: every picture decodes
-   and reveal.js starts.
+   ``jupyter nbconvert --to slides``), served over http://127.0.0.1 and opened as a file:
+   every picture decodes, reveal.js starts, and the first picture slide shows its picture.
 
 Screenshots go to build/browser/ (git-ignored).
 
@@ -279,6 +280,10 @@ def test_figures_render_as_images(lesson01):
                       f"its outputs: {kinds}")
         bad = [x for x in imgs if not (x[0] and x[1] > 0 and x[2] > 0)]
         assert not bad, f"cell {i} ({stored[i]['id']}): image(s) did not decode: {imgs}"
+        if i == want[0]:
+            lesson01.execute_script(cell_node_script(i) + "n.scrollIntoView();")
+            lesson01.execute_script(cell_node_script(i) + "return n;").screenshot(
+                str(SHOTS / "lesson01_first_figure.png"))
 
 
 def panel_state(driver, index: int) -> dict:
