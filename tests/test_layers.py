@@ -30,10 +30,7 @@ LAYERS = [
 
 # Edges still to remove (issue #13). This list only shrinks: an entry that no longer
 # exists fails the test too, so it cannot go stale.
-KNOWN: set[tuple[str, str]] = {
-    # a re-export until tests/test_emulator.py and test_misuse_backend.py import the new home
-    ("labkit.emulator.cost", "labkit.bench.emulator_cost"),
-}
+KNOWN: set[tuple[str, str]] = set()
 
 
 def _module_name(path: Path) -> str:
