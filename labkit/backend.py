@@ -164,7 +164,7 @@ def ensure(B=None, where: str = "B") -> types.SimpleNamespace:
     if B is None:
         return get("auto")
     if not all(hasattr(B, a) for a in ("CUDAGraph", "graph", "device", "name")):
-        hint = f": write {where} = labkit.backend.get({B!r})" if isinstance(B, str) else (
+        hint = f": write B = labkit.backend.get({B!r}) and pass B" if isinstance(B, str) else (
             ": pass B = labkit.backend.get('auto') (or get('emulated'))")
         raise TypeError(f"{where} must be the backend namespace that labkit.backend.get() "
                         f"returns, got {type(B).__name__} {B!r:.40}{hint}")
