@@ -326,10 +326,19 @@ def panel_index(driver) -> int:
 
 def shown_panel(driver) -> tuple[int, dict]:
     index = panel_index(driver)
-    state = wait_for("the timeline panel's widget to render",
-                     lambda: (s := panel_state(driver, index))["sliders"] and s["img"]
-                     and s["img"][1] > 0 and s, timeout=30)
-    return index, state
+    end = time.monotonic() + 30
+    while True:
+        state = panel_state(driver, index)
+        if state["sliders"] and state["img"] and state["img"][1] > 0:
+            return index, state
+        if time.monotonic() > end:
+            kinds = driver.execute_script(cell_node_script(index) + """
+                return [...n.querySelectorAll('.jp-OutputArea-output')].map(
+                    e => e.getAttribute('data-mime-type'));""")
+            pytest.fail(f"the timeline panel did not render as a widget within 30 s: its "
+                        f"outputs are {kinds}, {len(state['sliders'])} sliders, widget image "
+                        f"{state['img']}; it shows {state['text'][:300]!r}")
+        time.sleep(0.5)
 
 
 def kernel_panel_settings(driver) -> list:
@@ -390,13 +399,19 @@ def test_timeline_panel_is_a_live_widget(lesson01):
     for _ in range(5):
         handles[2].send_keys(Keys.ARROW_RIGHT)
 
-    def redrawn():
-        s = panel_state(lesson01, index)
-        moved = int(dict(s["sliders"])["kernels"])
+    end = time.monotonic() + 30
+    while True:
+        after = panel_state(lesson01, index)
+        moved = int(dict(after["sliders"])["kernels"])
         want = TimelinePanel(launch_us, kernel_us, moved, widgets=False).text()
-        return moved != 12 and s["label"] == want and s["bytes"] != state["bytes"] and s
-
-    after = wait_for("the panel to redraw after the kernels slider moved", redrawn, timeout=30)
+        new_picture = after["bytes"] != state["bytes"]
+        if moved != 12 and after["label"] == want and new_picture:
+            break
+        if time.monotonic() > end:
+            pytest.fail(f"the panel did not redraw within 30 s of moving the kernels slider: "
+                        f"slider 12 -> {moved}, picture changed: {new_picture}, label "
+                        f"{after['label']!r} (want {want!r})")
+        time.sleep(0.5)
     moved = int(dict(after["sliders"])["kernels"])
     assert moved == 17, f"5 × ARROW_RIGHT moved the kernels slider from 12 to {moved}"
     assert kernel_panel_settings(lesson01)[2] == 17, "the kernel's panel did not follow the slider"
