@@ -101,8 +101,10 @@ def image_widget(png: bytes):
     import ipywidgets as w
 
     width, _ = png_size(png)
+    # margin 0: ipywidgets' 2 px margins on top of max-width 100% made the panel scroll sideways
     return w.Image(value=png, format="png",
-                   layout=w.Layout(width=f"{width}px", max_width="100%", height="auto"))
+                   layout=w.Layout(width=f"{width}px", max_width="100%", height="auto",
+                                   margin="0"))
 
 
 def set_image(image, png: bytes) -> None:

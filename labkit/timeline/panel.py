@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import math
 
 from labkit.core.validate import check_int
 from labkit.timeline.model import Timeline, _check_us, gpu_idle_fraction
@@ -29,6 +30,19 @@ def _check_panel_settings(launch_us, kernel_us, n_kernels) -> tuple[float, float
                   fix="the slider's range; for a longer chain use simulate_pair(...) "
                       "and plot_timelines")
     return float(launch_us), float(kernel_us), n
+
+
+def _kept(slider, current: float) -> float:
+    """``current`` when a log slider shows it snapped to its step grid, else the slider's value.
+
+    .. warning::
+        The browser snaps a FloatLogSlider's value to ``min + k * step`` decades and sends
+        it back (2.0 µs becomes 10**0.30 = 1.995 µs): taken as a move, the panel redrew
+        with 1.995 µs and printed 35.0 µs where the lesson had just printed 35.1 µs.
+    """
+    if abs(math.log10(slider.value) - math.log10(current)) <= slider.step / 2 + 1e-12:
+        return current
+    return slider.value
 
 
 class TimelinePanel:
@@ -84,12 +98,16 @@ class TimelinePanel:
         self._label = w.HTML(self.text())
         for s in (self._launch, self._kernel, self._n):
             s.observe(self._redraw, names="value")
-        return column([w.HBox([w.VBox([self._launch, self._kernel, self._n]), self._label]),
-                       self._image])
+        # flex "0 0 auto": beside the long label a shrinkable VBox clipped the sliders' readouts
+        sliders = w.VBox([self._launch, self._kernel, self._n], layout=w.Layout(flex="0 0 auto"))
+        return column([w.HBox([sliders, self._label]), self._image])
 
     def _redraw(self, _change=None):
-        self.launch_us, self.kernel_us = self._launch.value, self._kernel.value
-        self.n_kernels = self._n.value
+        new = (_kept(self._launch, self.launch_us), _kept(self._kernel, self.kernel_us),
+               self._n.value)
+        if new == (self.launch_us, self.kernel_us, self.n_kernels):
+            return
+        self.launch_us, self.kernel_us, self.n_kernels = new
         set_image(self._image, figure_png(self.figure()))
         self._label.value = self.text()
 

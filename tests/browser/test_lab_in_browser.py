@@ -346,17 +346,6 @@ def kernel_panel_settings(driver) -> list:
     return json.loads(driver.execute_async_script(JS_RUN_IN_KERNEL, PANEL_SETTINGS))
 
 
-# strict: when labkit is fixed these XPASS, which fails the run: then delete the marker
-SNAP_BUG = pytest.mark.xfail(strict=True, reason=(
-    "labkit.timeline.panel: the browser snaps the FloatLogSlider's start value to its "
-    "0.05-decade grid (kernel 2.0 -> 1.995 µs) and _redraw takes it as a move: the label "
-    "says graphed 35.0 µs where the lesson printed 35.1"))
-LAYOUT_BUG = pytest.mark.xfail(strict=True, reason=(
-    "labkit.timeline.panel: the sliders' VBox shrinks (flex) beside the long label, so the "
-    "460 px sliders overflow it and their readouts are cut off"))
-
-
-@SNAP_BUG
 def test_timeline_panel_keeps_its_start_values(lesson01):
     """Showing the panel must not change what the lesson asked for (10 µs, 2 µs, 12)."""
     from labkit.timeline import TimelinePanel
@@ -450,7 +439,6 @@ return {clipped, readouts, output: box(out), img: img && [box(img), img.naturalW
 """
 
 
-@LAYOUT_BUG
 def test_timeline_panel_fits_its_cell(lesson01):
     """The sliders' readouts are visible and nothing in the panel scrolls sideways."""
     index, _ = shown_panel(lesson01)
