@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from labkit.core.errors import in_library
 from labkit.core.signature import fmt_shape
 
 __all__ = [
@@ -61,10 +62,6 @@ FAIL = "❌"
 NOT_DONE = "not done yet: fill in the cell marked YOUR CODE HERE"
 DEFAULT_TIME_LIMIT = 10.0  # seconds a learner's function may run in one trial
 _ALARM_REPEAT_S = 0.25     # after the budget, the timeout is raised again this often
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_LABKIT_DIR = os.path.dirname(_HERE)
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
 @dataclass
@@ -328,10 +325,7 @@ def compare_outputs(expected: Any, actual: Any, *, rtol: float = 1e-5, atol: flo
 
 def _is_learner_frame(filename: str) -> bool:
     """Not labkit's own code (checkers, engines, the emulator) and not torch's."""
-    if filename.startswith("<"):
-        return True
-    path = os.path.abspath(filename)
-    return not (path.startswith(_LABKIT_DIR + os.sep) or path.startswith(_TORCH_DIR + os.sep))
+    return not in_library(filename)
 
 
 def _is_notebook_frame(filename: str) -> bool:

@@ -76,6 +76,7 @@ from torch.utils._pytree import tree_flatten
 from labkit.backend import ensure as _backend
 from labkit.backend import recover as _recover
 from labkit.checks import NOT_DONE, LearnerTimeout, call_learner, compare_outputs, fail, passed
+from labkit.core.errors import exception_chain, in_library
 from labkit.core.signature import ArgMetadata, mismatches
 from labkit.core.validate import check_int
 
@@ -91,8 +92,6 @@ class _Failure(Exception):
         self.more_hints = list(more_hints or [])
 
 
-_LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
 def _learner_error(exc: BaseException) -> str:
@@ -101,19 +100,13 @@ def _learner_error(exc: BaseException) -> str:
     ``TypeError: message`` and ``at line N of your cell: code``: the first line of the
     deepest error in the chain, at the deepest frame outside labkit and torch.
     """
-    chain, e = [], exc
-    while e is not None and len(chain) < 6 and e not in chain:
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    root = chain[-1]
+    root = exception_chain(exc)[0]
     first = str(root).splitlines()[0] if str(root) else ""
     text = f"{type(root).__name__}: {first}" if first else type(root).__name__
     pick = None
     for tb_exc in (root, exc):
         for fr in traceback.extract_tb(tb_exc.__traceback__):
-            path = os.path.abspath(fr.filename) if not fr.filename.startswith("<") \
-                else fr.filename
-            if not path.startswith((_LABKIT_DIR, _TORCH_DIR)):
+            if not in_library(fr.filename):
                 pick = fr
         if pick is not None:
             break

@@ -12,21 +12,12 @@ import torch
 
 from labkit.backend import ensure as _ensure
 from labkit.backend import recover as _recover
+from labkit.core.errors import exception_chain as _chain
 from labkit.core.validate import check_int
 
 __all__ = ["error_lines", "error_text", "expect_error"]
 
 _EMULATOR_TAG = "[labkit emulator]"
-
-
-def _chain(exc: BaseException, limit: int = 4) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised while handling, root cause first."""
-    out, seen = [], set()
-    while exc is not None and id(exc) not in seen and len(out) < limit:
-        seen.add(id(exc))
-        out.append(exc)
-        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-    return out[::-1]
 
 
 def _check_exception(exc, where: str) -> None:
