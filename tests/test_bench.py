@@ -185,6 +185,8 @@ def test_suites_run_on_the_emulator():
     assert shared["extra"]["reserved_MiB"] < separate["extra"]["reserved_MiB"]
     runner = got[("capture", "decode_runner_torch_native")]
     assert runner["batch_size"] == 4 and runner["extra"]["graphs"] == 3   # buckets 1, 2, 4
+    kernels = runner["extra"]["kernels_per_graph"]
+    assert set(kernels) == {"1", "4"} and kernels["1"] == kernels["4"] > 0   # same step, padded
 
 
 # ---- labkit.core.timing: the one timer, trace reader and GPU-busy time ---------------------

@@ -453,15 +453,15 @@ def test_kv_pool_stores_and_gathers_keys_and_values_together():
     assert torch.equal(kvc.k_cache[[5, 70]], k) and torch.equal(kvc.v_cache[[5, 70]], v)
 
 
-def test_emulated_graph_records_few_ops(B):
-    """A decode graph of the 2-layer tiny model: one fused wqkv / w13 GEMM, in-place rotary,
-    one KV scatter and one KV gather per layer, the bias built once per step. (On a GPU
-    each RMSNorm is one fused kernel; the CPU decomposes it into six ops.)"""
+def test_emulated_graph_scatters_kv_once_per_layer_and_builds_the_bias_once(B):
+    """A decode graph of the 2-layer tiny model: one KV scatter per layer, the attention bias
+    built once per step. (How many ops in all depends on how the torch version decomposes
+    RMSNorm and friends: ``python -m labkit.bench capture`` reports it, as
+    ``kernels_per_graph``.)"""
     if B.name == "cuda":
         pytest.skip("counts the emulator's recorded ops")
     r = _runner(B, buckets="sglang")
     for bs, g in r.backend.graphs.items():
         ops = g.recorded_ops()
-        assert len(g) <= 70, (bs, len(g))
         assert sum("index_copy_" in o for o in ops) == r.model.args.n_layer
         assert sum("where" in o for o in ops) == 1, "the attention bias is built once"

@@ -16,7 +16,8 @@ its synchronizations); ``extra`` has the pool memory after all six captures
 Then lesson 06's decode runner at serving scale: every SGLang bucket of ``max_bs=256``
 (36 graphs) for the decode suite's model, captured largest first into one pool, once per
 attention backend (``decode_runner_<attention>``). ``median_us`` is then the median time
-per bucket (two warm-ups + capture), ``extra`` the totals: graphs, seconds, pool memory.
+per bucket (two warm-ups + capture), ``extra`` the totals: graphs, seconds, pool memory,
+and the kernels one step launches in the smallest and the largest bucket's graph.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 
 from labkit import full_step as FS
 from labkit.bench import make_row
-from labkit.capture import on_side_stream
+from labkit.capture import on_side_stream, recorded_kernels
 
 N_LAYERS, D_MODEL, N_HEADS, SEQ = 6, 256, 4, 64
 
@@ -83,9 +84,15 @@ def _decode_buckets(B, max_bs: int, model_args: dict, log) -> list[dict]:
         med = statistics.median(r["seconds"] for r in runner.capture_log) * 1e6
         config = {**model_args, "dtype": str(model.output.weight.dtype).replace("torch.", ""),
                   "buckets": "sglang", "graph": "decode step, one per bucket"}
+        graphs = runner.backend.graphs
+        # how many kernels one step launches depends on the torch version's decompositions:
+        # a figure for the bench, not a budget for the unit tests
+        kernels = {str(bs): len(recorded_kernels(graphs[bs], B))
+                   for bs in sorted({min(graphs), max(graphs)})}
         extra = {"graphs": rep["graphs"], "capture_seconds": round(rep["capture_seconds"], 3),
                  "reserved_MiB": round(rep["pool_reserved_bytes"] / 2**20, 2),
-                 "allocated_MiB": round(rep["pool_allocated_bytes"] / 2**20, 2)}
+                 "allocated_MiB": round(rep["pool_allocated_bytes"] / 2**20, 2),
+                 "kernels_per_graph": kernels}
         rows.append(make_row(B, "capture", name, config, max_bs, f"decode_runner_{attention}",
                              med, extra=extra))
         log(f"  capture max_bs={max_bs} decode_runner_{attention}: {rep['graphs']} graphs in "
