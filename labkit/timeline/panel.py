@@ -37,8 +37,8 @@ def _kept(slider, current: float) -> float:
 
     .. warning::
         The browser snaps a FloatLogSlider's value to ``min + k * step`` decades and sends
-        it back (2.0 µs becomes 10**0.30 = 1.995 µs): taken as a move, the panel redrew
-        with 1.995 µs and printed 35.0 µs where the lesson had just printed 35.1 µs.
+        it back (2.0 µs becomes 10**0.30 = 1.995 µs): taken as a move, the panel would
+        redraw with the snapped value and its label would disagree with the lesson's.
     """
     if abs(math.log10(slider.value) - math.log10(current)) <= slider.step / 2 + 1e-12:
         return current
