@@ -1,37 +1,25 @@
 """Static input buffers sized by ``max_bs``, each with its own padding policy.
 
 A captured graph reads its inputs from fixed addresses, so the runner allocates every
-input once, at the largest shape (SGLang's ``decode_cuda_graph_runner.py``)::
+input once, at the largest shape (as SGLang's decode CUDA-graph runner does), and before
+each replay copies the real batch into the *head* of each buffer. What happens to the
+*tail*, the padding rows up to the bucket size, is decided per buffer (a ``GraphSlot``
+with its ``PaddingPolicy`` in SGLang's ``CudaGraphBufferRegistry``):
 
-    input_ids        = zeros(max_num_token)          int64
-    req_pool_indices = zeros(max_bs)                  int64
-    seq_lens         = full(max_bs, fill_value)       int32   # a sentinel
-    out_cache_loc    = zeros(max_num_token)           int64
-    positions        = zeros(max_num_token)           int64
+* ``HEAD_ONLY`` (``input_ids``): left alone; any earlier token id is valid and padded
+  rows' results are thrown away.
+* ``ZERO_TAIL`` (``req_pool_indices``, ``positions``, ``out_cache_loc``): zeroed; these
+  are indices, and 0 points at the dummy slot that absorbs padded rows.
+* ``SENTINEL`` (``seq_lens``): filled with 1, so a padded row sees exactly its dummy key.
 
-(a multimodal model adds ``mrope_positions = zeros(3, max_num_token)``, the three rotary
-position ids of each token: rows along dim 1, see :class:`GraphSlot`), and before each
-replay copies the real batch into the *head* of each buffer. What to do
-with the *tail* — the padding rows between the real batch and the bucket size — is a
-per-buffer decision (SGLang's ``CudaGraphBufferRegistry`` / ``GraphSlot``):
+A multimodal model adds ``mrope_positions`` (three rotary position ids per token, rows
+along dim 1: see :class:`GraphSlot`).
 
-HEAD_ONLY  (input_ids)
-    leave the tail alone. Whatever an earlier batch left there is a valid token id, and
-    padded rows' results are thrown away, so stale values are harmless.
-ZERO_TAIL  (req_pool_indices, positions, out_cache_loc)
-    zero the tail. These are *indices*: padded rows gather and scatter through them. A
-    stale value may point into a live request's KV cache (silent corruption: the padded
-    row overwrites a real key) or past the end of a table (an index error on the CPU, an
-    illegal memory access on a GPU). Zero points at the dummy slot / location 0, which
-    exists precisely to absorb padded rows.
-SENTINEL   (seq_lens)
-    fill the tail with a fixed value (1): a padded row then sees exactly one key (its
-    dummy one). 0 would mask every key and turn the row's softmax into NaN; a stale
-    length would make it read keys it has no business with.
-
-Each tail is set by its policy (the zero tails with one ``torch._foreach_zero_``), and every
-head is copied with **one** ``torch._foreach_copy_`` (one call for the lot instead of one
-per buffer).
+.. warning::
+    A stale *index* in a tail may point into a live request's KV cache (a padded row then
+    overwrites a real key, silently) or past a table's end (an index error on the CPU, an
+    illegal memory access or a device-side assert on a GPU). A ``seq_lens`` tail of 0
+    masks every key and turns the row's softmax into NaN.
 """
 
 from __future__ import annotations

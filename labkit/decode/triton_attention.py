@@ -1,42 +1,23 @@
 """Decode attention as one Triton kernel that reads keys *through* the page table.
 
-Why this exists: :class:`~labkit.decode.torch_attention.TorchNativeAttnBackend` gathers every
-request's keys and values into a dense ``(bs, W, 2, H, D)`` tensor (one ``index_select``)
-so that SDPA can read them. That copy is the price of using stock kernels: at ``bs=64``,
-``W=256`` (8 KV heads of 64, fp16) it writes and reads 33 MB per layer, more memory
-traffic than the attention itself, and it is one more kernel per layer. SGLang's triton
-backend (``python/sglang/srt/layers/attention/triton_ops/decode_attention.py``) reads the
-pool through the page table instead; this module is that idea at its smallest.
+:class:`~labkit.decode.torch_attention.TorchNativeAttnBackend` first gathers every
+request's keys and values into a dense tensor for SDPA; SGLang's triton backend
+(``decode_attention_fwd`` in ``python/sglang/srt/layers/attention/triton_ops/
+decode_attention.py``) reads the KV pool through the page table instead, and this module
+is that idea at its smallest: one program per (request, query head, slice of the keys),
+an online softmax in fp32, and a second kernel that merges the slices (flash-decoding,
+SGLang's stage 1 / stage 2). Lesson 06 tells the story.
 
-One program per (request, query head, slice of the keys): load the query, walk the
-slice's keys in blocks of ``BLOCK_N`` (locations from ``page_table``), and keep an online
-softmax (running max, running sum, rescaled accumulator) in fp32. With one slice the
-program writes the output; with several (small batches, see :func:`num_kv_splits`) each
-writes a partial result and its log-sum-exp, and a second kernel merges them
-(flash-decoding, SGLang's stage 1 / stage 2). The result is SDPA's up to rounding.
+It fits a CUDA graph because the grid is the bucket size alone and the loop bound
+``seq_len`` is read on the device from the static ``seq_lens`` buffer; Triton compiles on
+the first call, which the runner's warm-ups make before capture. Decode only (one query
+token per request) and CUDA only: :func:`triton_available` says whether this machine can
+run it; everything else takes the torch path. No autotuner: ``BLOCK_N`` is fixed.
 
-What a CUDA graph needs from it, and gets:
-
-* **static shapes.** The grid is ``(bs, heads)``: the bucket size alone. The loop bound
-  ``seq_len`` is *read on the device* from the static ``seq_lens`` buffer, so a replay
-  with other lengths walks other lengths, no host value involved. That is also why no
-  key mask has to be built in the graph: the kernel stops at ``seq_len``.
-* **no first-time work in capture.** Triton compiles a kernel on its first call (a
-  second or so); the runner's warm-ups make that call before capture.
-
-Limits, on purpose: decode only (one query token per request) and CUDA only. Verify
-blocks (several tokens per request), prefill, CPUs and ``torch.compile`` use the torch
-path. ``triton_available()`` says whether this machine can run it.
-
-No autotuner: both kernels are plain ``@triton.jit`` with a fixed ``BLOCK_N`` (chosen by
-measurement, see :func:`decode_attention`), so nothing here benchmarks configurations or
-prints autotune logs. (The ``AUTOTUNE mm(...)`` tables a compiled capture used to print
-come from torch.compile's max-autotune in :class:`~labkit.decode.runner.DecodeGraphRunner`
-with ``compile_bs``; the runner turns those prints off.)
-
-Warning: the kernel trusts ``seq_lens`` and ``page_table``. A stale padded row with a
-huge ``seq_len`` reads past its page-table row: on a GPU an illegal memory access. The
-runner's padding policy (``seq_lens`` filled with a sentinel) is what prevents it.
+.. warning::
+    The kernel trusts ``seq_lens`` and ``page_table``: a stale padded row with a huge
+    ``seq_len`` reads past its page-table row, an illegal memory access on a GPU. The
+    runner's padding policy (``seq_lens`` tails filled with a sentinel) prevents it.
 """
 
 from __future__ import annotations
