@@ -242,7 +242,7 @@ def test_check_out_path(tmp_path):
 
     ours = tmp_path / "ours.png"
     fig = plt.figure(figsize=(2, 2))
-    demo._save(fig, ours, "03")
+    demo.cli._save(fig, ours, "03")
     plt.close(fig)
     assert demo.is_demo_png(ours) and demo.check_out_path(ours) is None
     assert demo.check_out_path(tmp_path / "new.PNG") is None           # free path, any case
