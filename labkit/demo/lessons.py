@@ -34,7 +34,8 @@ def _device(B) -> str:
 
 def _footer(fig, B, number: str) -> None:
     """A line under the picture naming the demo and what ran it (the figure grows for it)."""
-    where = (f"backend emulated: {_device(B)}, timings are this CPU's"
+    where = (f"backend emulated: {_device(B)}; measured times are this CPU's, "
+             "simulated ones say so"
              if B.is_emulated else f"backend cuda: {_device(B)}")
     w, h = fig.get_size_inches()
     extra = 0.3
@@ -180,8 +181,8 @@ def _demo_02(B, small):
     ax.set_xlim(0, max(eager_us, replay_us) * 1.3)
     ax.set_xlabel("µs per call (median)" + (" · emulator on a CPU: not GPU speed"
                                             if B.is_emulated else ""))
-    ax.set_title(f"MLP 16→64→8, batch 4: one replay runs {len(kernels)} recorded kernels "
-                 f"({ratio:.1f}× vs eager, {_device(B)})", fontsize=10)
+    ax.set_title(f"MLP 16→64→8, batch 4: one replay runs {len(kernels)} recorded kernels\n"
+                 f"replay {ratio:.1f}× as fast as eager on {_device(B)}", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -240,12 +241,15 @@ def _demo_03(B, small):
         ax.text(0.11, y + 0.5, f.severity, ha="center", va="center", fontsize=8)
         ax.text(0.24, y + 0.5, f"line {f.lineno}: {f.title}", va="center", fontsize=9,
                 weight="bold")
-        ax.text(0.64, y + 0.5, (f.code or "")[:44], va="center", fontsize=8, family="monospace")
+        code = f.code or ""
+        code = code if len(code) <= 44 else code[:43] + "…"
+        ax.text(0.64, y + 0.5, code, va="center", fontsize=8, family="monospace")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, len(rows))
     ax.axis("off")
     ax.set_title(f"lint_capture: {len(rows)} hazards found in one eager run; capture by hand "
-                 f"stops at the first ({B.name})", fontsize=10)
+                 f"stops at the first ({B.name})\nlines of step() in labkit/demo/lessons.py",
+                 fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -317,7 +321,8 @@ def _demo_04(B, small):
         ax.text(b.get_width(), b.get_y() + b.get_height() / 2,
                 f"  {d:.1e} ({'== eager' if d < tol else 'wrong'})", va="center", fontsize=9)
     ax.axvline(tol, color="0.3", ls=":", lw=1)
-    ax.text(tol, -0.45, f" tolerance {tol:g}", fontsize=8, color="0.3", va="bottom")
+    ax.text(tol, len(names) - 1.5, f" tolerance {tol:g}", fontsize=8, color="0.3",
+            va="center")                      # in the gap under the top bar, clear of the bars
     ax.set_xscale("log")
     ax.set_xlim(1e-12, 1e3)
     ax.set_xlabel("largest |weight difference| from eager training after 3 steps (log)")
