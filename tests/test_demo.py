@@ -280,3 +280,17 @@ def test_demo_on_the_gpu_is_measured_not_emulated(tmp_path, nn):
     png_size(png)
     seconds = float(re.search(r"saved .* \((\d+\.\d) s\)", r.stdout).group(1))
     assert seconds < 30, f"demo {nn} took {seconds} s on the GPU"
+
+
+def test_list_with_a_number_shows_that_demo_only():
+    r = run("--list", "3")
+    assert r.returncode == 0 and "  03  " in r.stdout
+    assert "  01  " not in r.stdout and "  07  " not in r.stdout
+
+
+def test_out_to_a_folder_that_does_not_exist_says_so(tmp_path):
+    r = run("00", "--out", f"{tmp_path}/slides/")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "names a folder that does not exist" in r.stderr
+    assert f"{tmp_path}/slides/labkit-demo-01.png" in r.stderr
+    assert not (tmp_path / "slides").exists()

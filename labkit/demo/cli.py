@@ -76,6 +76,9 @@ def check_out_path(path) -> str | None:
         wrong path must not lose a file.
     """
     p = Path(path)
+    if str(path).endswith(("/", os.sep)) and not p.is_dir():
+        return (f"--out {path} names a folder that does not exist; create it first "
+                f"(mkdir -p {p}) and give a file in it, e.g. --out {p / 'labkit-demo-01.png'}")
     if p.is_dir():
         return (f"--out {path} is a folder; the demo saves one PNG file: give a file path "
                 f"ending in .png, e.g. --out {p / 'labkit-demo-01.png'}")
@@ -124,7 +127,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``python -m labkit demo``."""
     parser.add_argument("number", nargs="?", type=_demo_number, metavar="NN",
                         help="the lesson whose demo to run: " + ", ".join(DEMOS))
-    parser.add_argument("--list", action="store_true", help="say what each demo shows")
+    parser.add_argument("--list", action="store_true",
+                        help="say what each demo shows (with NN: only that one)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto",
                         help="auto (a GPU when there is one, else the emulator; "
                              "LABKIT_BACKEND overrides it), cuda, or emulated (default: auto)")
@@ -134,10 +138,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "overwritten.")
 
 
-def _list() -> str:
+def _list(number: str | None = None) -> str:
+    """What each demo shows (``--list``), or only demo ``number`` (``--list NN``)."""
     lines = ["python -m labkit demo NN: each lesson's headline demo (prints its figures, "
              "saves a PNG)", ""]
-    for d in DEMOS.values():
+    for d in DEMOS.values() if number is None else [DEMOS[number]]:
         lines.append(f"  {d.number}  {d.lesson}")
         lines.append(f"      {d.shows}")
     lines += ["", "--backend auto|cuda|emulated (default auto), --out PATH.png "
@@ -153,14 +158,14 @@ def _error(message: str) -> int:
 def run(args) -> int:
     """Run one demo from parsed arguments; returns the exit status (no traceback ever)."""
     if args.list:
-        print(_list())
+        print(_list(args.number))
         return 0
     if args.number is None:
         return _error("give a demo number, e.g. `python -m labkit demo 01`, or --list to "
                       "see them (" + ", ".join(DEMOS) + ")")
     demo = DEMOS[args.number]
     out = Path(args.out if args.out is not None else f"labkit-demo-{demo.number}.png")
-    problem = check_out_path(out)
+    problem = check_out_path(args.out if args.out is not None else out)   # keeps a trailing /
     if problem:
         return _error(problem)
 
