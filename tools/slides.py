@@ -60,6 +60,16 @@ MATH = re.compile(r"(?<![\\$])\$[^$\s][^$\n]*\$")
 
 # ---- tagging ------------------------------------------------------------------------------
 
+# a slide is narrower than a notebook: long code and output lines wrap (at spaces where
+# they can) instead of running off the slide's right edge
+SLIDE_CSS = """<style>
+.reveal pre, .reveal pre code, .reveal .jp-OutputArea-output pre {
+  white-space: pre-wrap; overflow-wrap: break-word; word-break: normal;
+}
+</style>
+"""
+
+
 def _lines(source: str) -> int:
     return len([line for line in source.splitlines() if line.strip()])
 
@@ -221,6 +231,7 @@ def build(root: Path = ROOT, out: Path | None = None, cdn: bool = False) -> list
                                               resources={"metadata": {"name": p.stem}})
         if offline:   # no lesson draws mermaid diagrams: drop the import of its CDN module
             body = MERMAID.sub("", body)
+        body = body.replace("</head>", SLIDE_CSS + "</head>", 1)
         dest = out / f"{p.stem}.slides.html"
         dest.write_text(body, encoding="utf-8")
         written.append(dest)
