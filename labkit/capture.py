@@ -46,10 +46,6 @@ __all__ = [
 ]
 
 
-def _default_backend(B):
-    return ensure(B)
-
-
 def check_backend(B, where: str = "B") -> None:
     """``B`` must be the namespace :func:`labkit.backend.get` returns (not its name)."""
     ensure(B, where)
@@ -96,7 +92,7 @@ def side_stream_warmup(fn: Callable, *args, B=None, iters: int = 3, **kwargs) ->
         Warm-up runs ``fn`` for real: in-place updates (a running mean, an optimizer
         step, a counter) happen ``iters`` times. Back up such state first if it matters.
     """
-    B = _default_backend(B)
+    B = ensure(B)
     _check_callable(fn, "side_stream_warmup(fn, ...)")
     check_int("iters", iters, 0)
     out = None
@@ -182,10 +178,10 @@ def capture(fn: Callable, *args, B=None, pool=None, stream=None, warmup: int = 3
     stream). If capture fails, the current stream is restored before the error propagates
     (``B.graph`` alone leaves its capture stream current when ``capture_end`` raises).
     """
-    B = _default_backend(B)
+    B = ensure(B)
     _check_callable(fn, "capture(fn, ...)")
     check_int("warmup", warmup, 0)
-    _check_graph_options(B, pool, stream, capture_error_mode, "capture")
+    check_graph_options(B, pool, stream, capture_error_mode, "capture")
     if warmup:
         side_stream_warmup(fn, *args, B=B, iters=warmup, **kwargs)
     g = B.CUDAGraph()
@@ -226,16 +222,6 @@ def _check_callable(fn, where: str) -> None:
         raise TypeError(f"{where}: fn must be a function or module to capture, got "
                         f"{type(fn).__name__} {fn!r:.60}. Pass the callable itself, "
                         "not its result (fn, not fn(x)).")
-
-
-def _check_graph_options(B, pool, stream, capture_error_mode="global",
-                         where: str = "capture") -> None:
-    check_graph_options(B, pool, stream, capture_error_mode, where)
-
-
-def _check_count(value, name: str, *, minimum: int) -> None:
-    """``value`` must be an int (not a bool) >= ``minimum``: ``check_int``, kept for callers."""
-    check_int(name, value, minimum)
 
 
 # ---- the runner ------------------------------------------------------------------------
@@ -292,8 +278,8 @@ class StaticGraph:
         _check_callable(fn, type(self).__name__)
         check_int("warmup", warmup, 0)
         self.fn = fn
-        self.B = _default_backend(B)
-        _check_graph_options(self.B, pool, stream, where=type(self).__name__)
+        self.B = ensure(B)
+        check_graph_options(self.B, pool, stream, where=type(self).__name__)
         self.pool_handle = pool
         self.stream = stream
         self.warmup = warmup
@@ -457,7 +443,7 @@ def recorded_kernels(g, B=None, *, short: bool = True) -> list[str]:
         between the backends (ATen ops vs. CUDA kernels, and one op may launch several
         kernels), so compare counts and shapes of the lists, not the strings.
     """
-    B = _default_backend(B)
+    B = ensure(B)
     if isinstance(g, StaticGraph):
         g = g.graph if g.captured else g._require_captured("recorded_kernels()")
     if not isinstance(g, B.CUDAGraph):

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from labkit.backend import ensure
+from labkit.backend import check_graph_options, ensure
 from labkit.bridge.runner import GraphRunner, _check_arg_tuple, _refuse_kwargs
-from labkit.capture import _check_graph_options
 from labkit.core.validate import check_int
 
 __all__ = ["GraphedModule", "make_graphed_callables"]
@@ -93,7 +92,7 @@ def make_graphed_callables(callables, sample_args, *, B=None, pool=None,
     B = ensure(B)
     callables, sample_args, single = _check_callables(callables, sample_args)
     check_int("num_warmup_iters", num_warmup_iters, minimum=0)
-    _check_graph_options(B, pool, None, where="make_graphed_callables")
+    check_graph_options(B, pool, None, where="make_graphed_callables")
     pool = pool if pool is not None else B.graph_pool_handle()
     runners = []
     for c, args in zip(callables, sample_args):

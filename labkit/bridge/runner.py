@@ -12,10 +12,9 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from labkit.backend import ensure
+from labkit.backend import check_graph_options, ensure
 from labkit.bridge.replay import GraphStatus, ReplayNode, replay_backward, replay_forward
 from labkit.capture import (
-    _check_graph_options,
     cleanup_on_failure,
     on_side_stream,
     own_cublas_workspace,
@@ -185,7 +184,7 @@ def _check_runner_args(module, B, func, num_warmup, pool, generators) -> list:
     if func is not None and not callable(func):
         raise TypeError(f"GraphRunner(func=...) must be callable, got {type(func).__name__}")
     check_int("num_warmup", num_warmup, minimum=0)
-    _check_graph_options(B, pool, None, where="GraphRunner")
+    check_graph_options(B, pool, None, where="GraphRunner")
     generators = list(generators)
     for gen in generators:
         if not isinstance(gen, torch.Generator):

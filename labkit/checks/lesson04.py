@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from labkit import bridge
+from labkit.backend import ensure as _backend
 from labkit.checks import CheckResult, describe_exception
 from labkit.core.main_grad import attach_main_grad, zero_main_grad
 
@@ -32,13 +33,6 @@ __all__ = ["check_connected_params", "check_bridge_backward"]
 
 from labkit.checks import LearnerTimeout, call_learner
 from labkit.checks import verdict as _result
-
-
-def _backend(B):
-    from labkit import backend
-
-    return backend.ensure(B)
-
 
 # ---- connected_params -------------------------------------------------------------------------
 
