@@ -18,7 +18,7 @@ import platform
 import shutil
 import sys
 
-__all__ = ["doctor", "main", "PACKAGES", "TOOLS"]
+__all__ = ["doctor", "add_arguments", "run", "PACKAGES", "TOOLS"]
 
 # What the lesson code imports: a lesson cannot run without these.
 _RUNTIME = "`make lab` or `make test` installs it (or: pip install -e .)"
@@ -189,6 +189,10 @@ def doctor() -> tuple[str, dict]:
     return "\n".join(lines), info
 
 
+HELP = "what this machine has (Python, torch, GPU, backend, notebook tools)"
+DESCRIPTION = "What this machine has for the CUDA Graphs Lab."
+
+
 def add_arguments(parser) -> None:
     """The options of ``python -m labkit doctor``."""
     parser.add_argument("--json", action="store_true",
@@ -204,13 +208,3 @@ def run(args) -> int:
     else:
         print(report)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m labkit doctor",
-                                     description="What this machine has for the CUDA Graphs "
-                                                 "Lab.")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

@@ -66,7 +66,8 @@ __all__ = [
     "classify",
     "exercise_path",
     "find_solutions",
-    "main",
+    "add_arguments",
+    "run",
     "repo_root",
     "sync",
 ]
@@ -448,15 +449,10 @@ def sync(root: Path | None = None, *, check: bool = False, force: bool = False,
     return pending
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m labkit exercises",
-        description="Generate exercises/NN_*.ipynb from solutions/NN_*.ipynb. Files you "
-                    "edited are never overwritten without --force, and --force backs them "
-                    f"up to exercises/{BACKUP_DIR}/ first.",
-    )
-    add_arguments(parser)
-    return parser
+HELP = "regenerate exercises/*.ipynb from solutions/*.ipynb (never overwrites your edits)"
+DESCRIPTION = ("Generate exercises/NN_*.ipynb from solutions/NN_*.ipynb. Files you edited are "
+               "never overwritten without --force, and --force backs them up to "
+               f"exercises/{BACKUP_DIR}/ first.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -487,7 +483,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 1 if pending else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run(_parser().parse_args(argv))

@@ -21,8 +21,16 @@ demos; each PNG carries a ``Software: labkit demo NN`` text chunk that says so).
 file is left alone, with a message saying so.
 """
 
-from labkit.demo.cli import BACKENDS, add_arguments, check_out_path, is_demo_png, main, run
+from labkit.demo.cli import (
+           BACKENDS,
+           DESCRIPTION,
+           HELP,
+           add_arguments,
+           check_out_path,
+           is_demo_png,
+           run,
+)
 from labkit.demo.lessons import DEMOS, Demo
 
 __all__ = ["Demo", "DEMOS", "BACKENDS", "is_demo_png", "check_out_path", "add_arguments",
-           "run", "main"]
+           "run", "HELP", "DESCRIPTION"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from labkit.demo.lessons import DEMOS, _device, _footer, _on_cpu_note
 
-__all__ = ["BACKENDS", "is_demo_png", "check_out_path", "add_arguments", "run", "main"]
+__all__ = ["BACKENDS", "is_demo_png", "check_out_path", "add_arguments", "run"]
 
 #: ``--backend`` accepts exactly these (``labkit.backend.get``'s names).
 BACKENDS = ("auto", "cuda", "emulated")
@@ -123,6 +123,13 @@ def _demo_number(text: str) -> str:
     return f"{int(text):02d}"
 
 
+HELP = ("run lesson NN's headline demo: print its figures, save its picture as a PNG "
+        "(--list: what each shows)")
+DESCRIPTION = ("Run a lesson's headline demo from a terminal: it prints the figures it measured "
+               "and saves the picture as a PNG. Without a GPU it runs on labkit's CPU emulator "
+               "and says so.")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``python -m labkit demo``."""
     parser.add_argument("number", nargs="?", type=_demo_number, metavar="NN",
@@ -207,11 +214,3 @@ def run(args) -> int:
         return 1
     print(f"\nsaved {out} ({time.perf_counter() - t0:.1f} s)")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m labkit demo",
-                                     description="Run a lesson's headline demo.")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
