@@ -26,13 +26,11 @@ from torch import nn
 
 from labkit import bridge
 from labkit.backend import ensure as _backend
-from labkit.checks import CheckResult, describe_exception
+from labkit.checks import NOT_DONE, CheckResult, LearnerTimeout, call_learner, describe_exception
+from labkit.checks import verdict as _result
 from labkit.core.main_grad import attach_main_grad, zero_main_grad
 
 __all__ = ["check_connected_params", "check_bridge_backward"]
-
-from labkit.checks import LearnerTimeout, call_learner
-from labkit.checks import verdict as _result
 
 # ---- connected_params -------------------------------------------------------------------------
 
@@ -238,7 +236,7 @@ def check_connected_params(fn, *, trials: int = 5, quiet: bool = False) -> Check
         try:
             got = call_learner(fn, outputs, module)
         except NotImplementedError:
-            return _result(name, False, "not done yet: fill in the cell marked YOUR CODE HERE",
+            return _result(name, False, NOT_DONE,
                            kind="not_implemented", quiet=quiet)
         except LearnerTimeout as exc:
             return _result(name, False, f"trial {trial + 1} of {trials}: {exc}",
@@ -743,7 +741,7 @@ def check_graph_stage(fn, *, B=None, trials: int = 4, quiet: bool = False) -> Ch
         try:
             got = call_learner(fn, blocks, sample)
         except NotImplementedError:
-            return _result(name, False, "not done yet: fill in the cell marked YOUR CODE HERE",
+            return _result(name, False, NOT_DONE,
                            kind="not_implemented", quiet=quiet)
         except LearnerTimeout as exc:
             _backend_mod.recover(B)

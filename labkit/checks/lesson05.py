@@ -21,13 +21,12 @@ import random
 
 import torch
 
-from labkit.checks import CheckResult, describe_exception
+from labkit.backend import recover as _recover
+from labkit.checks import NOT_DONE, CheckResult, LearnerTimeout, call_learner, describe_exception
+from labkit.checks import verdict as _result
 from labkit.pipeline import schedule as S
 
 __all__ = ["check_one_f_one_b", "check_create_in_order", "check_pool_hazards"]
-
-from labkit.checks import LearnerTimeout, call_learner
-from labkit.checks import verdict as _result
 
 # ---- one_f_one_b ---------------------------------------------------------------------------------
 
@@ -173,7 +172,7 @@ def check_one_f_one_b(fn, *, trials: int = 8, quiet: bool = False,
         try:
             out = call_learner(fn, P, M, time_limit=time_limit)
         except NotImplementedError:
-            return _result(name, False, "not done yet: fill in the cell marked YOUR CODE HERE",
+            return _result(name, False, NOT_DONE,
                            kind="not_implemented", quiet=quiet)
         except LearnerTimeout as exc:
             return _result(name, False, f"for P={P}, M={M}: {exc}", kind="timeout",
@@ -253,21 +252,23 @@ def check_create_in_order(fn, *, B=None, quiet: bool = False) -> CheckResult:
         return _result(name, False, msg, kind=kind, more_hints=_CIO_HINTS, quiet=quiet)
 
     created: list[str] = []
+    watched: set[int] = set()
 
     def wrapped(entries):
         recorded = [f"{e[1]} {e[0].name}" for e in entries]
         for e in entries:                     # watch the order the learner creates in
             r = e[0]
-            if not hasattr(r, "_orig_fwd"):
-                r._orig_fwd, r._orig_bwd = r.create_fwd_graph, r.create_bwd_graph
+            if id(r) not in watched:
+                watched.add(id(r))
+                fwd, bwd = r.create_fwd_graph, r.create_bwd_graph
 
-                def f(args, r=r):
+                def f(args, r=r, fwd=fwd):
                     created.append(f"fwd {r.name}")
-                    return r._orig_fwd(args)
+                    return fwd(args)
 
-                def b(r=r):
+                def b(r=r, bwd=bwd):
                     created.append(f"bwd {r.name}")
-                    return r._orig_bwd()
+                    return bwd()
 
                 r.create_fwd_graph, r.create_bwd_graph = f, b
         wrapped.recorded = recorded
@@ -276,7 +277,7 @@ def check_create_in_order(fn, *, B=None, quiet: bool = False) -> CheckResult:
     try:
         got, calls = _pipeline_run(B, wrapped, graphs=True)
     except NotImplementedError:
-        return _result(name, False, "not done yet: fill in the cell marked YOUR CODE HERE",
+        return _result(name, False, NOT_DONE,
                        kind="not_implemented", quiet=quiet)
     except LearnerTimeout as exc:
         _recover(B)
@@ -323,14 +324,6 @@ def check_create_in_order(fn, *, B=None, quiet: bool = False) -> CheckResult:
                     "although the creation order is right: look at what else your loop does")
     return _result(name, True, f"{len(created)} graphs created in recorded order; the "
                    "pipeline trains exactly like eager", trials=1, quiet=quiet)
-
-
-def _recover(B):
-    try:
-        from labkit import backend
-        backend.recover(B)
-    except Exception:  # noqa: BLE001 - best effort
-        pass
 
 
 # ---- pool_hazards (diagnosis) -----------------------------------------------------------------
@@ -445,7 +438,7 @@ def check_pool_hazards(fn, *, trials: int = 10, quiet: bool = False,
         try:
             got = call_learner(fn, list(created), list(replayed), time_limit=time_limit)
         except NotImplementedError:
-            return _result(name, False, "not done yet: fill in the cell marked YOUR CODE HERE",
+            return _result(name, False, NOT_DONE,
                            kind="not_implemented", quiet=quiet)
         except LearnerTimeout as exc:
             return failed(f"case {t + 1}: {exc}", kind="timeout")
