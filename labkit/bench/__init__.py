@@ -14,7 +14,7 @@ Four suites, one module each, each the measured counterpart of a lesson:
 Every number is one row (see :mod:`labkit.bench.report` for the schema), appended to
 ``docs/benchmarks/results.json`` and rendered to ``docs/benchmarks/README.md`` with a PNG
 plot per suite. How things are timed, and why, is in :mod:`labkit.core.timing`
-(:mod:`labkit.bench.timing` names what the suites use).
+(:mod:`labkit.core.timing` is how the suites time).
 
 On a machine without a GPU the command says so and exits (code 0): the CPU emulator
 reproduces what graphs do, not how fast a GPU runs them, so it has nothing to measure
@@ -54,7 +54,7 @@ def make_row(B, suite: str, config_name: str, config: dict, batch_size: int | No
         row["gpu_busy_us"] = round(float(gpu_busy_us), 3)
     import torch
 
-    from labkit.bench.timing import device_name
+    from labkit.core.timing import device_name
 
     row.update(device=device_name(B), torch=torch.__version__, date=_now())
     if note:

@@ -38,7 +38,7 @@ import gc
 import torch
 
 from labkit.bench import SuiteSkip, make_row, skipped_row
-from labkit.bench.timing import measure_us, profile_gpu_busy_us
+from labkit.core.timing import measure_us, profile_gpu_busy_us
 
 VARIANTS = ("eager", "labkit_graph", "labkit_graph_torch_attn", "labkit_graph_compiled",
             "compile_reduce_overhead")

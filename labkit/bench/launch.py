@@ -13,7 +13,7 @@ import torch
 
 from labkit import timeline as T
 from labkit.bench import make_row
-from labkit.bench.timing import measure_us, profile_gpu_busy_us
+from labkit.core.timing import measure_us, profile_gpu_busy_us
 
 N_OPS, NUMEL = 100, 256
 

@@ -1,5 +1,5 @@
-"""How ``labkit.bench`` times things: :mod:`labkit.core.timing`, under the names the suites
-and lesson 07 use.
+"""How ``labkit.bench`` times things: :mod:`labkit.core.timing` (the suites import it
+there; this module keeps the names lesson 07 imports).
 
 A row's ``median_us`` is :func:`measure_us` (``B.Event`` pairs on the device's clock, warm-up
 first, synchronized before each sample, the median of many); its ``gpu_busy_us`` is
@@ -10,11 +10,11 @@ no emulated number is a GPU result.
 """
 
 from labkit.core.timing import (
-                                GPU_EVENT_CATEGORIES,
-                                device_name,
-                                measure_us,
-                                profile_gpu_busy_us,
-                                time_call,
+                                 GPU_EVENT_CATEGORIES,
+                                 device_name,
+                                 measure_us,
+                                 profile_gpu_busy_us,
+                                 time_call,
 )
 
 __all__ = ["measure_us", "time_call", "profile_gpu_busy_us", "device_name",

@@ -33,7 +33,7 @@ import torch
 
 from labkit import full_step as FS
 from labkit.bench import SuiteSkip, make_row, skipped_row
-from labkit.bench.timing import measure_us, profile_gpu_busy_us
+from labkit.core.timing import measure_us, profile_gpu_busy_us
 
 VARIANTS = ("eager", "labkit_bridge", "torch_make_graphed_callables", "labkit_full_step",
             "compile_reduce_overhead")
