@@ -86,7 +86,7 @@ class CUDAGraph:
         if self._has_graph or self._capture is not None:
             raise RuntimeError("This CUDAGraph instance already owns a captured graph. "
                                "To capture a new graph, create a new instance.")
-        _check_capture_error_mode(capture_error_mode)
+        check_capture_error_mode(capture_error_mode)
         handle = (_pool.check_handle(pool, "CUDAGraph.capture_begin") if pool is not None
                   else None)
         s = current_stream()
@@ -203,9 +203,6 @@ def check_capture_error_mode(mode) -> None:
                            f"`thread_local`, or `relaxed`, got {mode}")
 
 
-_check_capture_error_mode = check_capture_error_mode
-
-
 class graph:
     """Context manager that captures the work inside it into ``cuda_graph``.
 
@@ -231,7 +228,7 @@ class graph:
         if pool is not None:
             _pool.check_handle(pool, "graph(pool=...)")
         _streams.check_stream(stream, "graph(stream=...)", allow_none=True)
-        _check_capture_error_mode(capture_error_mode)
+        check_capture_error_mode(capture_error_mode)
         if stream is None and self.__class__.default_capture_stream is None:
             self.__class__.default_capture_stream = Stream()
         self.pool = () if pool is None else (pool,)

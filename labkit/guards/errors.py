@@ -158,5 +158,3 @@ def def_frame(fn) -> traceback.FrameSummary | None:
     except (TypeError, OSError):
         return None
 
-
-_is_internal, _user_frame, _def_frame = is_internal, user_frame, def_frame
