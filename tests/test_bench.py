@@ -37,10 +37,16 @@ def synthetic_rows():
         row("train", "labkit_full_step", 7400.0, config_name="bench", bs=4, busy=6900.0),
         row("train", "labkit_bridge", None, config_name="bench", bs=4,
             note="skipped: labkit.bridge has no make_graphed_callables"),
-        *[row("decode", v, m * bs ** 0.3, config_name="gpt", bs=bs)
+        *[row("decode", v, m * bs ** 0.3, config_name="gpt", bs=bs,
+              back_to_back_us=0.7 * m * bs ** 0.3,
+              extra={"kernels": 90, "kernel_floor_us": 80.0, "bytes_floor_us": 13.0 * bs ** 0.5})
           for bs in (1, 8, 64)
           for v, m in (("eager", 3000.0), ("labkit_graph", 400.0),
                        ("compile_reduce_overhead", 350.0))],
+        row("serve", "eager", 2500.0, config_name="gpt", bs=None,
+            extra={"decode_tokens_per_s": 9000.0}),
+        row("serve", "labkit_graph_overlap", 300.0, config_name="gpt", bs=None,
+            extra={"decode_tokens_per_s": 90000.0}),
         row("capture", "shared_pool", 900.0, config_name="6x", bs=8,
             extra={"reserved_MiB": 4.0, "graphs": 6}),
         row("capture", "separate_pools", 950.0, config_name="6x", bs=8,
@@ -79,14 +85,18 @@ def test_render_tables_and_plots_in_a_tmp_dir(tmp_path):
     written = report.render(results, tmp_path / "out")
     names = sorted(p.name for p in written)
     assert names == sorted(["README.md", "launch-synthetic-gpu.png", "train-synthetic-gpu.png",
-                            "decode-synthetic-gpu.png", "capture-synthetic-gpu.png"])
+                            "decode-synthetic-gpu.png", "capture-synthetic-gpu.png",
+                            "serve-synthetic-gpu.png"])
     for p in written:
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000
     md = (tmp_path / "out" / "README.md").read_text()
     for suite in SUITES:
         assert f"## {suite}" in md and f"({suite}-synthetic-gpu.png)" in md
-    assert "| bench | 4 | `labkit_full_step` | 7.40 ms | 6.90 ms | 9.15× |" in md
+    assert "| bench | 4 | `labkit_full_step` | 7.40 ms | — | 6.90 ms | 9.15× |" in md
+    # both methods, named: the synced median and the back-to-back time of the same row
+    assert "| synced | back to back | GPU busy |" in md
+    assert "| gpt | 1 | `labkit_graph` | 400.0 µs | 280.0 µs |" in md
     assert "skipped: labkit.bridge has no make_graphed_callables" in md
     assert "99.99 ms" not in md                       # the older eager row is not shown
     assert "reserved_MiB=4" in md
@@ -145,7 +155,7 @@ def test_cli_unknown_suite(capsys):
     with pytest.raises(SystemExit) as info:
         main(["nope"])
     assert info.value.code == 2
-    assert "unknown suite(s) 'nope': choose from launch, decode, train, capture" in \
+    assert "unknown suite(s) 'nope': choose from launch, decode, serve, train, capture" in \
         capsys.readouterr().err
 
 
@@ -169,7 +179,9 @@ def test_suites_run_on_the_emulator():
                       n_layers=2, seq=8)
     rows += run_suite("train", E, quick=True, log=quiet, cfg=tiny)
     rows += run_suite("decode", E, quick=True, log=quiet, batch_sizes=(2,),
-                      variants=("eager", "labkit_graph", "compile_reduce_overhead"))
+                      variants=("eager", "labkit_graph", "compile_reduce_overhead",
+                                "compile_reduce_overhead_static"))
+    rows += run_suite("serve", E, quick=True, log=quiet)
     for r in rows:
         report.validate_row(r)
     got = {(r["suite"], r["variant"]): r for r in rows}
@@ -181,6 +193,15 @@ def test_suites_run_on_the_emulator():
         assert got[key]["median_us"] > 0, (key, got[key].get("note"))
     assert got[("train", "compile_reduce_overhead")]["median_us"] is None
     assert "GPU" in got[("decode", "compile_reduce_overhead")]["note"]
+    assert "GPU" in got[("decode", "compile_reduce_overhead_static")]["note"]
+    for key in [("decode", "eager"), ("decode", "labkit_graph"), ("train", "labkit_full_step")]:
+        assert got[key]["back_to_back_us"] > 0, key            # both methods, every row
+    for v in ("eager", "labkit_graph", "labkit_graph_overlap"):
+        r = got[("serve", v)]
+        assert r["median_us"] > 0 and "note" not in r, (v, r.get("note"))   # same tokens
+        assert r["config"]["overlap"] == v.endswith("overlap")
+        assert r["extra"]["decode_tokens_per_s"] > 0
+    assert "GPU" in got[("serve", "labkit_graph_compiled")]["note"]
     shared, separate = got[("capture", "shared_pool")], got[("capture", "separate_pools")]
     assert shared["extra"]["reserved_MiB"] < separate["extra"]["reserved_MiB"]
     runner = got[("capture", "decode_runner_torch_native")]
@@ -286,3 +307,51 @@ def test_emulator_cost_runs_and_replay_agrees_with_eager(capsys):
         main(["--iters", "0"])
     assert exit_.value.code == 2
     assert "--iters: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_back_to_back_us_times_calls_without_a_sync_between_them():
+    from labkit.core.timing import back_to_back_us
+
+    E = backend.get("emulated")
+    calls = []
+    us = back_to_back_us(lambda: calls.append(1), E, calls=7, warmup=2, repeats=3)
+    assert us > 0 and len(calls) == 2 + 7 * 3
+    for bad, kw in ((TypeError, {"fn": 3}), (ValueError, {"calls": 0}),
+                    (ValueError, {"repeats": 0})):
+        args = {"fn": lambda: None, **kw}
+        with pytest.raises(bad):
+            back_to_back_us(args.pop("fn"), E, **args)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_reference_model_computes_labkits_logits(kv_heads):
+    """The baseline runs labkit's weights with gpt-fast's dense cache: same logits."""
+    from labkit import decode as D
+    from labkit.bench.reference import ReferenceGPT
+
+    model = D.build_model(D.ModelArgs(vocab_size=64, n_layer=2, n_head=4,
+                                      n_local_heads=kv_heads, dim=32, max_seq_len=32),
+                          max_requests=4)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.attention.kv_cache.kv.normal_()
+    ref = ReferenceGPT(model, max_bs=4)
+    ref.load_kv(model, [3, 1, 4])
+    batch = D.make_decode_batch(model, [3, 1, 4], [5, 6, 7], [9, 0, 31])
+    with torch.no_grad():
+        want = D.EagerRunner(model).forward(batch)
+        got = ref(batch.input_ids, batch.positions)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    # and it really attends over its own cache: a changed cached key changes the logits
+    with torch.no_grad():
+        ref.caches[0].k_cache[0, :, 4].add_(1.0)
+        assert not torch.allclose(ref(batch.input_ids, batch.positions)[0], want[0], atol=1e-4)
+
+
+def test_floors_are_drawn_on_the_decode_plot(tmp_path):
+    rows = [r for r in synthetic_rows() if r["suite"] == "decode"]
+    path = report.plot_suite(rows, tmp_path / "d.png", title="decode")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.pyplot as plt  # the figure was closed: nothing left open
+    assert not plt.get_fignums()

@@ -7,6 +7,7 @@ everywhere and again on a GPU where one is present (``pytest -m cuda``). The mod
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -305,6 +306,112 @@ def test_serving_eager_and_graphed_tokens_identical(B):
         mixed = serve(m, wl, runner=small)
     assert mixed.tokens == eager.tokens
     assert mixed.runner_stats["eager_fallback"] > 0 and mixed.runner_stats["graph"] > 0
+
+
+def test_overlapped_serving_generates_the_same_tokens(B):
+    """serve(overlap=True): tokens stay on the device, the host reads each step's tokens one
+    step late, and every request still gets exactly the tokens of the synced loop."""
+    m, _ = _model(B)
+    wl = synthetic_workload(24, arrival_rate=2.0, prompt_len=(2, 12), output_len=(2, 16),
+                            vocab_size=m.args.vocab_size, max_seq_len=m.args.max_seq_len,
+                            seed=5)
+    runner = _runner(B, buckets="sglang")
+    synced = serve(m, wl, runner=runner)
+    overlapped = serve(m, wl, runner=runner, overlap=True)
+    assert overlapped.tokens == synced.tokens
+    assert [len(t) for t in overlapped.tokens.values()] == [r.max_new_tokens for r in wl]
+    assert overlapped.decode_batch_size == synced.decode_batch_size
+    assert overlapped.runner_stats["graph"] == len(overlapped.decode_latency_s)
+    assert overlapped.runner_stats["fast_path"] == 0 and overlapped.runner_stats["eager"] == len(
+        overlapped.prefill_latency_s), "decode steps replay staged graphs, prefills run eagerly"
+
+
+def test_staged_replay_equals_a_replayed_batch(B):
+    m, state = _model(B)
+    r = _runner(B)
+    slots = [3, 1, 7]
+    toks, pos = [state[s][0] for s in slots], [state[s][1] for s in slots]
+    want = r.forward(make_decode_batch(m, slots, toks, pos)).clone()
+    assert r.stage(slots, pos, toks) == 4                  # bucket 4: one padding row
+    assert torch.equal(r.replay_staged(), want)
+    # the padded tail follows each buffer's policy, written in the same one copy
+    assert r.buffers.req_pool_indices[3].item() == 0 and r.buffers.positions[3].item() == 0
+    assert r.buffers.seq_lens[3].item() == r.buffers.slots["seq_lens"].fill_value
+    # tokens from a per-slot table on the device: gathered into input_ids there
+    table = torch.zeros(m.num_slots, dtype=torch.int64, device=m.device)
+    table[slots] = torch.tensor(toks, device=m.device)
+    r.stage(slots, pos, table)
+    assert torch.equal(r.replay_staged(), want)
+    assert r.buffers.input_ids[:3].tolist() == toks
+
+
+@pytest.mark.parametrize("args, kind, words", [
+    (([0, 1], [3, 3], [1, 2]), ValueError, "dummy slot"),
+    (([1, 1], [3, 3], [1, 2]), ValueError, "appear more than once"),
+    (([1, 2], [3, 999], [1, 2]), ValueError, "position 999 is outside"),
+    (([1, 2], [3], [1, 2]), ValueError, "2 slots but 1 positions"),
+    (([1, 2], [3, 4], [1]), ValueError, "2 slots but 1 tokens"),
+    (([1, 2], [3, 4], [1, 10**6]), ValueError, "token id 1000000"),
+    (([], [], []), ValueError, "0 requests"),
+    ((list(range(1, 18)), [0] * 17, [1] * 17), ValueError, "17 requests"),
+    (([1, 2.5], [3, 4], [1, 2]), TypeError, "slots[1]"),
+])
+def test_stage_refuses_bad_host_values(E, args, kind, words):
+    r = _runner(E)
+    with pytest.raises(kind, match=re.escape(words)):
+        r.stage(*args)
+
+
+def test_stage_refuses_a_bad_token_table_and_replay_before_stage(E):
+    m, _ = _model(E)
+    r = DecodeGraphRunner(m, E, max_bs=4, progress=False)
+    with pytest.raises(RuntimeError, match="no graphs captured"):
+        r.stage([1], [2], [3])
+    r.capture()
+    with pytest.raises(RuntimeError, match="nothing staged"):
+        r.replay_staged()
+    for bad in (torch.zeros(3, dtype=torch.int64), torch.zeros(m.num_slots)):
+        with pytest.raises(ValueError, match="token table must be an int64 tensor"):
+            r.stage([1], [2], bad)
+
+
+class _Event:
+    log: list = []
+    made = 0
+
+    def __init__(self, *a, **k):
+        self.id = _Event.made
+        _Event.made += 1
+
+    def record(self):
+        _Event.log.append(("record", self.id))
+
+    def synchronize(self):
+        _Event.log.append(("wait", self.id))
+
+
+def test_staging_never_rewrites_a_pinned_buffer_before_its_copy_ran():
+    """Two host mirrors in turn; before a mirror is written again, the event recorded
+    behind its last copy is waited for (the copy reads the host buffer when the stream
+    gets there, not when it is queued)."""
+    class FakeB:
+        Event = _Event
+
+    _Event.log, _Event.made = [], 0
+    buf = StaticBuffers(max_bs=4)
+    vals = lambda n, p: {"req_pool_indices": [1] * n, "positions": [p] * n,  # noqa: E731
+                         "out_cache_loc": [p] * n, "seq_lens": [p + 1] * n}
+    for step in range(4):
+        buf.stage(vals(2, step), 2, 4, FakeB)
+        assert buf.positions[:2].tolist() == [step, step] and buf.positions[2:].tolist() == [0, 0]
+    assert _Event.log == [("record", 0), ("record", 1), ("wait", 0), ("record", 2),
+                          ("wait", 1), ("record", 3)]
+    assert buf.seq_lens[2:].tolist() == [buf.slots["seq_lens"].fill_value] * 2
+    buf.input_ids[:2] = torch.tensor([7, 8])
+    buf.stage(vals(2, 0), 2, 2, FakeB)                     # no input_ids: left as they are
+    assert buf.input_ids[:2].tolist() == [7, 8]
+    with pytest.raises(ValueError, match="give values for"):
+        buf.stage({"positions": [1]}, 1, 1, FakeB)
 
 
 def test_workload_is_seeded_and_fits():

@@ -461,6 +461,23 @@ def test_serve_misuse():
         serve(m, wl, runner="graphs")
 
 
+def test_serve_overlap_misuse():
+    B = backend.get("emulated")
+    m, _ = _model(B)
+    wl = synthetic_workload(3, vocab_size=m.args.vocab_size, max_seq_len=m.args.max_seq_len)
+    with pytest.raises(TypeError, match=r"overlap must be True or False, got 'yes'"):
+        serve(m, wl, overlap="yes")
+    with pytest.raises(ValueError, match=r"overlap=True needs a captured DecodeGraphRunner .* "
+                                         r"got EagerRunner"):
+        serve(m, wl, overlap=True)
+    small = DecodeGraphRunner(m, B, max_bs=4, progress=False, fallback="eager")
+    small.capture()
+    with pytest.raises(ValueError, match=r"up to 8 requests run at once and the largest graph "
+                                         r"is 4: pass max_running=4 or capture with max_bs=8"):
+        serve(m, wl, runner=small, overlap=True)
+    assert serve(m, wl, runner=small, overlap=True, max_running=4).tokens == serve(m, wl).tokens
+
+
 def test_serve_warns_when_max_steps_cuts_requests_short():
     m, _ = _model(backend.get("emulated"))
     wl = synthetic_workload(3, vocab_size=m.args.vocab_size, max_seq_len=m.args.max_seq_len)

@@ -4,10 +4,11 @@
     python -m labkit.bench train decode        some of them
     python -m labkit.bench --render            re-render docs/benchmarks/ from results.json
 
-Four suites, one module each, each the measured counterpart of a lesson:
+Five suites, one module each, each the measured counterpart of a lesson:
 
     launch    per-kernel cost, eager vs graph: a chain of 100 tiny adds      (lesson 01)
     decode    labkit.decode's runner vs eager vs torch.compile, bs 1/8/64    (lesson 06)
+    serve     the serving loop: eager, graphed, graphed and overlapped     (lesson 06)
     train     eager vs per-layer graphs vs the whole step as one graph       (04, 05, 07)
     capture   time and pool memory per captured graph, shared vs separate    (lesson 05)
 
@@ -32,7 +33,7 @@ import importlib
 
 __all__ = ["SUITES", "make_row", "skipped_row", "run_suite", "SuiteSkip"]
 
-SUITES = ("launch", "decode", "train", "capture")
+SUITES = ("launch", "decode", "serve", "train", "capture")
 
 
 class SuiteSkip(Exception):
@@ -45,11 +46,16 @@ def _now() -> str:
 
 def make_row(B, suite: str, config_name: str, config: dict, batch_size: int | None,
              variant: str, median_us: float | None, gpu_busy_us: float | None = None,
-             note: str | None = None, extra: dict | None = None) -> dict:
-    """One result row in the schema of :mod:`labkit.bench.report`."""
+             note: str | None = None, extra: dict | None = None,
+             back_to_back_us: float | None = None) -> dict:
+    """One result row in the schema of :mod:`labkit.bench.report`. ``median_us`` is the
+    synced per-call time; ``back_to_back_us``, where a suite measures it, the per-call time
+    of calls issued back to back (:func:`labkit.core.timing.back_to_back_us`)."""
     row = {"suite": suite, "config_name": config_name, "config": dict(config),
            "batch_size": batch_size, "variant": variant,
            "median_us": None if median_us is None else round(float(median_us), 3)}
+    if back_to_back_us is not None:
+        row["back_to_back_us"] = round(float(back_to_back_us), 3)
     if gpu_busy_us is not None:
         row["gpu_busy_us"] = round(float(gpu_busy_us), 3)
     import torch

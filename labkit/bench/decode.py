@@ -1,34 +1,48 @@
-"""Suite ``decode``: one decode step, eager vs labkit's graph runner vs torch.compile (06).
+"""Suite ``decode``: one decode step, labkit's graph runner vs what a user would pick instead.
 
 An 8-layer, d=512, 8-head fp16 GPT from ``labkit.decode`` (KV caches filled with random
-values, random tokens, random sequence lengths) at batch sizes 1, 8 and 64. Variants:
+values, random tokens, random sequence lengths) at batch sizes 1, 8 and 64. Every row is
+timed **both ways**, in the same process:
 
-``eager``
-    ``EagerRunner.forward``: build the attention metadata, run the model.
+``median_us`` — *synced per step*
+    :func:`~labkit.core.timing.time_call`: the device is synchronized before every call,
+    as in a serving loop that needs each step's tokens on the host. Host work around the
+    replay is paid in full.
+``back_to_back_us`` — *back to back*
+    :func:`~labkit.core.timing.back_to_back_us`: 100 calls between two events, no sync
+    in between, as in a loop whose next input stays on the device. Host work hides behind
+    the device wherever it is shorter.
+
+Variants (each row's ``config`` records what it ran):
+
+``eager`` / ``eager_triton``
+    ``EagerRunner.forward`` with stock torch attention (gather + SDPA) / with the Triton
+    decode kernel launched from Python.
 ``labkit_graph``
-    ``DecodeGraphRunner`` with buckets [1, 8, 64] captured largest first in one pool;
-    each timed call takes the full path (pad to the bucket, fill the static buffers,
-    rebuild metadata out of graph, replay, slice), not the planned fast path. Attention
-    ``"auto"``: on a GPU the Triton decode kernel that reads keys through the page table
-    (:mod:`labkit.decode.triton_attention`); ``eager`` uses the same kernels.
-    ``extra.replay_only_us``: ``graph.replay()`` alone, without the host work around it.
+    ``DecodeGraphRunner``, buckets [1, 8, 64] captured largest first in one pool,
+    attention ``"auto"`` (the Triton kernel on a GPU); every timed call takes the full
+    path (pad, fill the static buffers, page table out of graph, replay, slice).
+    ``extra.replay_only_*``: ``graph.replay()`` alone.
 ``labkit_graph_torch_attn``
-    the same runner with ``attention="torch_native"``: stock kernels only (gather the
-    keys with ``index_select``, then SDPA): the plain recipe.
+    the same runner with stock torch attention.
 ``labkit_graph_compiled``
-    the torch_native runner with ``compile_bs=64``: the model is compiled (no cudagraphs
-    of its own) and the compiled model is captured into the runner's graphs (SGLang's
-    ``torch_compile_max_bs``). The runner compiles with
-    ``mode="max-autotune-no-cudagraphs"``, whose GEMM autotuning takes minutes; the
-    suite asks for ``compile_mode`` (default ``"default"``: fusion, no autotuning)
-    unless told otherwise, and records which in the row's config.
+    the runner with ``compile_bs=64``: the model compiled (``mode="default"``: fusion, no
+    cudagraphs of its own; the Triton kernel stays one opaque operator) and then captured
+    by the runner: SGLang's compile-then-capture.
 ``compile_reduce_overhead``
-    ``torch.compile(model, mode="reduce-overhead")`` on the eager path: torch's own
-    CUDA graphs, one recording per batch size. If torch skips its graphs (e.g. for a
-    mutated input), the row says so.
+    ``torch.compile(model, mode="reduce-overhead")`` on labkit's eager path (attention
+    metadata planned on the host every call).
+``compile_reduce_overhead_static``
+    **the row labkit must beat**: :class:`~labkit.bench.reference.ReferenceGPT` (the same
+    weights, gpt-fast's dense KV cache as buffers, positions on the device, SDPA) under
+    ``torch.compile(mode="reduce-overhead")``, one compiled callable per batch size. Its
+    logits are checked against labkit's eager ones first (``extra.max_abs_diff``).
 
-Rows a backend or the installed ``labkit.decode`` cannot produce are recorded as skipped
-with a note, never silently dropped.
+The floors (``extra``): ``bytes_floor_us`` = the bytes a step must read (weights and the
+KV entries in use) over the copy bandwidth measured in the same run; ``kernel_floor_us`` =
+the kernels the call ran × the per-node time of a graph of tiny kernels, measured too.
+
+Rows a backend cannot produce are recorded as skipped with a note, never dropped.
 """
 
 from __future__ import annotations
@@ -38,10 +52,14 @@ import gc
 import torch
 
 from labkit.bench import SuiteSkip, make_row, skipped_row
-from labkit.core.timing import measure_us, profile_gpu_busy_us
+from labkit.core.timing import back_to_back_us, events_busy_us, measure_us, profile_gpu_events
 
-VARIANTS = ("eager", "labkit_graph", "labkit_graph_torch_attn", "labkit_graph_compiled",
-            "compile_reduce_overhead")
+VARIANTS = ("eager", "eager_triton", "labkit_graph", "labkit_graph_torch_attn",
+            "labkit_graph_compiled", "compile_reduce_overhead", "compile_reduce_overhead_static")
+GPU_ONLY = {"eager_triton": "the Triton kernel needs CUDA",
+            "labkit_graph_compiled": "compiling before capture is measured on a GPU only",
+            "compile_reduce_overhead": "reduce-overhead records CUDA graphs only on a GPU",
+            "compile_reduce_overhead_static": "reduce-overhead records CUDA graphs only on a GPU"}
 MODEL = dict(vocab_size=1024, n_layer=8, n_head=8, n_local_heads=8, dim=512, max_seq_len=256)
 CPU_MODEL = dict(vocab_size=128, n_layer=2, n_head=4, n_local_heads=4, dim=64, max_seq_len=64)
 
@@ -65,32 +83,70 @@ def _batches(D, model, batch_sizes, gen):
     return out
 
 
-def _runner(D, model, B, batch_sizes, compile_bs: int = 0, compile_mode: str | None = None,
-            attention: str = "torch_native"):
-    kw = dict(max_bs=max(batch_sizes), buckets=sorted(batch_sizes), progress=False)
-    if attention != "torch_native":
-        kw["attention"] = attention
-    if compile_bs:
-        kw["compile_bs"] = compile_bs
-    try:
-        runner = D.DecodeGraphRunner(model, B, **kw)
-    except TypeError as e:
-        raise SuiteSkip(f"labkit.decode.DecodeGraphRunner does not take {sorted(kw)}: {e}")
-    if compile_bs and compile_mode and hasattr(runner, "_compiled"):
-        # the runner compiles lazily into `_compiled`; hand it our mode instead
-        runner._compiled = torch.compile(model, mode=compile_mode, dynamic=False)
+def _runner(D, model, B, batch_sizes, attention: str, compile_mode: str | None = None):
+    kw = dict(max_bs=max(batch_sizes), buckets=sorted(batch_sizes), progress=False,
+              attention=attention)
+    if compile_mode:
+        kw.update(compile_bs=max(batch_sizes), compile_mode=compile_mode)
+    runner = D.DecodeGraphRunner(model, B, **kw)
     runner.capture()
     return runner
 
 
+def copy_bandwidth(B, nbytes: int = 1 << 28) -> float | None:
+    """Bytes read + written per µs by one device-to-device copy of ``nbytes``; None
+    without a GPU."""
+    if B.name != "cuda":
+        return None
+    src = torch.empty(nbytes, dtype=torch.uint8, device=B.device)
+    dst = torch.empty_like(src)
+    us = measure_us(lambda: dst.copy_(src), B, warmup=3, repeats=10)
+    del src, dst
+    return 2 * nbytes / us
+
+
+def node_us(B, nodes: int = 200) -> float | None:
+    """Replay time per node of a graph of ``nodes`` tiny dependent kernels (back to back):
+    what each kernel of a graph costs when it does next to nothing. None without a GPU."""
+    if B.name != "cuda":
+        return None
+    x = torch.zeros(256, device=B.device)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            x.add_(1)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for _ in range(nodes):
+            x.add_(1)
+    us = back_to_back_us(g.replay, B, calls=20) / nodes
+    del g
+    return us
+
+
+def step_bytes(model, batch) -> int:
+    """What one decode step must read: every weight except the embedding table (only the
+    batch's rows of it), and the cached keys and values of every request's ``seq_len``
+    positions in every layer."""
+    a = model.args
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    emb = model.tok_embeddings.weight
+    params += (batch.batch_size - emb.size(0)) * emb.size(1) * emb.element_size()
+    elt = model.output.weight.element_size()
+    kv = sum(batch.seq_lens_cpu) * a.n_layer * 2 * a.n_local_heads * a.head_dim * elt
+    return params + kv
+
+
 def run(B, quick: bool = False, log=print, model_args: dict | None = None,
-        batch_sizes=None, variants=VARIANTS, compile_mode: str = "default",
-        attention: str = "auto") -> list[dict]:
+        batch_sizes=None, variants=VARIANTS, compile_mode: str = "default") -> list[dict]:
     try:
         from labkit import decode as D
     except ImportError as e:
         return [skipped_row(B, "decode", "gpt", {}, None, v, f"labkit.decode: {e}")
                 for v in variants]
+    from labkit.bench.reference import ReferenceGPT
+
     on_gpu = B.name == "cuda"
     if model_args is None:
         model_args = MODEL if on_gpu else CPU_MODEL
@@ -101,84 +157,129 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
     dtype = model.output.weight.dtype
     with torch.no_grad():
         for layer in model.layers:
-            layer.attention.kv_cache.k_cache.normal_()
-            layer.attention.kv_cache.v_cache.normal_()
+            layer.attention.kv_cache.kv.normal_()
     name = f"gpt_{args.n_layer}L_d{args.dim}"
     config = {**model_args, "dtype": str(dtype).replace("torch.", "")}
     gen = torch.Generator().manual_seed(0)
     batches = _batches(D, model, batch_sizes, gen)
     repeats, warmup = (10, 3) if quick else (50, 10)
+    calls = 50 if quick else 100
+    bandwidth, per_node = copy_bandwidth(B), node_us(B)
+    floors = {bs: (None if bandwidth is None else step_bytes(model, b) / bandwidth)
+              for bs, b in batches.items()}
+    if bandwidth is not None:
+        log(f"  floors: copy bandwidth {bandwidth / 1e3:.2f} GB/s (read + write), "
+            f"{per_node:.2f} µs per graph node")
     rows = []
 
-    def record(variant, fns, note=None, cfg_extra=None, replays=None):
+    def timed(fn):
+        """(synced µs, back-to-back µs, GPU busy µs, kernels) of one call."""
+        synced = measure_us(fn, B, warmup=warmup, repeats=repeats)
+        b2b = back_to_back_us(fn, B, calls=calls, warmup=2)
+        events = profile_gpu_events(fn, B)
+        if events is None:
+            return synced, b2b, None, None
+        return synced, b2b, events_busy_us(events), len(events)
+
+    def record(variant, fns, cfg_extra, note=None, replays=None, extra_of=None):
         for bs in batch_sizes:
-            med = measure_us(fns[bs], B, warmup=warmup, repeats=repeats)
-            busy = profile_gpu_busy_us(fns[bs], B)
-            extra = None
+            synced, b2b, busy, kernels = timed(fns[bs])
+            extra = {}
+            if kernels is not None:
+                extra.update(kernels=kernels, kernel_floor_us=round(kernels * per_node, 1),
+                             bytes_floor_us=round(floors[bs], 1))
             if replays is not None:
-                extra = {"replay_only_us": round(measure_us(replays[bs], B, warmup=warmup,
-                                                            repeats=repeats), 3)}
-            rows.append(make_row(B, "decode", name, {**config, **(cfg_extra or {})}, bs,
-                                 variant, med, busy, note=note, extra=extra))
-            log(f"  decode bs={bs:3d} {variant:26s} {med:9.1f} µs"
-                + (f" (replay alone {extra['replay_only_us']:.1f})" if extra else ""))
+                extra.update(replay_only_us=round(measure_us(replays[bs], B, warmup=warmup,
+                                                             repeats=repeats), 3),
+                             replay_only_b2b_us=round(back_to_back_us(replays[bs], B,
+                                                                      calls=calls), 3))
+            if extra_of is not None:
+                extra.update(extra_of(bs))
+            rows.append(make_row(B, "decode", name, {**config, **cfg_extra}, bs, variant,
+                                 synced, busy, note=note, extra=extra or None,
+                                 back_to_back_us=b2b))
+            log(f"  decode bs={bs:3d} {variant:31s} synced {synced:8.1f} µs | back to back "
+                f"{b2b:8.1f} µs" + (f" | busy {busy:6.1f} µs, {kernels} kernels"
+                                    if busy is not None else ""))
 
     for variant in variants:
         try:
             skips = _cudagraph_skips()
-            if variant == "eager":
-                eager = D.EagerRunner(model, attention)
+            if variant in GPU_ONLY and not on_gpu:
+                raise SuiteSkip(GPU_ONLY[variant])
+            if variant in ("eager", "eager_triton"):
+                eager = D.EagerRunner(model, "torch_native" if variant == "eager" else "triton")
                 record(variant, {bs: (lambda b=b: eager.forward(b)) for bs, b in batches.items()},
-                       cfg_extra={"attention": eager.attn.name})
-            elif variant in ("labkit_graph", "labkit_graph_torch_attn", "labkit_graph_compiled"):
+                       {"attention": eager.attn.name, "runs": "EagerRunner.forward"})
+            elif variant.startswith("labkit_graph"):
                 compiled = variant == "labkit_graph_compiled"
-                if compiled and not on_gpu:
-                    raise SuiteSkip("compiling before capture is measured on a GPU only")
-                attn = attention if variant == "labkit_graph" else "torch_native"
-                runner = _runner(D, model, B, batch_sizes,
-                                 compile_bs=max(batch_sizes) if compiled else 0,
-                                 compile_mode=compile_mode if compiled else None,
-                                 attention=attn)
+                attention = "torch_native" if variant == "labkit_graph_torch_attn" else "auto"
+                runner = _runner(D, model, B, batch_sizes, attention,
+                                 compile_mode if compiled else None)
 
                 def full_path(b, runner=runner):
                     b.metadata_ready = False       # time the full path, not the fast path
                     return runner.forward(b)
 
-                cfg_extra = {"attention": runner.attn.name}
+                cfg = {"attention": runner.attn.name,
+                       "runs": "DecodeGraphRunner.forward (pad, fill, metadata, replay, slice)"}
                 if compiled:
-                    cfg_extra["compile_mode"] = compile_mode
+                    cfg["compile_mode"] = compile_mode
                 record(variant, {bs: (lambda b=b: full_path(b)) for bs, b in batches.items()},
-                       cfg_extra=cfg_extra,
-                       replays={bs: runner.backend.graphs[bs].replay for bs in batch_sizes})
+                       cfg, replays={bs: runner.backend.graphs[bs].replay for bs in batch_sizes})
                 runner.backend.cleanup()
             elif variant == "compile_reduce_overhead":
-                if not on_gpu:
-                    raise SuiteSkip("reduce-overhead records CUDA graphs only on a GPU")
                 er = D.EagerRunner(model)
                 er.model = torch.compile(model, mode="reduce-overhead", dynamic=False)
-                note = None
-
-                def fwd(b, er=er):
-                    return er.forward(b)
-
-                fns = {bs: (lambda b=b: fwd(b)) for bs, b in batches.items()}
+                fns = {bs: (lambda b=b: er.forward(b)) for bs, b in batches.items()}
                 for f in fns.values():               # compile every size before timing
                     f()
-                if _cudagraph_skips() > skips:
-                    note = "torch skipped cudagraphs (see its log): compiled without graphs"
-                record(variant, fns, note=note, cfg_extra={"attention": "torch_native"})
+                note = ("torch skipped cudagraphs (see its log): compiled without graphs"
+                        if _cudagraph_skips() > skips else None)
+                record(variant, fns, {"attention": "torch_native",
+                                      "runs": "EagerRunner.forward, model under torch.compile("
+                                              "mode='reduce-overhead')"}, note=note)
+            elif variant == "compile_reduce_overhead_static":
+                ref = ReferenceGPT(model, max(batch_sizes))
+                ref.load_kv(model, list(range(1, max(batch_sizes) + 1)))
+                eager = D.EagerRunner(model)
+                diffs, fns = {}, {}
+                for bs, b in batches.items():
+                    f = torch.compile(ref, mode="reduce-overhead", dynamic=False)
+                    ids, pos = b.input_ids, b.positions
+
+                    def fn(f=f, ids=ids, pos=pos):
+                        torch.compiler.cudagraph_mark_step_begin()
+                        return f(ids, pos)
+
+                    with torch.no_grad():
+                        want = eager.forward(b)
+                        got = fn().clone()
+                    diffs[bs] = (got - want).abs().max().item()
+                    fns[bs] = torch.no_grad()(fn)
+                worst = max(diffs.values())
+                tol = 5e-2 if dtype == torch.float16 else 1e-3
+                if worst > tol:
+                    raise RuntimeError(f"the reference model's logits differ from labkit's by "
+                                       f"{worst:.3g} (> {tol}): not the same computation")
+                note = ("torch skipped cudagraphs (see its log): compiled without graphs"
+                        if _cudagraph_skips() > skips else None)
+                record(variant, fns, {"attention": "sdpa over a dense KV cache (gpt-fast)",
+                                      "runs": "ReferenceGPT under torch.compile(mode="
+                                              "'reduce-overhead'), one callable per batch size"},
+                       note=note, extra_of=lambda bs: {"max_abs_diff": float(f"{diffs[bs]:.3g}")})
             else:
                 raise ValueError(f"unknown decode variant {variant!r}")
         except SuiteSkip as why:
             for bs in batch_sizes:
                 rows.append(skipped_row(B, "decode", name, config, bs, variant, str(why)))
-            log(f"  decode {variant:26s} skipped: {why}")
+            log(f"  decode {variant:31s} skipped: {why}")
         except Exception as e:
             first = (str(e).splitlines() or [""])[0][:200]
             for bs in batch_sizes:
                 rows.append(skipped_row(B, "decode", name, config, bs, variant,
                                         f"{type(e).__name__}: {first}"))
-            log(f"  decode {variant:26s} FAILED: {type(e).__name__}: {first}")
+            log(f"  decode {variant:31s} FAILED: {type(e).__name__}: {first}")
         finally:
             gc.collect()
             if on_gpu:

@@ -34,13 +34,16 @@ __all__ = ["REQUIRED_KEYS", "SUITE_ORDER", "ResultsError", "default_results_path
 REQUIRED_KEYS = ("suite", "config_name", "config", "batch_size", "variant", "median_us",
                  "device", "torch", "date")
 
-SUITE_ORDER = ("launch", "decode", "train", "capture")
+SUITE_ORDER = ("launch", "decode", "serve", "train", "capture")
 VARIANT_ORDER = {
     "launch": ("eager", "graph"),
-    "decode": ("eager", "labkit_graph", "labkit_graph_torch_attn", "labkit_graph_compiled",
-               "compile_reduce_overhead"),
+    "decode": ("eager", "eager_triton", "labkit_graph", "labkit_graph_torch_attn",
+               "labkit_graph_compiled", "compile_reduce_overhead",
+               "compile_reduce_overhead_static"),
+    "serve": ("eager", "labkit_graph", "labkit_graph_overlap", "labkit_graph_compiled",
+              "labkit_graph_compiled_overlap"),
     "train": ("eager", "labkit_bridge", "torch_make_graphed_callables", "labkit_full_step",
-              "compile_reduce_overhead"),
+              "labkit_full_step_compiled", "compile_reduce_overhead"),
     "capture": ("separate_pools", "shared_pool", "decode_runner_torch_native",
                 "decode_runner_triton"),
 }
@@ -51,22 +54,42 @@ SUITE_TEXT = {
         "graph replay. `median_us` is the whole chain; per kernel = median / 100. Lesson 01."),
     "decode": (
         "Decode step of an 8-layer, d=512, 8-head fp16 GPT (`labkit.decode`) at batch sizes "
-        "1, 8, 64: eager; `labkit_graph` = `DecodeGraphRunner` (pad to bucket, fill static "
-        "buffers, replay, slice), attention by the Triton decode kernel that reads keys "
-        "through the page table (eager uses it too); `labkit_graph_torch_attn` = the same "
-        "runner with stock torch attention (gather + SDPA); `labkit_graph_compiled` = that "
-        "runner with the model "
-        "compiled (no cudagraphs) before capture (SGLang's `compile_bs`); "
-        "`compile_reduce_overhead` = `torch.compile(mode=\"reduce-overhead\")` on the eager "
-        "path. Lesson 06."),
+        "1, 8, 64, each row timed two ways in one run: **synced** = the device synchronized "
+        "before every call (a loop that needs each step's tokens on the host; the *synced* "
+        "column), **back to back** = 100 calls between two events, no sync between them (a "
+        "loop whose next input stays on the device). `eager` = `EagerRunner` with stock "
+        "torch attention (gather + SDPA), `eager_triton` = with the Triton decode kernel; "
+        "`labkit_graph` = `DecodeGraphRunner` (pad to bucket, fill static buffers, page "
+        "table out of graph, replay, slice) with the Triton kernel; "
+        "`labkit_graph_torch_attn` = the same runner with stock torch attention; "
+        "`labkit_graph_compiled` = the model compiled (`mode=\"default\"`, no cudagraphs) "
+        "then captured by the runner (SGLang's compile-then-capture); "
+        "`compile_reduce_overhead` = `torch.compile(mode=\"reduce-overhead\")` on labkit's "
+        "eager path; `compile_reduce_overhead_static` = the baseline to beat: the same "
+        "weights in gpt-fast's shape (dense KV cache as buffers, positions on the device, "
+        "SDPA) under `torch.compile(mode=\"reduce-overhead\")`, one callable per batch "
+        "size (`labkit.bench.reference`). Floors (in *notes*, drawn on the plot): "
+        "`bytes_floor_us` = weights + KV entries in use ÷ the measured copy bandwidth; "
+        "`kernel_floor_us` = the call's kernels × the measured time per node of a graph of "
+        "tiny kernels. Lesson 06."),
+    "serve": (
+        "`labkit.decode.serve` over a seeded workload (Poisson arrivals, prompts and "
+        "outputs of varied length, up to 64 requests at once) on the decode suite's model: "
+        "*synced* = the median decode step of the loop (host wall clock); notes: decode "
+        "tokens/s over the run, end-to-end tokens/s. `_overlap` = `serve(..., "
+        "overlap=True)`: the next step is staged with one copy and queued before the last "
+        "step's tokens are read back; the tokens are checked identical to `eager`'s. "
+        "Lesson 06."),
     "train": (
         "One training step of a 6-layer, d=256 transformer LM, 4 microbatches of 4×64 "
         "tokens, AdamW (`labkit.full_step`, config \"bench\"): eager; `labkit_bridge` = "
         "per-layer fwd/bwd graphs from `labkit.bridge` (lesson 04); "
         "`torch_make_graphed_callables` = the same per layer with torch's function; "
         "`labkit_full_step` = fwd+bwd of all microbatches as one graph + AdamW(capturable) "
-        "as a second (lesson 07); `compile_reduce_overhead` = the model under "
-        "`torch.compile(mode=\"reduce-overhead\")`. Batch size = sequences per microbatch."),
+        "as a second (lesson 07); `labkit_full_step_compiled` = the same around "
+        "`torch.compile(model)` (compile-then-capture); `compile_reduce_overhead` = the "
+        "model under `torch.compile(mode=\"reduce-overhead\")`. Synced and back to back "
+        "(20 steps) as for decode. Batch size = sequences per microbatch."),
     "capture": (
         "Capturing N graphs one after another (the forward of each of 6 transformer layers, "
         "fp16, batch × 64 tokens): `median_us` = capture time per graph; `extra` = pool "
@@ -237,15 +260,16 @@ def _extra_text(extra: dict | None) -> str:
 def markdown_table(rows: Sequence[dict]) -> str:
     """A Markdown table of ``rows`` (use :func:`latest` first)."""
     sp = speedups(rows)
-    head = ("| config | batch | variant | median | GPU busy | vs eager | device | torch "
-            "| date | notes |")
-    lines = [head, "|---|---:|---|---:|---:|---:|---|---|---|---|"]
+    head = ("| config | batch | variant | synced | back to back | GPU busy | vs eager | device "
+            "| torch | date | notes |")
+    lines = [head, "|---|---:|---|---:|---:|---:|---:|---|---|---|---|"]
     for r in rows:
         ratio = sp.get(id(r))
         notes = "; ".join(x for x in (r.get("note", ""), _extra_text(r.get("extra"))) if x)
-        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
             r["config_name"], "" if r["batch_size"] is None else r["batch_size"],
-            f"`{r['variant']}`", format_us(r["median_us"]), format_us(r.get("gpu_busy_us")),
+            f"`{r['variant']}`", format_us(r["median_us"]), format_us(r.get("back_to_back_us")),
+            format_us(r.get("gpu_busy_us")),
             f"{ratio:.2f}×" if ratio else "", r["device"], r["torch"],
             str(r["date"])[:10], notes.replace("|", "/")))
     return "\n".join(lines)
@@ -256,7 +280,12 @@ def _slug(text: str) -> str:
 
 
 def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
-    """Grouped bars: one group per (config, batch size), one bar per variant; log y."""
+    """Grouped bars: one group per (config, batch size), one bar per variant; log y.
+
+    Rows timed both ways get two panels, *synced* and *back to back*. Where rows carry
+    floors (``extra.kernel_floor_us`` per bar, ``extra.bytes_floor_us`` per group), each
+    bar gets a black tick at its kernel-count floor and each group a dashed red line at
+    its bytes floor: how close a row is to what no launch trick can remove."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -270,26 +299,58 @@ def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
             groups.append(g)
     order = VARIANT_ORDER.get(rows[0]["suite"], ()) if rows else ()
     variants = sorted({r["variant"] for r in rows}, key=lambda v: _order(order, v))
-    value = {(r["config_name"], r["batch_size"], r["variant"]): r["median_us"] for r in rows}
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(groups) * max(1, len(variants)) / 2),
-                                    3.8))
+    by = {(r["config_name"], r["batch_size"], r["variant"]): r for r in rows}
+    methods = [("median_us", "synced per step")]
+    if any(r.get("back_to_back_us") for r in rows):
+        methods.append(("back_to_back_us", "back to back"))
     width = 0.8 / max(1, len(variants))
-    for j, v in enumerate(variants):
-        xs, ys = [], []
+    fig, axes = plt.subplots(1, len(methods), squeeze=False, sharey=True,
+                             figsize=(max(5.0, 0.55 * len(groups) * max(1, len(variants)))
+                                      * len(methods) / 1.4 + 1.5, 4.2))
+    floors_drawn = set()
+    for ax, (key, label) in zip(axes[0], methods):
+        for j, v in enumerate(variants):
+            xs, ys, ticks = [], [], []
+            for i, g in enumerate(groups):
+                r = by.get((g[0], g[1], v))
+                if r and r.get(key):
+                    x = i + (j - (len(variants) - 1) / 2) * width
+                    xs.append(x)
+                    ys.append(r[key])
+                    kf = (r.get("extra") or {}).get("kernel_floor_us")
+                    if kf:
+                        ticks.append((x, kf))
+            ax.bar(xs, ys, width=width, label=v if key == "median_us" else None)
+            for x, kf in ticks:
+                ax.plot([x - width / 2, x + width / 2], [kf, kf], color="black", lw=1.2,
+                        label=None if "k" in floors_drawn else
+                        "kernel-count floor (kernels × per-node time)")
+                floors_drawn.add("k")
         for i, g in enumerate(groups):
-            y = value.get((g[0], g[1], v))
-            if y:
-                xs.append(i + (j - (len(variants) - 1) / 2) * width)
-                ys.append(y)
-        ax.bar(xs, ys, width=width, label=v)
-    ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels([f"{c}\nbatch {b}" if b is not None else c for c, b in groups])
-    ax.set_yscale("log")
-    ax.set_ylabel("median time (µs, log)")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
+            bf = [(by[(g[0], g[1], v)].get("extra") or {}).get("bytes_floor_us")
+                  for v in variants if (g[0], g[1], v) in by]
+            bf = [b for b in bf if b]
+            if bf:
+                ax.plot([i - 0.45, i + 0.45], [bf[0], bf[0]], color="tab:red", ls="--", lw=1.2,
+                        label=None if "b" in floors_drawn else
+                        "bytes floor (bytes read ÷ copy bandwidth)")
+                floors_drawn.add("b")
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels([f"{c}\nbatch {b}" if b is not None else c for c, b in groups])
+        ax.set_yscale("log")
+        ax.set_title(label, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("time per call (µs, log)")
+    fig.suptitle(title)
+    handles, labels = [], []
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, fontsize=8, loc="lower center",
+               ncol=min(4, max(1, len(labels))), frameon=False)
+    fig.tight_layout(rect=(0, 0.06 + 0.045 * ((len(labels) - 1) // 4), 1, 1))
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)

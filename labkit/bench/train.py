@@ -15,12 +15,17 @@ The model is ``labkit.full_step``'s ``"bench"`` LM: 6 pre-norm transformer layer
 ``labkit_full_step``
     ``FullStepTrainer``: fwd+bwd of all microbatches as one graph and
     ``AdamW(capturable=True)`` as a second, sharing a pool (Megatron's ``full_iteration``).
+``labkit_full_step_compiled`` (GPU only)
+    the same ``FullStepTrainer`` around ``torch.compile(model)`` (``mode="default"``: no
+    cudagraphs of its own): the warm-up steps compile the forward and the backward, the
+    capture then records Inductor's fused kernels. Compile-then-capture for training.
 ``compile_reduce_overhead`` (GPU only)
     the model under ``torch.compile(mode="reduce-overhead")``; loss and optimizer eager.
 
 Every variant starts from the same seeded weights and cycles through the same random
 batches; each timed call is one full step (for the graph variants: copying the batch
-into the static buffers included).
+into the static buffers included), timed both ways: synced before every step
+(``median_us``) and back to back (``back_to_back_us``, 20 steps between two events).
 """
 
 from __future__ import annotations
@@ -33,10 +38,10 @@ import torch
 
 from labkit import full_step as FS
 from labkit.bench import SuiteSkip, make_row, skipped_row
-from labkit.core.timing import measure_us, profile_gpu_busy_us
+from labkit.core.timing import back_to_back_us, measure_us, profile_gpu_busy_us
 
 VARIANTS = ("eager", "labkit_bridge", "torch_make_graphed_callables", "labkit_full_step",
-            "compile_reduce_overhead")
+            "labkit_full_step_compiled", "compile_reduce_overhead")
 LR = 1e-3
 
 
@@ -75,6 +80,12 @@ def build(variant: str, cfg: FS.LMConfig, B):
         opt = FS.make_capturable_optimizer(model.parameters(), B, lr=LR)
         return FS.FullStepTrainer(model, FS.lm_loss, opt, B, cfg.num_microbatches,
                                   warmup_steps=2)
+    if variant == "labkit_full_step_compiled":
+        if B.name != "cuda":
+            raise SuiteSkip("compiling before capture is measured on a GPU only")
+        opt = FS.make_capturable_optimizer(model.parameters(), B, lr=LR)
+        return FS.FullStepTrainer(torch.compile(model), FS.lm_loss, opt, B,
+                                  cfg.num_microbatches, warmup_steps=2)
     if variant == "compile_reduce_overhead":
         if B.name != "cuda":
             raise SuiteSkip("reduce-overhead records CUDA graphs only on a GPU")
@@ -114,13 +125,15 @@ def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
                 return trainer.step(next(cycle))
 
             med = measure_us(step, B, warmup=warmup, repeats=repeats)
+            b2b = back_to_back_us(step, B, calls=20, warmup=2, repeats=3)
             busy = profile_gpu_busy_us(step, B)
             note = None
             if variant == "compile_reduce_overhead" and _cudagraph_skips() > skips:
                 note = "torch skipped cudagraphs for part of the model (see its log)"
             rows.append(make_row(B, "train", name, config, cfg.micro_batch, variant, med,
-                                 busy, note=note))
-            log(f"  train {variant:30s} {med / 1e3:9.3f} ms")
+                                 busy, note=note, back_to_back_us=b2b))
+            log(f"  train {variant:30s} synced {med / 1e3:9.3f} ms | back to back "
+                f"{b2b / 1e3:9.3f} ms" + (f" | busy {busy / 1e3:8.3f} ms" if busy else ""))
         except SuiteSkip as why:
             rows.append(skipped_row(B, "train", name, config, cfg.micro_batch, variant,
                                     str(why)))

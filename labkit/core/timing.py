@@ -21,9 +21,9 @@ import torch
 from labkit.core.validate import check_int
 
 __all__ = [
-    "Timing", "time_call", "measure_us",
+    "Timing", "time_call", "measure_us", "back_to_back_us",
     "read_chrome_trace", "complete_events", "record_chrome_trace", "GPU_EVENT_CATEGORIES",
-    "busy_us", "profile_gpu_busy_us", "device_name",
+    "busy_us", "events_busy_us", "profile_gpu_events", "profile_gpu_busy_us", "device_name",
 ]
 
 # Kineto's categories for work that runs on the GPU: kernels, copies and fills.
@@ -91,6 +91,42 @@ def measure_us(fn: Callable[[], Any], B, warmup: int = 5, repeats: int = 30,
                inner: int = 1) -> float:
     """:func:`time_call`'s ``device_us``: the median time of one ``fn()`` call in µs."""
     return time_call(fn, B, warmup=warmup, repeats=repeats, inner=inner).device_us
+
+
+def back_to_back_us(fn: Callable[[], Any], B, *, calls: int = 100, warmup: int = 5,
+                    repeats: int = 5) -> float:
+    """Median time per call of ``calls`` back-to-back ``fn()`` calls, in µs.
+
+    Each of ``repeats`` samples synchronizes once, records a start event, calls ``fn``
+    ``calls`` times with no synchronization in between, records an end event and waits:
+    a sample is the elapsed time divided by ``calls``. This is the steady state of a loop
+    whose next input stays on the device (a serving loop that never reads its tokens
+    back, a training loop): the host issues call N+1 while the device still runs call N,
+    so host work hides behind device work wherever it is shorter.
+
+    :func:`time_call` is the other method: it synchronizes before *every* call, so the
+    host work of a call is paid in full before its device work can start (a loop that
+    needs each step's result on the host). A benchmark reports both.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable that runs one step, got {type(fn).__name__}; "
+                        "pass the function, not its result")
+    check_int("calls", calls, 1)
+    check_int("warmup", warmup, 0)
+    check_int("repeats", repeats, 1)
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        B.synchronize()
+        start, end = B.Event(enable_timing=True), B.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)   # ms -> µs
+    return statistics.median(samples)
 
 
 # --------------------------------------------------------------------------- traces
@@ -206,6 +242,21 @@ def busy_us(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
+def profile_gpu_events(fn: Callable[[], Any], B, warmup: int = 2) -> list[dict] | None:
+    """The GPU events (kernels, copies, fills) of one ``fn()`` call from
+    :func:`record_chrome_trace`, each a Chrome-trace dict; None without a GPU.
+    ``len(...)`` is how many kernels the call ran (a graph replay's nodes one by one)."""
+    if getattr(B, "name", None) != "cuda":
+        return None
+    return [e for e in complete_events(record_chrome_trace(fn, B, warmup=warmup))
+            if e.get("cat") in GPU_EVENT_CATEGORIES]
+
+
+def events_busy_us(events: Iterable[dict]) -> float:
+    """:func:`busy_us` of Chrome-trace events."""
+    return busy_us((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events)
+
+
 def profile_gpu_busy_us(fn: Callable[[], Any], B, warmup: int = 2) -> float | None:
     """How long the GPU computed during one ``fn()`` call, in µs; None without a GPU.
 
@@ -214,11 +265,8 @@ def profile_gpu_busy_us(fn: Callable[[], Any], B, warmup: int = 2) -> float | No
     ``measure_us(fn, B) - profile_gpu_busy_us(fn, B)`` is then the time the GPU sat idle,
     mostly waiting for launches.
     """
-    if getattr(B, "name", None) != "cuda":
-        return None
-    events = complete_events(record_chrome_trace(fn, B, warmup=warmup))
-    return busy_us((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
-                   if e.get("cat") in GPU_EVENT_CATEGORIES)
+    events = profile_gpu_events(fn, B, warmup=warmup)
+    return None if events is None else events_busy_us(events)
 
 
 def device_name(B) -> str:

@@ -77,14 +77,31 @@ class StaticBuffers:
         self.max_num_token = max_bs * num_tokens_per_bs
         self.slots: dict[str, GraphSlot] = {}
         n, b = self.max_num_token, max_bs
-        i64 = dict(dtype=torch.int64, device=device)
-        self.register("input_ids", torch.zeros(n, **i64), Pad.HEAD_ONLY, per_token=True)
-        self.register("req_pool_indices", torch.zeros(b, **i64), Pad.ZERO_TAIL, per_token=False)
-        self.register("seq_lens", torch.full((b,), seq_len_fill_value, dtype=torch.int32,
-                                             device=device),
-                      Pad.SENTINEL, per_token=False, fill_value=seq_len_fill_value)
-        self.register("out_cache_loc", torch.zeros(n, **i64), Pad.ZERO_TAIL, per_token=True)
-        self.register("positions", torch.zeros(n, **i64), Pad.ZERO_TAIL, per_token=True)
+        # The five inputs of a decode step live in ONE device buffer (``arena``), each a
+        # typed view of its own bytes, so that one host→device copy can fill them all
+        # (:meth:`stage`; SGLang's ``GraphInputBuffers``). int64 fields first, then int32.
+        layout = [("input_ids", torch.int64, n), ("req_pool_indices", torch.int64, b),
+                  ("out_cache_loc", torch.int64, n), ("positions", torch.int64, n),
+                  ("seq_lens", torch.int32, b)]
+        self._layout: list[tuple[str, int, int]] = []      # (name, byte offset, bytes)
+        offset = 0
+        for name, dtype, rows in layout:
+            nbytes = rows * torch.empty((), dtype=dtype).element_size()
+            self._layout.append((name, offset, nbytes))
+            offset += nbytes
+        self.arena = torch.zeros(offset, dtype=torch.uint8, device=device)
+        views = {name: self.arena[o:o + nb].view(dtype)
+                 for (name, o, nb), (_, dtype, _) in zip(self._layout, layout)}
+        views["seq_lens"].fill_(seq_len_fill_value)
+        self.register("input_ids", views["input_ids"], Pad.HEAD_ONLY, per_token=True)
+        self.register("req_pool_indices", views["req_pool_indices"], Pad.ZERO_TAIL,
+                      per_token=False)
+        self.register("seq_lens", views["seq_lens"], Pad.SENTINEL, per_token=False,
+                      fill_value=seq_len_fill_value)
+        self.register("out_cache_loc", views["out_cache_loc"], Pad.ZERO_TAIL, per_token=True)
+        self.register("positions", views["positions"], Pad.ZERO_TAIL, per_token=True)
+        self._staging: list | None = None   # pinned host mirrors of the arena, see stage()
+        self._turn = 0
 
     def register(self, name: str, tensor: torch.Tensor, pad: Pad | str, per_token: bool,
                  fill_value: int = 0, row_dim: int = 0) -> GraphSlot:
@@ -143,6 +160,53 @@ class StaticBuffers:
         if zero_tails:
             torch._foreach_zero_(zero_tails)  # every index tail in one call
         torch._foreach_copy_(heads, srcs)     # every head in one call
+
+    def stage(self, values: dict[str, list[int]], raw_bs: int, padded_bs: int, B) -> None:
+        """Fill the arena's buffers from host values with ONE non-blocking copy.
+
+        ``values`` maps each of the arena's buffers to its ``raw`` head (Python ints);
+        ``input_ids`` may be left out, and then keeps what is on the device (the
+        overlapped serving loop writes the next tokens there on the device). The tails
+        up to ``padded_bs`` follow each buffer's policy, written on the host too. The
+        values go into a pinned host mirror of the arena, and one ``copy_(...,
+        non_blocking=True)`` moves the whole arena: the host goes on at once, and the copy
+        runs on the current stream, after the replay queued before it.
+
+        .. warning::
+            The host must not rewrite a pinned buffer whose copy has not run yet: the copy
+            reads it when the stream reaches it, not when it is queued. So there are two
+            mirrors, used in turn, and each is rewritten only after the event recorded
+            behind its last copy has passed.
+        """
+        if self._staging is None:
+            pin = torch.device(self.arena.device).type == "cuda"
+            self._staging = [(torch.zeros(self.arena.shape, dtype=torch.uint8,
+                                          pin_memory=pin), None) for _ in range(2)]
+        host, done = self._staging[self._turn]
+        if done is not None:
+            done.synchronize()            # this mirror's last copy has been read
+        need = {n for n, _, _ in self._layout} - {"input_ids"}
+        if not need <= set(values) or not set(values) <= need | {"input_ids"}:
+            raise ValueError(f"stage: give values for {sorted(need)} (and optionally "
+                             f"input_ids), got {sorted(values)}")
+        k = self.num_tokens_per_bs
+        for name, offset, nbytes in self._layout:
+            slot = self.slots[name]
+            raw, padded = slot.rows(raw_bs, k), slot.rows(padded_bs, k)
+            mirror = host[offset:offset + nbytes].view(slot.tensor.dtype)
+            if name in values:
+                head = values[name]
+                if len(head) != raw:
+                    raise ValueError(f"stage: {name} has {len(head)} values, expected {raw}")
+                mirror[:raw] = torch.as_tensor(head, dtype=mirror.dtype)
+            if slot.pad is not Pad.HEAD_ONLY:
+                mirror[raw:padded] = slot.fill_value
+        start = 0 if "input_ids" in values else self._layout[1][1]   # input_ids comes first
+        self.arena[start:].copy_(host[start:], non_blocking=True)
+        event = B.Event()
+        event.record()
+        self._staging[self._turn] = (host, event)
+        self._turn ^= 1
 
     def view(self, bs: int) -> dict[str, torch.Tensor]:
         """The first rows of every buffer for a bucket of ``bs`` requests (views, same

@@ -199,10 +199,18 @@ class Attention(nn.Module):
         T = x.size(0)
         Hq, Hkv, D = self.n_head, self.n_kv, self.head_dim
         qkv = self.wqkv(x).view(T, Hq + 2 * Hkv, D)
-        # Rotate the query and key heads together, in place: q, k and v stay views of the
-        # one wqkv output (k and v side by side, so the cache stores them in one scatter).
-        rotary_emb_(qkv[:, : Hq + Hkv], freqs_cis)
-        q, kv = qkv[:, :Hq], qkv[:, Hq:].view(T, 2, Hkv, D)
+        if torch.compiler.is_compiling():
+            # Out of place: Inductor then fuses the key rotation into the cache store (one
+            # kernel writes the rotated keys and the values into the pool).
+            q = apply_rotary_emb(qkv[:, :Hq], freqs_cis)
+            kv = torch.stack([apply_rotary_emb(qkv[:, Hq:Hq + Hkv], freqs_cis),
+                              qkv[:, Hq + Hkv:]], dim=1)
+        else:
+            # Rotate the query and key heads together, in place: q, k and v stay views of
+            # the one wqkv output (k and v side by side, so the cache stores them in one
+            # scatter).
+            rotary_emb_(qkv[:, : Hq + Hkv], freqs_cis)
+            q, kv = qkv[:, :Hq], qkv[:, Hq:].view(T, 2, Hkv, D)
         # The attention backend stores k/v in the cache and attends over the request's keys.
         y = batch.attn_backend.forward(q, kv[:, 0], kv[:, 1], self.kv_cache, batch, kv=kv)
         return self.wo(y.reshape(T, -1))

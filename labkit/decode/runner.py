@@ -248,6 +248,10 @@ class BaseGraphRunner:
 
 
 _FALLBACKS = ("error", "eager")
+# torch.compile modes that leave the capturing to the runner: "default" fuses without
+# autotuning (seconds per bucket), SGLang's "max-autotune-no-cudagraphs" also tunes the GEMMs
+# (minutes). "reduce-overhead" would record torch's own graphs inside ours.
+_COMPILE_MODES = ("max-autotune-no-cudagraphs", "default")
 _SCHEMES = ("sglang", "every", "pow2")
 
 
@@ -269,8 +273,40 @@ def _check_same_caches(attn, model, fn: str) -> None:
                            "build (and capture) a new runner after setup_caches")
 
 
+def _check_staged(runner, slots, positions, tokens, fn: str) -> tuple[list[int], list[int]]:
+    """stage()'s host values, checked on the host (ints, cheap): a bad slot, position or
+    token id would otherwise reach the graph as an out-of-range index."""
+    from .batch import _check_slots, _check_tokens, _int_list
+    model = runner.model
+    slots = _int_list("slots", slots, "request slots")
+    positions = _int_list("positions", positions, "positions")
+    if not 1 <= len(slots) <= runner.max_bucket:
+        raise ValueError(f"{fn}: {len(slots)} requests; a staged step holds 1.."
+                         f"{runner.max_bucket} (the largest captured bucket)")
+    if len(positions) != len(slots):
+        raise ValueError(f"{fn}: {len(slots)} slots but {len(positions)} positions: one each")
+    num_rows, width = model.req_to_token.shape
+    _check_slots(slots, num_rows, fn)
+    bad = [p for p in positions if not 0 <= p < width]
+    if bad:
+        raise ValueError(f"{fn}: position {bad[0]} is outside 0..{width - 1} "
+                         f"(max_seq_len = {width})")
+    if isinstance(tokens, torch.Tensor):
+        if (tokens.dtype != torch.int64 or tokens.shape != (num_rows,)
+                or tokens.device != model.device):
+            raise ValueError(f"{fn}: a token table must be an int64 tensor of one token per "
+                             f"slot, shape ({num_rows},), on {model.device}; got "
+                             f"{tokens.dtype} {tuple(tokens.shape)} on {tokens.device}")
+    else:
+        tokens = _int_list("tokens", tokens, "token ids")
+        if len(tokens) != len(slots):
+            raise ValueError(f"{fn}: {len(slots)} slots but {len(tokens)} tokens: one each")
+        _check_tokens(tokens, model.args.vocab_size, fn, "tokens")
+    return slots, positions
+
+
 def _check_options(model, *, max_bs, buckets, disable_padding, num_tokens_per_bs, forward_mode,
-                   fallback, num_warmups, compile_bs, progress):
+                   fallback, num_warmups, compile_bs, progress, compile_mode):
     """DecodeGraphRunner's options, each against its type and range (or fixed set).
     Returns ``buckets`` as given, or as a list when it was another iterable (read once)."""
     slots = model.num_slots - 1
@@ -308,6 +344,10 @@ def _check_options(model, *, max_bs, buckets, disable_padding, num_tokens_per_bs
                          f"{fallback!r}")
     check_int("num_warmups", num_warmups, 1, fix=_WARMUP_WHY)
     check_int("compile_bs", compile_bs, 0, fix="buckets up to this size are compiled; 0: none")
+    if compile_mode not in _COMPILE_MODES:
+        raise ValueError(f"compile_mode must be one of {', '.join(map(repr, _COMPILE_MODES))} "
+                         f"(modes without CUDA graphs of their own: the runner captures), got "
+                         f"{compile_mode!r}")
     return buckets
 
 
@@ -352,6 +392,8 @@ class DecodeGraphRunner(BaseGraphRunner):
                        the first time and a count in ``stats``
     padding_override   e.g. {"positions": "head_only"}: change a buffer's policy (demos)
     compile_bs         buckets <= this run through torch.compile before capture (GPU)
+    compile_mode       "max-autotune-no-cudagraphs" (SGLang's; tunes GEMMs, minutes) or
+                       "default" (fusion only, seconds)
     attention          "torch_native" (default), "triton" (CUDA: decode attention
                        through the page table, no gather) or "auto"; see
                        :func:`~labkit.decode.attention.make_attn_backend`
@@ -362,7 +404,8 @@ class DecodeGraphRunner(BaseGraphRunner):
                  num_tokens_per_bs: int = 1, forward_mode: ForwardMode | None = None,
                  fallback: str = "error", padding_override: dict | None = None,
                  num_warmups: int = 2, compile_bs: int = 0, progress: bool = True,
-                 attention: str = "torch_native"):
+                 attention: str = "torch_native",
+                 compile_mode: str = "max-autotune-no-cudagraphs"):
         _check_model(model, "DecodeGraphRunner")
         B = ensure_backend(B, "DecodeGraphRunner(model, B)")
         _check_device(model, B)
@@ -370,7 +413,8 @@ class DecodeGraphRunner(BaseGraphRunner):
         buckets = _check_options(
             model, max_bs=max_bs, buckets=buckets, disable_padding=disable_padding,
             num_tokens_per_bs=num_tokens_per_bs, forward_mode=forward_mode, fallback=fallback,
-            num_warmups=num_warmups, compile_bs=compile_bs, progress=progress)
+            num_warmups=num_warmups, compile_bs=compile_bs, progress=progress,
+            compile_mode=compile_mode)
         max_bs, num_tokens_per_bs = int(max_bs), int(num_tokens_per_bs)  # numpy ints too
         scheme = "every" if disable_padding else (buckets if buckets is not None else "sglang")
         bucket_list = make_buckets(max_bs, scheme)
@@ -388,10 +432,8 @@ class DecodeGraphRunner(BaseGraphRunner):
                             f"{{buffer: policy}}, got {type(padding_override).__name__}")
         self.padding_override = dict(padding_override or {})
         self.compile_bs = compile_bs
+        self.compile_mode = compile_mode
         self.attn = make_attn_backend(attention, model)
-        if compile_bs and self.attn.name != "torch_native":
-            raise ValueError(f"compile_bs needs attention='torch_native' (the {self.attn.name} "
-                             "kernel is not traced by torch.compile here)")
         self.attn.init_cuda_graph_state(max_bs, max_bs * num_tokens_per_bs)
         self.buffers = StaticBuffers(max_bs, num_tokens_per_bs, device=model.device)
         self._check_padding_override(self.padding_override, "DecodeGraphRunner")
@@ -401,6 +443,10 @@ class DecodeGraphRunner(BaseGraphRunner):
         self._loaded: tuple | None = None  # (batch, raw_bs, padded_bs) now in the buffers
         self._compiled = None
         self._bucket_batches: dict[int, ForwardBatch] = {}    # see _bucket_batch
+        self._staged: tuple[int, int] | None = None  # (raw_bs, bucket) loaded by stage()
+        # The request→token table on the host (it never changes after setup_caches): where
+        # each staged token's K/V goes is looked up here, with no device work.
+        self._req_to_token_host = model.req_to_token.cpu().numpy()
         self.last_replay: tuple[int, int] | None = None  # (raw_bs, bucket) of the last replay
 
     # ---- capture -----------------------------------------------------------------------
@@ -416,7 +462,7 @@ class DecodeGraphRunner(BaseGraphRunner):
         The warmups really run, and this is what keeps them out of live requests' cache."""
         for slot in self.buffers.slots.values():
             slot.tensor.fill_(slot.fill_value if slot.pad is Pad.SENTINEL else 0)
-        self._loaded = None  # whatever was planned is gone
+        self._loaded = self._staged = None  # whatever was planned or staged is gone
 
     def capture_prepare(self, bs: int) -> Callable[[], torch.Tensor]:
         self._reset_buffers()
@@ -433,7 +479,7 @@ class DecodeGraphRunner(BaseGraphRunner):
                 name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
                 n = sum(b <= self.compile_bs for b in self.buckets)
                 setattr(cfg, name, max(getattr(cfg, name), n + 8))
-                self._compiled = torch.compile(self.model, mode="max-autotune-no-cudagraphs",
+                self._compiled = torch.compile(self.model, mode=self.compile_mode,
                                                dynamic=False)
             compiled = self._compiled
 
@@ -569,6 +615,60 @@ class DecodeGraphRunner(BaseGraphRunner):
         out = self.backend.replay(bs)
         self.stats["graph"] += 1
         return out[:raw_num_token]                      # drop the padded rows
+
+    # ---- the staged path (the overlapped serving loop) -----------------------------------
+    @torch.no_grad()
+    def stage(self, slots: list[int], positions: list[int],
+              tokens: list[int] | torch.Tensor) -> int:
+        """Load one DECODE step from host values with ONE host→device copy; returns the
+        bucket. :meth:`replay_staged` then replays it.
+
+        ``slots`` and ``positions``: one int per request (the position of the token fed
+        now). ``tokens``: the token ids as ints, or a device tensor holding every slot's
+        next token (``tokens[slot]``), gathered into ``input_ids`` on the device: the
+        tokens of the last step then never come to the host. Slots, positions, cache
+        locations and lengths go into a pinned host buffer and reach the graph's static
+        buffers in one non-blocking copy (:meth:`StaticBuffers.stage`); the page table is
+        then built out of graph, as in :meth:`replay`. Nothing waits for the device.
+        """
+        fn = "stage"
+        self._check_captured(fn)
+        _check_same_caches(self.attn, self.model, fn)
+        if self.capture_forward_mode is not ForwardMode.DECODE:
+            raise ValueError(f"{fn}: this runner captured {self.capture_forward_mode.name}; "
+                             "stage() loads DECODE steps (one token per request)")
+        slots, positions = _check_staged(self, slots, positions, tokens, fn)
+        raw = len(slots)
+        bs = pad_to_bucket(raw, self.buckets)
+        locs = self._req_to_token_host[slots, positions].tolist()
+        seq_lens = [p + 1 for p in positions]
+        values = {"req_pool_indices": slots, "positions": positions, "out_cache_loc": locs,
+                  "seq_lens": seq_lens}
+        if not isinstance(tokens, torch.Tensor):
+            values["input_ids"] = tokens
+        self.buffers.stage(values, raw, bs, self.B)
+        if isinstance(tokens, torch.Tensor):   # after the copy, on the same stream
+            torch.index_select(tokens, 0, self.buffers.req_pool_indices[:raw],
+                               out=self.buffers.input_ids[:raw])
+        fb = self._bucket_batch(bs)
+        fb.seq_lens_cpu = seq_lens + [self.buffers.slots["seq_lens"].fill_value] * (bs - raw)
+        self.attn.init_forward_metadata_out_graph(fb)
+        self._loaded = None                    # the buffers no longer hold a planned batch
+        self._staged = (raw, bs)
+        return bs
+
+    @torch.no_grad()
+    def replay_staged(self) -> torch.Tensor:
+        """Replay the step :meth:`stage` loaded; the logits of its real rows (a view of
+        the graph's static output, overwritten by the next replay of that bucket)."""
+        if self._staged is None:
+            raise RuntimeError("replay_staged: nothing staged: call runner.stage(slots, "
+                               "positions, tokens) first (replay(batch) loads a batch itself)")
+        raw, bs = self._staged
+        self.last_replay = (raw, bs)
+        out = self.backend.replay(bs)
+        self.stats["graph"] += 1
+        return out[:raw]
 
     def eager_forward(self, batch: ForwardBatch) -> torch.Tensor:
         self.stats["eager"] += 1

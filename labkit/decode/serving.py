@@ -11,6 +11,13 @@ reproducible), each with its own prompt and output length. Every step the schedu
 
 Run it twice — ``serve(model, wl)`` and ``serve(model, wl, runner=graph_runner)`` — and
 the generated tokens must be identical; the latencies are what differ.
+
+``serve(..., overlap=True)`` is the loop of SGLang's overlap scheduler and vLLM's async
+scheduling: the host prepares step N+1 while the GPU runs step N. The next tokens stay on
+the device (the argmax goes into a per-slot table the next step's ``input_ids`` are
+gathered from), each step's host metadata reaches the graph in one copy, and the host
+reads a step's tokens back only after it has queued the next one
+(:func:`decode_step_overlapped`).
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ from .batch import make_decode_batch, make_extend_batch
 from .model import greedy
 from .runner import EagerRunner
 
-__all__ = ["Request", "synthetic_workload", "ServeResult", "serve"]
+__all__ = ["Request", "synthetic_workload", "ServeResult", "serve", "decode_step_overlapped",
+           "land", "TokenReadback"]
 
 
 @dataclass
@@ -42,14 +50,15 @@ class Request:
     max_new_tokens: int
     output: list[int] = field(default_factory=list)
     slot: int | None = None
+    pending: int = 0   # tokens generated on the device, not read back yet (overlap mode)
 
     @property
     def seq_len(self) -> int:
-        return len(self.prompt) + len(self.output)
+        return len(self.prompt) + len(self.output) + self.pending
 
     @property
     def done(self) -> bool:
-        return len(self.output) >= self.max_new_tokens
+        return len(self.output) + self.pending >= self.max_new_tokens
 
 
 def synthetic_workload(num_requests: int = 32, arrival_rate: float = 1.0,
@@ -129,16 +138,77 @@ class ServeResult:
         }
 
 
+class TokenReadback:
+    """Two pinned host buffers for the tokens of a step, used in turn: one is being
+    filled by the device while the host reads the other."""
+
+    def __init__(self, max_bs: int, device):
+        pin = torch.device(device).type == "cuda"
+        self.buffers = [torch.zeros(max_bs, dtype=torch.int64, pin_memory=pin)
+                        for _ in range(2)]
+        self.turn = 0
+
+    def next(self, n: int) -> torch.Tensor:
+        self.turn ^= 1
+        return self.buffers[self.turn][:n]
+
+
+def decode_step_overlapped(runner, running: list[Request], next_tokens: torch.Tensor,
+                           readback: TokenReadback, inflight: tuple | None) -> tuple:
+    """Queue one decode step for ``running``, then read back the *previous* step's
+    tokens while the GPU runs this one. Returns this step, for the next call to land.
+
+    ``next_tokens`` (one entry per slot, on the device) holds each request's last token:
+    the step reads its input from there and writes its output back there, so no token
+    makes a round trip through the host between two steps.
+    """
+    slots = [r.slot for r in running]
+    # 1. Host: this step's slots and positions are known without the last tokens (a
+    #    length is a count), so they go out in one copy while the GPU may still be busy.
+    runner.stage(slots, [r.seq_len - 1 for r in running], next_tokens)
+    # 2. Device: replay, argmax, and the new tokens into the per-slot table. No sync.
+    toks = greedy(runner.replay_staged())
+    next_tokens.index_copy_(0, runner.buffers.req_pool_indices[:len(slots)], toks)
+    # 3. Start copying the tokens to the host, and mark when they have arrived.
+    host = readback.next(len(slots))
+    host.copy_(toks, non_blocking=True)
+    arrived = runner.B.Event()
+    arrived.record()
+    for r in running:
+        r.pending += 1
+    # 4. Only now wait, for the previous step: the GPU has this one queued meanwhile.
+    land(inflight)
+    return list(running), host, arrived
+
+
+def land(inflight: tuple | None) -> None:
+    """Wait for a queued step's tokens and append them to their requests."""
+    if inflight is None:
+        return
+    requests, host, arrived = inflight
+    arrived.synchronize()
+    for r, t in zip(requests, host.tolist()):
+        r.output.append(t)
+        r.pending -= 1
+
+
 def serve(model, workload: list[Request], runner=None, max_running: int | None = None,
-          max_steps: int = 100_000) -> ServeResult:
+          max_steps: int = 100_000, overlap: bool = False) -> ServeResult:
     """Serve ``workload`` (not modified: requests are copied) to completion.
 
     ``runner``: a :class:`~labkit.decode.runner.DecodeGraphRunner` (graphs for decode,
     eager for prefill and per its fallback) or None (everything eager).
     ``max_running``: live requests at once (default: every KV slot the model has).
+    ``overlap``: prepare each decode step while the GPU runs the one before
+    (:func:`decode_step_overlapped`); needs a captured ``DecodeGraphRunner`` whose
+    largest bucket holds ``max_running`` requests. The tokens are the same either way.
     """
     runner = runner or EagerRunner(model)
     _check_serve_args(model, workload, runner, max_running, max_steps)
+    if not isinstance(overlap, bool):
+        raise TypeError(f"serve: overlap must be True or False, got {overlap!r}")
+    if overlap:
+        _check_overlap(model, runner, max_running)
     max_running = max_running or (model.num_slots - 1)
     cuda = model.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -148,6 +218,10 @@ def serve(model, workload: list[Request], runner=None, max_running: int | None =
     finished: list[Request] = []
     dec_lat, dec_bs, pre_lat = [], [], []
     stats0 = dict(getattr(runner, "stats", {}))
+    if overlap:
+        next_tokens = torch.zeros(model.num_slots, dtype=torch.int64, device=model.device)
+        readback = TokenReadback(max_running, model.device)
+    inflight = None
     step = 0
     sync()
     t_start = time.perf_counter()
@@ -163,7 +237,11 @@ def serve(model, workload: list[Request], runner=None, max_running: int | None =
                                       [r.prompt for r in admitted])
             logits = runner.forward(batch)
             last = np.cumsum([len(r.prompt) for r in admitted]) - 1
-            toks = greedy(logits[torch.as_tensor(last, device=logits.device)]).tolist()
+            toks_dev = greedy(logits[torch.as_tensor(last, device=logits.device)])
+            if overlap:   # the first token's id goes into the table the decode steps read
+                slots = torch.as_tensor([r.slot for r in admitted], device=model.device)
+                next_tokens.index_copy_(0, slots, toks_dev)
+            toks = toks_dev.tolist()
             sync()
             pre_lat.append(time.perf_counter() - t0)
             for r, t in zip(admitted, toks):
@@ -172,20 +250,26 @@ def serve(model, workload: list[Request], runner=None, max_running: int | None =
         running = _retire(running, finished, free)
         if running:
             t0 = time.perf_counter()
-            batch = make_decode_batch(model, [r.slot for r in running],
-                                      [r.output[-1] for r in running],
-                                      [r.seq_len - 1 for r in running])
-            toks = greedy(runner.forward(batch)).tolist()
-            sync()
+            if overlap:
+                inflight = decode_step_overlapped(runner, running, next_tokens, readback,
+                                                  inflight)
+            else:
+                batch = make_decode_batch(model, [r.slot for r in running],
+                                          [r.output[-1] for r in running],
+                                          [r.seq_len - 1 for r in running])
+                toks = greedy(runner.forward(batch)).tolist()
+                sync()
+                for r, t in zip(running, toks):
+                    r.output.append(t)
             dec_lat.append(time.perf_counter() - t0)
             dec_bs.append(len(running))
-            for r, t in zip(running, toks):
-                r.output.append(t)
             running = _retire(running, finished, free)
         elif not admitted and pending:
             step = max(step, pending[0].arrival_step)  # idle: jump to the next arrival
             continue
         step += 1
+    land(inflight)                                     # the last step's tokens
+    sync()
     wall = time.perf_counter() - t_start
     if pending or running:
         warnings.warn(f"serve stopped at max_steps={max_steps} with {len(pending) + len(running)} "
@@ -250,6 +334,25 @@ def _check_serve_args(model, workload, runner, max_running, max_steps) -> None:
         if bad:
             raise ValueError(f"serve: request {r.rid}'s prompt has token id {bad[0]}, outside "
                              f"the vocabulary 0..{model.args.vocab_size - 1}")
+
+
+def _check_overlap(model, runner, max_running) -> None:
+    """overlap=True stages every decode step into the runner's graphs: it needs a captured
+    DecodeGraphRunner of DECODE graphs whose largest bucket holds every running request."""
+    from .runner import DecodeGraphRunner
+    if not isinstance(runner, DecodeGraphRunner):
+        raise ValueError("serve: overlap=True needs a captured DecodeGraphRunner (it stages "
+                         "each decode step into the runner's static buffers and replays its "
+                         f"graph); got {type(runner).__name__}")
+    running = max_running or (model.num_slots - 1)
+    if running > runner.max_bucket:
+        raise ValueError(f"serve: overlap=True runs every decode step as a graph, but up to "
+                         f"{running} requests run at once and the largest graph is "
+                         f"{runner.max_bucket}: pass max_running={runner.max_bucket} or "
+                         f"capture with max_bs={running}")
+    if runner.num_tokens_per_bs != 1:
+        raise ValueError("serve: overlap=True needs a DECODE runner (one token per request), "
+                         f"this one feeds {runner.num_tokens_per_bs}")
 
 
 def _retire(running: list[Request], finished: list[Request], free: list[int]) -> list[Request]:

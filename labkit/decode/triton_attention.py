@@ -28,7 +28,8 @@ import torch
 
 from .torch_attention import DecodeMetadata, TorchNativeAttnBackend
 
-__all__ = ["triton_available", "decode_attention", "num_kv_splits", "TritonAttnBackend"]
+__all__ = ["triton_available", "decode_attention", "decode_attention_op", "num_kv_splits",
+           "TritonAttnBackend"]
 
 try:  # triton comes with CUDA builds of torch; CPU wheels have none
     import triton
@@ -166,6 +167,21 @@ def decode_attention(q: torch.Tensor, kv_pool: torch.Tensor, page_table: torch.T
     return out
 
 
+@torch.library.custom_op("labkit::decode_attention", mutates_args=())
+def decode_attention_op(q: torch.Tensor, kv_pool: torch.Tensor, page_table: torch.Tensor,
+                        seq_lens: torch.Tensor, num_splits: int) -> torch.Tensor:
+    """:func:`decode_attention` as a PyTorch operator, so that ``torch.compile`` keeps the
+    kernel as one opaque call between the kernels it generates (and a CUDA graph captured
+    around the compiled model records it like any other kernel). The eager path calls
+    :func:`decode_attention` directly: an operator call costs more host time."""
+    return decode_attention(q, kv_pool, page_table, seq_lens, num_splits)
+
+
+@decode_attention_op.register_fake
+def _decode_attention_fake(q, kv_pool, page_table, seq_lens, num_splits):
+    return q.new_empty(q.shape)
+
+
 def _pow2(n) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n >= 1 and not n & (n - 1)
 
@@ -239,9 +255,8 @@ class TritonAttnBackend(TorchNativeAttnBackend):
         md = self.forward_metadata
         if q.size(0) != md.page_table.size(0):           # several tokens per request
             return super()._forward_decode(q, kv_cache, batch)
-        if torch.compiler.is_compiling():
-            raise RuntimeError("TritonAttnBackend does not run under torch.compile: "
-                               "compile with attention='torch_native'")
         bs, hq = q.shape[:2]
         splits = num_kv_splits(bs, hq, self.max_seq_len)
+        if torch.compiler.is_compiling():   # one opaque operator inside the compiled graph
+            return decode_attention_op(q, kv_cache.kv, md.page_table, batch.seq_lens, splits)
         return decode_attention(q, kv_cache.kv, md.page_table, batch.seq_lens, splits)

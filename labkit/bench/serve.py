@@ -1,0 +1,124 @@
+"""Suite ``serve``: a continuous-batching serving loop, step after step (lesson 06).
+
+The decode suite times one step at a fixed batch size; this one runs
+:func:`labkit.decode.serve` over a seeded workload on the same 8-layer, d=512 fp16 GPT:
+requests arrive, are prefilled eagerly, decode together in batches that change size from
+step to step, and leave. Variants:
+
+``eager``                     every step eager, with the graphs' attention kernel (the
+                              Triton decode kernel on a GPU: stock SDPA there rebuilds a
+                              cuDNN plan for every new key count, tens of ms a step)
+``labkit_graph``              decode steps replay ``DecodeGraphRunner``'s graphs; each step
+                              builds its batch, replays, and reads its tokens back (a sync)
+``labkit_graph_overlap``      the same graphs, ``serve(..., overlap=True)``: step N+1 is
+                              staged (one copy) and queued before step N's tokens are read
+``labkit_graph_compiled``     compile-then-capture graphs (``compile_bs``), synced loop
+``labkit_graph_compiled_overlap``  the same, overlapped
+
+``median_us`` is the median time of one decode step of the loop (wall clock on the host,
+so it includes everything the loop does around the replay); ``extra`` holds decode
+tokens/s over the whole run, end-to-end tokens/s, the steps and the mean batch size.
+Variants that run the same kernels must generate the very same tokens (``labkit_graph``
+and its overlapped twin as ``eager``; the compiled pair as each other: fused kernels round
+differently, and in fp16 a rounding can flip a greedy token); a row whose tokens differ
+from its family's first says so.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from labkit.bench import SuiteSkip, make_row, skipped_row
+from labkit.bench.decode import CPU_MODEL, MODEL
+
+VARIANTS = ("eager", "labkit_graph", "labkit_graph_overlap", "labkit_graph_compiled",
+            "labkit_graph_compiled_overlap")
+WORKLOAD = dict(num_requests=192, arrival_rate=8.0, prompt_len=(16, 64), output_len=(48, 128))
+CPU_WORKLOAD = dict(num_requests=24, arrival_rate=2.0, prompt_len=(4, 12), output_len=(4, 16))
+
+
+def run(B, quick: bool = False, log=print, model_args: dict | None = None,
+        workload: dict | None = None, max_running: int | None = None,
+        variants=VARIANTS) -> list[dict]:
+    from labkit import decode as D
+
+    on_gpu = B.name == "cuda"
+    model_args = model_args or (MODEL if on_gpu else CPU_MODEL)
+    workload = dict(workload or (WORKLOAD if on_gpu else CPU_WORKLOAD))
+    if quick:
+        workload["num_requests"] = max(8, workload["num_requests"] // 3)
+    max_running = max_running or (64 if on_gpu else 4)
+    args = D.ModelArgs(**model_args)
+    model = D.build_model(args, max_requests=max_running, device=B.device)
+    wl = D.synthetic_workload(vocab_size=args.vocab_size, max_seq_len=args.max_seq_len,
+                              seed=0, **workload)
+    name = f"gpt_{args.n_layer}L_d{args.dim}"
+    config = {**model_args, "dtype": str(model.output.weight.dtype).replace("torch.", ""),
+              "workload": {k: list(v) if isinstance(v, tuple) else v
+                           for k, v in workload.items()},
+              "max_running": max_running}
+    rows, reference = [], {}
+    runners: dict[bool, object] = {}
+
+    def runner_for(compiled: bool):
+        if compiled not in runners:
+            # pow2 buckets: 7 graphs up to 64, so that the compiled runner compiles 7
+            # shapes (seconds each), not SGLang's 12
+            kw = dict(max_bs=max_running, progress=False, attention="auto", buckets="pow2")
+            if compiled:
+                kw.update(compile_bs=max_running, compile_mode="default")
+            r = D.DecodeGraphRunner(model, B, **kw)
+            r.capture()
+            runners[compiled] = r
+        return runners[compiled]
+
+    for variant in variants:
+        try:
+            compiled = "compiled" in variant
+            if compiled and not on_gpu:
+                raise SuiteSkip("compiling before capture is measured on a GPU only")
+            runner = (D.EagerRunner(model, "auto") if variant == "eager"
+                      else runner_for(compiled))
+            overlap = variant.endswith("_overlap")
+            D.serve(model, wl[:8], runner=runner, max_running=max_running, overlap=overlap)
+            res = D.serve(model, wl, runner=runner, max_running=max_running, overlap=overlap)
+            family = "compiled" if compiled else "plain"    # same kernels, same tokens
+            first = reference.setdefault(family, (variant, res.tokens))
+            note = (None if res.tokens == first[1] else
+                    f"tokens differ from {first[0]}'s, which runs the same kernels")
+            s = res.summary()
+            lat = sorted(res.decode_latency_s)
+            med = 1e6 * lat[len(lat) // 2]
+            extra = {"decode_tokens_per_s": s["decode_tokens_per_s"],
+                     "tokens_per_s": s["tokens_per_s"], "decode_steps": s["decode_steps"],
+                     "mean_batch": round(s["mean_batch"], 1), "wall_s": round(res.wall_s, 3)}
+            cfg = {**config, "overlap": overlap,
+                   "runs": "serve(model, workload, runner=" + type(runner).__name__
+                   + ("(...), overlap=True)" if overlap else "(...))"),
+                   "attention": runner.attn.name}
+            if variant != "eager":
+                cfg["buckets"] = runner.buckets
+                if compiled:
+                    cfg["compile_mode"] = "default"
+            rows.append(make_row(B, "serve", name, cfg, None, variant, med, note=note,
+                                 extra=extra))
+            log(f"  serve {variant:31s} step p50 {med:8.1f} µs | decode "
+                f"{s['decode_tokens_per_s']:9.0f} tokens/s | end to end "
+                f"{s['tokens_per_s']:9.0f} tokens/s" + (f" | {note}" if note else ""))
+        except SuiteSkip as why:
+            rows.append(skipped_row(B, "serve", name, config, None, variant, str(why)))
+            log(f"  serve {variant:31s} skipped: {why}")
+        except Exception as e:
+            first = (str(e).splitlines() or [""])[0][:200]
+            rows.append(skipped_row(B, "serve", name, config, None, variant,
+                                    f"{type(e).__name__}: {first}"))
+            log(f"  serve {variant:31s} FAILED: {type(e).__name__}: {first}")
+    for r in runners.values():
+        r.backend.cleanup()
+    gc.collect()
+    if on_gpu:
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    return rows
