@@ -23,6 +23,11 @@ Variants (each row's ``config`` records what it ran):
     attention ``"auto"`` (the Triton kernel on a GPU); every timed call takes the full
     path (pad, fill the static buffers, page table out of graph, replay, slice).
     ``extra.replay_only_*``: ``graph.replay()`` alone.
+``labkit_graph_staged`` / ``labkit_graph_compiled_staged``
+    the same runners (no second capture), each call the serving loop's path instead:
+    ``runner.stage(slots, positions, tokens)`` from host ints (one pinned buffer, one
+    non-blocking copy into the buffer the graph reads, page table out of graph) and
+    ``runner.replay_staged()``.
 ``labkit_graph_torch_attn``
     the same runner with stock torch attention.
 ``labkit_graph_compiled``
@@ -52,10 +57,12 @@ import gc
 import torch
 
 from labkit.bench import SuiteSkip, make_row, skipped_row
-from labkit.core.timing import back_to_back_us, events_busy_us, measure_us, profile_gpu_events
+from labkit.core.timing import (back_to_back_us, events_busy_us, measure_us,
+                                profile_gpu_events, time_call)
 
 VARIANTS = ("eager", "eager_triton", "labkit_graph", "labkit_graph_torch_attn",
             "labkit_graph_compiled", "compile_reduce_overhead", "compile_reduce_overhead_static")
+STAGED = ("labkit_graph", "labkit_graph_compiled")   # also timed through stage(): *_staged
 GPU_ONLY = {"eager_triton": "the Triton kernel needs CUDA",
             "labkit_graph_compiled": "compiling before capture is measured on a GPU only",
             "compile_reduce_overhead": "reduce-overhead records CUDA graphs only on a GPU",
@@ -173,18 +180,18 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
     rows = []
 
     def timed(fn):
-        """(synced µs, back-to-back µs, GPU busy µs, kernels) of one call."""
-        synced = measure_us(fn, B, warmup=warmup, repeats=repeats)
+        """(synced µs, host µs to issue it, back-to-back µs, GPU busy µs, kernels)."""
+        synced, host = time_call(fn, B, warmup=warmup, repeats=repeats)
         b2b = back_to_back_us(fn, B, calls=calls, warmup=2)
         events = profile_gpu_events(fn, B)
         if events is None:
-            return synced, b2b, None, None
-        return synced, b2b, events_busy_us(events), len(events)
+            return synced, host, b2b, None, None
+        return synced, host, b2b, events_busy_us(events), len(events)
 
     def record(variant, fns, cfg_extra, note=None, replays=None, extra_of=None):
         for bs in batch_sizes:
-            synced, b2b, busy, kernels = timed(fns[bs])
-            extra = {}
+            synced, host, b2b, busy, kernels = timed(fns[bs])
+            extra = {"host_us": round(host, 1)}
             if kernels is not None:
                 extra.update(kernels=kernels, kernel_floor_us=round(kernels * per_node, 1),
                              bytes_floor_us=round(floors[bs], 1))
@@ -225,8 +232,21 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
                        "runs": "DecodeGraphRunner.forward (pad, fill, metadata, replay, slice)"}
                 if compiled:
                     cfg["compile_mode"] = compile_mode
+                replays = {bs: runner.backend.graphs[bs].replay for bs in batch_sizes}
                 record(variant, {bs: (lambda b=b: full_path(b)) for bs, b in batches.items()},
-                       cfg, replays={bs: runner.backend.graphs[bs].replay for bs in batch_sizes})
+                       cfg, replays=replays)
+                if variant in STAGED:   # the same graphs, the serving loop's path
+                    host_values = {bs: (b.req_pool_indices.tolist(), b.positions.tolist(),
+                                        b.input_ids.tolist()) for bs, b in batches.items()}
+
+                    def staged(bs, runner=runner):
+                        runner.stage(*host_values[bs])
+                        return runner.replay_staged()
+
+                    record(variant + "_staged", {bs: (lambda bs=bs: staged(bs))
+                                                 for bs in batch_sizes},
+                           {**cfg, "runs": "DecodeGraphRunner.stage(host ints: one pinned "
+                                           "copy) + replay_staged()"}, replays=replays)
                 runner.backend.cleanup()
             elif variant == "compile_reduce_overhead":
                 er = D.EagerRunner(model)

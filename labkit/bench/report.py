@@ -37,8 +37,9 @@ REQUIRED_KEYS = ("suite", "config_name", "config", "batch_size", "variant", "med
 SUITE_ORDER = ("launch", "decode", "serve", "train", "capture")
 VARIANT_ORDER = {
     "launch": ("eager", "graph"),
-    "decode": ("eager", "eager_triton", "labkit_graph", "labkit_graph_torch_attn",
-               "labkit_graph_compiled", "compile_reduce_overhead",
+    "decode": ("eager", "eager_triton", "labkit_graph", "labkit_graph_staged",
+               "labkit_graph_torch_attn", "labkit_graph_compiled",
+               "labkit_graph_compiled_staged", "compile_reduce_overhead",
                "compile_reduce_overhead_static"),
     "serve": ("eager", "labkit_graph", "labkit_graph_overlap", "labkit_graph_compiled",
               "labkit_graph_compiled_overlap"),
@@ -61,6 +62,8 @@ SUITE_TEXT = {
         "torch attention (gather + SDPA), `eager_triton` = with the Triton decode kernel; "
         "`labkit_graph` = `DecodeGraphRunner` (pad to bucket, fill static buffers, page "
         "table out of graph, replay, slice) with the Triton kernel; "
+        "`*_staged` = the same graphs through the serving loop's path: `runner.stage(...)` "
+        "from host ints (one pinned buffer, one non-blocking copy) + `replay_staged()`; "
         "`labkit_graph_torch_attn` = the same runner with stock torch attention; "
         "`labkit_graph_compiled` = the model compiled (`mode=\"default\"`, no cudagraphs) "
         "then captured by the runner (SGLang's compile-then-capture); "

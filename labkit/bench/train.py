@@ -38,7 +38,7 @@ import torch
 
 from labkit import full_step as FS
 from labkit.bench import SuiteSkip, make_row, skipped_row
-from labkit.core.timing import back_to_back_us, measure_us, profile_gpu_busy_us
+from labkit.core.timing import back_to_back_us, profile_gpu_busy_us, time_call
 
 VARIANTS = ("eager", "labkit_bridge", "torch_make_graphed_callables", "labkit_full_step",
             "labkit_full_step_compiled", "compile_reduce_overhead")
@@ -124,14 +124,15 @@ def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
             def step(trainer=trainer, cycle=cycle):
                 return trainer.step(next(cycle))
 
-            med = measure_us(step, B, warmup=warmup, repeats=repeats)
+            med, host = time_call(step, B, warmup=warmup, repeats=repeats)
             b2b = back_to_back_us(step, B, calls=20, warmup=2, repeats=3)
             busy = profile_gpu_busy_us(step, B)
             note = None
             if variant == "compile_reduce_overhead" and _cudagraph_skips() > skips:
                 note = "torch skipped cudagraphs for part of the model (see its log)"
             rows.append(make_row(B, "train", name, config, cfg.micro_batch, variant, med,
-                                 busy, note=note, back_to_back_us=b2b))
+                                 busy, note=note, back_to_back_us=b2b,
+                                 extra={"host_us": round(host, 1)}))
             log(f"  train {variant:30s} synced {med / 1e3:9.3f} ms | back to back "
                 f"{b2b / 1e3:9.3f} ms" + (f" | busy {busy / 1e3:8.3f} ms" if busy else ""))
         except SuiteSkip as why:

@@ -178,35 +178,41 @@ class StaticBuffers:
             mirrors, used in turn, and each is rewritten only after the event recorded
             behind its last copy has passed.
         """
-        if self._staging is None:
-            pin = torch.device(self.arena.device).type == "cuda"
-            self._staging = [(torch.zeros(self.arena.shape, dtype=torch.uint8,
-                                          pin_memory=pin), None) for _ in range(2)]
-        host, done = self._staging[self._turn]
-        if done is not None:
-            done.synchronize()            # this mirror's last copy has been read
         need = {n for n, _, _ in self._layout} - {"input_ids"}
         if not need <= set(values) or not set(values) <= need | {"input_ids"}:
             raise ValueError(f"stage: give values for {sorted(need)} (and optionally "
                              f"input_ids), got {sorted(values)}")
+        if self._staging is None:
+            self._staging = [self._pinned_mirror() for _ in range(2)]
+        host, views, done = self._staging[self._turn]
+        if done is not None:
+            done.synchronize()            # this mirror's last copy has been read
         k = self.num_tokens_per_bs
-        for name, offset, nbytes in self._layout:
-            slot = self.slots[name]
+        for name, _, _ in self._layout:
+            slot, mirror = self.slots[name], views[name]
             raw, padded = slot.rows(raw_bs, k), slot.rows(padded_bs, k)
-            mirror = host[offset:offset + nbytes].view(slot.tensor.dtype)
             if name in values:
                 head = values[name]
                 if len(head) != raw:
                     raise ValueError(f"stage: {name} has {len(head)} values, expected {raw}")
-                mirror[:raw] = torch.as_tensor(head, dtype=mirror.dtype)
+                mirror[:raw] = head
             if slot.pad is not Pad.HEAD_ONLY:
                 mirror[raw:padded] = slot.fill_value
         start = 0 if "input_ids" in values else self._layout[1][1]   # input_ids comes first
         self.arena[start:].copy_(host[start:], non_blocking=True)
         event = B.Event()
         event.record()
-        self._staging[self._turn] = (host, event)
+        self._staging[self._turn] = (host, views, event)
         self._turn ^= 1
+
+    def _pinned_mirror(self) -> tuple:
+        """A host copy of the arena in pinned (page-locked) memory, which a non-blocking
+        copy can read while the host goes on, and numpy views of its fields."""
+        pin = torch.device(self.arena.device).type == "cuda"
+        host = torch.zeros(self.arena.shape, dtype=torch.uint8, pin_memory=pin)
+        views = {name: host[o:o + nb].view(self.slots[name].tensor.dtype).numpy()
+                 for name, o, nb in self._layout}
+        return host, views, None
 
     def view(self, bs: int) -> dict[str, torch.Tensor]:
         """The first rows of every buffer for a bucket of ``bs`` requests (views, same

@@ -182,7 +182,9 @@ class KVCache(nn.Module):
         (the model's ``wqkv`` output is laid out so); otherwise they are stacked first."""
         if kv is None:
             kv = torch.stack([k, v], dim=1)
-        self.kv.index_copy_(0, locs, kv)
+        # index_put_ rather than index_copy_: the same scatter, and the form Inductor fuses
+        # with the ops that produce ``kv`` (the key rotation) under torch.compile
+        self.kv.index_put_((locs,), kv)
 
 
 class Attention(nn.Module):

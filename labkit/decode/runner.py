@@ -34,6 +34,7 @@ import time
 import warnings
 from typing import Callable, Iterable
 
+import numpy as np
 import torch
 
 from labkit.backend import ensure as ensure_backend
@@ -273,23 +274,33 @@ def _check_same_caches(attn, model, fn: str) -> None:
                            "build (and capture) a new runner after setup_caches")
 
 
-def _check_staged(runner, slots, positions, tokens, fn: str) -> tuple[list[int], list[int]]:
-    """stage()'s host values, checked on the host (ints, cheap): a bad slot, position or
-    token id would otherwise reach the graph as an out-of-range index."""
+def _check_staged(runner, slots, positions, tokens, fn: str):
+    """stage()'s host values, checked on the host with numpy (cheap: this runs every step):
+    a bad slot, position or token id would otherwise reach the graph as an out-of-range
+    index. Returns slots and positions as int64 arrays."""
     from .batch import _check_slots, _check_tokens, _int_list
     model = runner.model
-    slots = _int_list("slots", slots, "request slots")
-    positions = _int_list("positions", positions, "positions")
+    num_rows, width = model.req_to_token.shape
+
+    def ints(name, values, what):
+        a = np.asarray(values)
+        if a.ndim != 1 or a.dtype.kind not in "iu":   # floats, bools, nested lists, ...
+            _int_list(name, values, what)                 # raises, naming the first bad one
+            a = np.asarray(values, dtype=np.int64)
+        return a.astype(np.int64, copy=False)
+
+    slots, positions = ints("slots", slots, "request slots"), ints("positions", positions,
+                                                                    "positions")
     if not 1 <= len(slots) <= runner.max_bucket:
         raise ValueError(f"{fn}: {len(slots)} requests; a staged step holds 1.."
                          f"{runner.max_bucket} (the largest captured bucket)")
     if len(positions) != len(slots):
         raise ValueError(f"{fn}: {len(slots)} slots but {len(positions)} positions: one each")
-    num_rows, width = model.req_to_token.shape
-    _check_slots(slots, num_rows, fn)
-    bad = [p for p in positions if not 0 <= p < width]
-    if bad:
-        raise ValueError(f"{fn}: position {bad[0]} is outside 0..{width - 1} "
+    if slots.min() < 1 or slots.max() >= num_rows or len(np.unique(slots)) != len(slots):
+        _check_slots(slots.tolist(), num_rows, fn)       # raises, saying which and why
+    if positions.min() < 0 or positions.max() >= width:
+        bad = positions[(positions < 0) | (positions >= width)][0]
+        raise ValueError(f"{fn}: position {bad} is outside 0..{width - 1} "
                          f"(max_seq_len = {width})")
     if isinstance(tokens, torch.Tensor):
         if (tokens.dtype != torch.int64 or tokens.shape != (num_rows,)
@@ -298,10 +309,11 @@ def _check_staged(runner, slots, positions, tokens, fn: str) -> tuple[list[int],
                              f"slot, shape ({num_rows},), on {model.device}; got "
                              f"{tokens.dtype} {tuple(tokens.shape)} on {tokens.device}")
     else:
-        tokens = _int_list("tokens", tokens, "token ids")
-        if len(tokens) != len(slots):
-            raise ValueError(f"{fn}: {len(slots)} slots but {len(tokens)} tokens: one each")
-        _check_tokens(tokens, model.args.vocab_size, fn, "tokens")
+        toks = ints("tokens", tokens, "token ids")
+        if len(toks) != len(slots):
+            raise ValueError(f"{fn}: {len(slots)} slots but {len(toks)} tokens: one each")
+        if toks.min() < 0 or toks.max() >= model.args.vocab_size:
+            _check_tokens(toks.tolist(), model.args.vocab_size, fn, "tokens")
     return slots, positions
 
 
@@ -640,8 +652,8 @@ class DecodeGraphRunner(BaseGraphRunner):
         slots, positions = _check_staged(self, slots, positions, tokens, fn)
         raw = len(slots)
         bs = pad_to_bucket(raw, self.buckets)
-        locs = self._req_to_token_host[slots, positions].tolist()
-        seq_lens = [p + 1 for p in positions]
+        locs = self._req_to_token_host[slots, positions]
+        seq_lens = positions + 1
         values = {"req_pool_indices": slots, "positions": positions, "out_cache_loc": locs,
                   "seq_lens": seq_lens}
         if not isinstance(tokens, torch.Tensor):
@@ -651,7 +663,8 @@ class DecodeGraphRunner(BaseGraphRunner):
             torch.index_select(tokens, 0, self.buffers.req_pool_indices[:raw],
                                out=self.buffers.input_ids[:raw])
         fb = self._bucket_batch(bs)
-        fb.seq_lens_cpu = seq_lens + [self.buffers.slots["seq_lens"].fill_value] * (bs - raw)
+        fb.seq_lens_cpu = (seq_lens.tolist()
+                           + [self.buffers.slots["seq_lens"].fill_value] * (bs - raw))
         self.attn.init_forward_metadata_out_graph(fb)
         self._loaded = None                    # the buffers no longer hold a planned batch
         self._staged = (raw, bs)

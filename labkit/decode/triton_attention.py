@@ -105,19 +105,21 @@ if triton is not None:
         tl.store(Out + b * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
 
 
-def num_kv_splits(bs: int, n_head: int, max_seq_len: int, block_n: int = 64,
+def num_kv_splits(bs: int, n_head: int, max_seq_len: int, min_keys: int = 256,
                   target_programs: int = 256) -> int:
     """How many slices to cut each request's keys into (a power of two, static per bucket).
 
     One program per (request, head) is plenty at bs=64 (512 programs), but at bs=1 only
     ``n_head`` programs walk up to ``max_seq_len`` keys one block after another while the
     rest of the GPU idles. Flash-decoding cuts the keys into slices, one program each, and
-    a second small kernel merges the partial softmaxes. Depends on the batch size and the
-    model only, never on the step's lengths: a captured grid cannot follow the data.
-    (A padded bucket may split differently from its raw batch run eagerly: the same
-    result up to rounding.)"""
+    a second small kernel merges the partial softmaxes. The merge is one more kernel (one
+    more graph node) per layer, so a slice must be worth it: at least ``min_keys`` keys
+    (long contexts), never for a model of a few hundred positions. Depends on the batch
+    size and the model only, never on the step's lengths: a captured grid cannot follow
+    the data. (A padded bucket may split differently from its raw batch run eagerly: the
+    same result up to rounding.)"""
     splits = 1
-    while bs * n_head * splits < target_programs and splits * 2 * block_n <= max_seq_len:
+    while bs * n_head * splits < target_programs and splits * 2 * min_keys <= max_seq_len:
         splits *= 2
     return splits
 
