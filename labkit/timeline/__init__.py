@@ -49,7 +49,13 @@ from labkit.timeline.presets import (
                                      preset_for,
                                      roofline_kernel_us,
 )
-from labkit.timeline.simulate import crossover, simulate, simulate_pair, sweep_simulated
+from labkit.timeline.simulate import (
+                                      crossover,
+                                      simulate,
+                                      simulate_pair,
+                                      simulate_serving,
+                                      sweep_simulated,
+)
 from labkit.timeline.trace import (
                                    chrome_trace_events,
                                    profile_timeline,
@@ -60,7 +66,7 @@ from labkit.timeline.trace import (
 __all__ = [
     "Span", "Timeline", "GPUPreset", "UnknownPresetError", "GPU_PRESETS", "REFERENCE_H200",
     "CPU", "GPU", "OPS",
-    "simulate", "simulate_pair", "gpu_busy_us", "gpu_idle_us", "gpu_idle_fraction",
+    "simulate", "simulate_pair", "simulate_serving", "gpu_busy_us", "gpu_idle_us", "gpu_idle_fraction",
     "summarize", "roofline_kernel_us", "add_chain_cost", "get_preset", "preset_for",
     "chain", "chain_steps", "ChainSteps", "measure_launch_cost", "sweep_measured",
     "sweep_simulated", "crossover",

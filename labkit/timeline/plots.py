@@ -51,10 +51,13 @@ def plot_timeline(tl: Timeline, ax=None, shade_idle: bool = True, xlim: float | 
     ax.set_xlabel("time (µs)")
     s = summarize(tl)
     head = title if title is not None else tl.label
-    ax.set_title(f"{head}  [{tl.tag}]   step {s['step_us']:.1f} µs, "
+    steps = tl.meta.get("steps")
+    span = (f"{steps} steps {s['step_us']:.1f} µs ({s['step_us'] / steps:.1f} per step)"
+            if steps else f"step {s['step_us']:.1f} µs")
+    ax.set_title(f"{head}  [{tl.tag}]   {span}, "
                  f"GPU idle {100 * s['gpu_idle_fraction']:.0f}%", fontsize=10, loc="left")
     ax.legend(handles=[Patch(color=_COLORS.get(lane, "#937860"),
-                             label="launch calls" if lane == CPU else
+                             label=tl.meta.get("cpu_label", "launch calls") if lane == CPU else
                              "kernels" if lane == GPU else "ATen ops") for lane in lanes]
               + ([Patch(facecolor=_IDLE, alpha=0.25, hatch="//", label="GPU idle")]
                  if shade_idle and kernels else []),

@@ -11,7 +11,7 @@ from labkit.core.validate import check_int
 from labkit.timeline.model import CPU, GPU, Span, Timeline, _check_us
 from labkit.timeline.presets import GPUPreset, add_chain_cost, get_preset, roofline_kernel_us
 
-__all__ = ["simulate", "simulate_pair", "sweep_simulated", "crossover"]
+__all__ = ["simulate", "simulate_pair", "simulate_serving", "sweep_simulated", "crossover"]
 
 def simulate(n_kernels: int, launch_us: float, kernel_us: float | Sequence[float], *,
              graphed: bool = False, graph_launch_us: float | None = None,
@@ -82,6 +82,47 @@ def simulate(n_kernels: int, launch_us: float, kernel_us: float | Sequence[float
               "graph_launch_us": graph_launch_us if graphed else None,
               "gap_us": gap_us},
     )
+
+
+def simulate_serving(n_steps: int, host_us: float, gpu_us: float, *, overlap: bool,
+                     label: str | None = None) -> Timeline:
+    """The host and the GPU over ``n_steps`` decode steps of a serving loop.
+
+    Each step the host prepares the step (``host_us``: build the batch, stage it, launch
+    the replay) and the GPU runs it (``gpu_us``). Synced: the host then waits for the
+    step's tokens, so the two take turns and a step costs ``host_us + gpu_us``.
+    Overlapped: the host queues step *i*, only then waits for step *i-1*'s tokens, and
+    prepares step *i+1* while the GPU runs step *i*; a step costs ``max(host_us,
+    gpu_us)``::
+
+        gpu_start[i]  = max(host_end[i], gpu_end[i-1])
+        host_start[i] = max(host_end[i-1], gpu_end[i-2])   # overlapped
+        host_start[i] = gpu_end[i-1]                        # synced
+    """
+    n_steps = check_int("n_steps", n_steps, 1)
+    host_us = _check_us("host_us", host_us, positive=True)
+    gpu_us = _check_us("gpu_us", gpu_us, positive=True)
+    if not isinstance(overlap, bool):
+        raise TypeError(f"overlap must be True or False, got {overlap!r}")
+    if label is not None and not isinstance(label, str):
+        raise TypeError(f"label must be a str, got {type(label).__name__}")
+    spans: list[Span] = []
+    host_end, gpu_end = [], []
+    for i in range(n_steps):
+        if overlap:
+            start = max(host_end[-1] if host_end else 0.0, gpu_end[-2] if i >= 2 else 0.0)
+        else:
+            start = gpu_end[-1] if gpu_end else 0.0
+        host_end.append(start + host_us)
+        spans.append(Span(CPU, f"prepare step {i}", start, host_us))
+        g = max(host_end[-1], gpu_end[-1] if gpu_end else 0.0)
+        gpu_end.append(g + gpu_us)
+        spans.append(Span(GPU, f"step {i}", g, gpu_us))
+    mode = "overlapped" if overlap else "synced"
+    return Timeline(spans, source="simulated",
+                    label=label or f"{mode}: {n_steps} decode steps",
+                    meta={"mode": mode, "steps": n_steps, "host_us": host_us,
+                          "gpu_us": gpu_us, "cpu_label": "host work per step"})
 
 
 def _kernel_durations(kernel_us, n_kernels: int) -> list[float]:
