@@ -356,3 +356,28 @@ def test_chain_steps_replay_computes_the_chain(B):
     steps.graphed()
     B.synchronize()
     assert steps.out.tolist() == [8.0] * 4
+
+
+def test_simulated_serving_costs_the_sum_synced_and_the_larger_overlapped():
+    from labkit.timeline import CPU, GPU, gpu_idle_fraction, simulate_serving
+
+    synced = simulate_serving(6, 300.0, 250.0, overlap=False)
+    over = simulate_serving(6, 300.0, 250.0, overlap=True)
+    assert synced.makespan_us == 6 * (300 + 250)
+    assert over.makespan_us == 6 * 300 + 250          # host-bound: max(host, gpu) per step
+    gpu_bound = simulate_serving(6, 100.0, 250.0, overlap=True)
+    assert gpu_bound.makespan_us == 100 + 6 * 250     # GPU-bound: the GPU never waits
+    assert gpu_idle_fraction(gpu_bound) < 0.1 < gpu_idle_fraction(synced)
+    for tl in (synced, over):
+        assert len(tl.lane(CPU)) == len(tl.lane(GPU)) == 6 and tl.source == "simulated"
+        gpu = tl.lane(GPU)
+        assert all(a.end_us <= b.start_us for a, b in zip(gpu, gpu[1:])), "one step at a time"
+        host = tl.lane(CPU)
+        assert all(h.end_us <= g.start_us for h, g in zip(host, gpu)), "prepared before it runs"
+    # overlapped: step i+1 is prepared while step i runs; synced: never
+    assert any(h.start_us < g.end_us for h, g in zip(over.lane(CPU)[1:], over.lane(GPU)))
+    assert not any(h.start_us < g.end_us for h, g in zip(synced.lane(CPU)[1:], synced.lane(GPU)))
+    with pytest.raises(ValueError):
+        simulate_serving(0, 1.0, 1.0, overlap=True)
+    with pytest.raises(TypeError, match="overlap must be True or False"):
+        simulate_serving(2, 1.0, 1.0, overlap="yes")

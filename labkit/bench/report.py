@@ -255,7 +255,7 @@ def _extra_text(extra: dict | None) -> str:
     parts = []
     for k, v in extra.items():
         if isinstance(v, float):
-            v = f"{v:.3g}"
+            v = f"{v:.0f}" if abs(v) >= 1000 else f"{v:.3g}"
         parts.append(f"{k}={v}")
     return ", ".join(parts)
 
@@ -307,9 +307,10 @@ def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
     if any(r.get("back_to_back_us") for r in rows):
         methods.append(("back_to_back_us", "back to back"))
     width = 0.8 / max(1, len(variants))
-    fig, axes = plt.subplots(1, len(methods), squeeze=False, sharey=True,
-                             figsize=(max(5.0, 0.55 * len(groups) * max(1, len(variants)))
-                                      * len(methods) / 1.4 + 1.5, 4.2))
+    fig, axes = plt.subplots(len(methods), 1, squeeze=False, sharey=True,
+                             figsize=(max(6.0, 0.32 * len(groups) * max(1, len(variants)) + 2),
+                                      3.0 * len(methods) + 1.2))
+    axes = axes.T                                   # one row of panels, stacked vertically
     floors_drawn = set()
     for ax, (key, label) in zip(axes[0], methods):
         for j, v in enumerate(variants):
@@ -353,7 +354,8 @@ def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
                 labels.append(lab)
     fig.legend(handles, labels, fontsize=8, loc="lower center",
                ncol=min(4, max(1, len(labels))), frameon=False)
-    fig.tight_layout(rect=(0, 0.06 + 0.045 * ((len(labels) - 1) // 4), 1, 1))
+    rows_of_labels = (len(labels) + 3) // 4
+    fig.tight_layout(rect=(0, 0.035 * rows_of_labels * 4 / (3.0 * len(methods) + 1.2), 1, 1))
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
