@@ -90,7 +90,8 @@ def test_bench_corrupt_results_is_reported_before_measuring(tmp_path):
     (["nope"], "unknown suite(s) 'nope': choose from launch, decode, serve, train, capture"),
     (["launch", "Train"], "unknown suite(s) 'Train'"),
     (["--decode-compile-mode", "fast"], "argument --decode-compile-mode: invalid choice: "
-                                        "'fast' (choose from 'default', 'max-autotune-no-cudagraphs'"),
+                                        "'fast' (choose from 'default', "
+                                        "'max-autotune-no-cudagraphs'"),
     (["--render", "--quik"], "unrecognized arguments: --quik"),
     (["--results"], "argument --results: expected one argument"),
 ])

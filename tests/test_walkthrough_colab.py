@@ -410,8 +410,8 @@ def main(argv=None) -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="walkthrough-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        r = run_walkthrough(work, wheel=args.wheel.resolve() if args.wheel else None, notebook=args.notebook.resolve(),
-                            out=args.out.resolve())
+        r = run_walkthrough(work, wheel=args.wheel.resolve() if args.wheel else None,
+                            notebook=args.notebook.resolve(), out=args.out.resolve())
     except (Missing, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -57,8 +57,13 @@ import gc
 import torch
 
 from labkit.bench import SuiteSkip, make_row, skipped_row
-from labkit.core.timing import (back_to_back_us, events_busy_us, measure_us,
-                                profile_gpu_events, time_call)
+from labkit.core.timing import (
+    back_to_back_us,
+    events_busy_us,
+    measure_us,
+    profile_gpu_events,
+    time_call,
+)
 
 VARIANTS = ("eager", "eager_triton", "labkit_graph", "labkit_graph_torch_attn",
             "labkit_graph_compiled", "compile_reduce_overhead", "compile_reduce_overhead_static")
@@ -108,7 +113,6 @@ def copy_bandwidth(B, nbytes: int = 1 << 28) -> float | None:
     src = torch.empty(nbytes, dtype=torch.uint8, device=B.device)
     dst = torch.empty_like(src)
     us = measure_us(lambda: dst.copy_(src), B, warmup=3, repeats=10)
-    del src, dst
     return 2 * nbytes / us
 
 

@@ -303,13 +303,13 @@ def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
     order = VARIANT_ORDER.get(rows[0]["suite"], ()) if rows else ()
     variants = sorted({r["variant"] for r in rows}, key=lambda v: _order(order, v))
     by = {(r["config_name"], r["batch_size"], r["variant"]): r for r in rows}
-    methods = [("median_us", "synced per step")]
+    methods = [("median_us", "median per call")]
     if any(r.get("back_to_back_us") for r in rows):
-        methods.append(("back_to_back_us", "back to back"))
+        methods = [("median_us", "synced per step"), ("back_to_back_us", "back to back")]
     width = 0.8 / max(1, len(variants))
+    fig_w = max(7.0, 0.32 * len(groups) * max(1, len(variants)) + 2)
     fig, axes = plt.subplots(len(methods), 1, squeeze=False, sharey=True,
-                             figsize=(max(6.0, 0.32 * len(groups) * max(1, len(variants)) + 2),
-                                      3.0 * len(methods) + 1.2))
+                             figsize=(fig_w, 3.0 * len(methods) + 1.2))
     axes = axes.T                                   # one row of panels, stacked vertically
     floors_drawn = set()
     for ax, (key, label) in zip(axes[0], methods):
@@ -352,10 +352,10 @@ def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, fontsize=8, loc="lower center",
-               ncol=min(4, max(1, len(labels))), frameon=False)
-    rows_of_labels = (len(labels) + 3) // 4
-    fig.tight_layout(rect=(0, 0.035 * rows_of_labels * 4 / (3.0 * len(methods) + 1.2), 1, 1))
+    ncol = max(1, min(4, len(labels), int(fig_w // 2.4)))
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=ncol, frameon=False)
+    rows_of_labels = (len(labels) + ncol - 1) // ncol
+    fig.tight_layout(rect=(0, 0.16 * rows_of_labels / (3.0 * len(methods) + 1.2), 1, 1))
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -39,6 +39,17 @@ class Timing(NamedTuple):
     host_us: float
 
 
+def _check_timed(fn, warmup, repeats, **counts) -> None:
+    """A timer's arguments: a callable, warm-up >= 0, repeats and every count >= 1."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable that runs one step, got {type(fn).__name__}; "
+                        "pass the function, not its result")
+    check_int("warmup", warmup, 0)
+    check_int("repeats", repeats, 1)
+    for name, n in counts.items():
+        check_int(name, n, 1)
+
+
 def time_call(fn: Callable[[], Any], B, *, warmup: int = 5, repeats: int = 30,
               inner: int = 1) -> Timing:
     """Median time of one ``fn()`` call, from ``B.Event`` pairs around each sample.
@@ -62,12 +73,7 @@ def time_call(fn: Callable[[], Any], B, *, warmup: int = 5, repeats: int = 30,
         behind the previous sample's kernels and hide their own cost, which is what a
         CUDA graph removes.
     """
-    if not callable(fn):
-        raise TypeError(f"fn must be a callable that runs one step, got {type(fn).__name__}; "
-                        "pass the function, not its result")
-    check_int("warmup", warmup, 0)
-    check_int("repeats", repeats, 1)
-    check_int("inner", inner, 1)
+    _check_timed(fn, warmup, repeats, inner=inner)
     for _ in range(warmup):
         fn()
     B.synchronize()
@@ -108,12 +114,7 @@ def back_to_back_us(fn: Callable[[], Any], B, *, calls: int = 100, warmup: int =
     host work of a call is paid in full before its device work can start (a loop that
     needs each step's result on the host). A benchmark reports both.
     """
-    if not callable(fn):
-        raise TypeError(f"fn must be a callable that runs one step, got {type(fn).__name__}; "
-                        "pass the function, not its result")
-    check_int("calls", calls, 1)
-    check_int("warmup", warmup, 0)
-    check_int("repeats", repeats, 1)
+    _check_timed(fn, warmup, repeats, calls=calls)
     for _ in range(warmup):
         fn()
     samples = []

@@ -12,7 +12,8 @@ graph runner and a continuous-batching serving loop. One module per idea:
     buckets    default_buckets, pad_to_bucket, explore_buckets
     buffers    StaticBuffers, Pad                     (per-buffer padding policy)
     runner     DecodeGraphRunner, EagerRunner, demo_stale_tail
-    serving    synthetic_workload, serve
+    serving    synthetic_workload, serve (synced, or overlap=True: the next step is staged with
+               one copy and queued before the last step's tokens are read back)
 
     from labkit import backend
     from labkit.decode import build_model, DecodeGraphRunner, synthetic_workload, serve

@@ -15,6 +15,11 @@ with its ``PaddingPolicy`` in SGLang's ``CudaGraphBufferRegistry``):
 A multimodal model adds ``mrope_positions`` (three rotary position ids per token, rows
 along dim 1: see :class:`GraphSlot`).
 
+The five decode inputs are typed views of one device buffer, ``arena``: :meth:`StaticBuffers.stage`
+fills them, padding included, from host values with one pinned, non-blocking copy (the
+overlapped serving loop's path; :meth:`StaticBuffers.fill_from` loads a batch of device
+tensors instead).
+
 .. warning::
     A stale *index* in a tail may point into a live request's KV cache (a padded row then
     overwrites a real key, silently) or past a table's end (an index error on the CPU, an
@@ -79,7 +84,8 @@ class StaticBuffers:
         n, b = self.max_num_token, max_bs
         # The five inputs of a decode step live in ONE device buffer (``arena``), each a
         # typed view of its own bytes, so that one host→device copy can fill them all
-        # (:meth:`stage`; SGLang's ``GraphInputBuffers``). int64 fields first, then int32.
+        # (:meth:`stage`). SGLang keeps one tensor per field; this layout is labkit's own.
+        # int64 fields first, then int32.
         layout = [("input_ids", torch.int64, n), ("req_pool_indices", torch.int64, b),
                   ("out_cache_loc", torch.int64, n), ("positions", torch.int64, n),
                   ("seq_lens", torch.int32, b)]

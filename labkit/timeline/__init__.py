@@ -66,7 +66,8 @@ from labkit.timeline.trace import (
 __all__ = [
     "Span", "Timeline", "GPUPreset", "UnknownPresetError", "GPU_PRESETS", "REFERENCE_H200",
     "CPU", "GPU", "OPS",
-    "simulate", "simulate_pair", "simulate_serving", "gpu_busy_us", "gpu_idle_us", "gpu_idle_fraction",
+    "simulate", "simulate_pair", "simulate_serving", "gpu_busy_us", "gpu_idle_us",
+    "gpu_idle_fraction",
     "summarize", "roofline_kernel_us", "add_chain_cost", "get_preset", "preset_for",
     "chain", "chain_steps", "ChainSteps", "measure_launch_cost", "sweep_measured",
     "sweep_simulated", "crossover",
