@@ -355,6 +355,10 @@ def test_staged_replay_equals_a_replayed_batch(B):
     (([], [], []), ValueError, "0 requests"),
     ((list(range(1, 18)), [0] * 17, [1] * 17), ValueError, "17 requests"),
     (([1, 2.5], [3, 4], [1, 2]), TypeError, "slots[1]"),
+    (([True, 2], [3, 4], [1, 2]), TypeError, "slots[0]"),
+    (([[1, 2], [3]], [3, 4], [1, 2]), TypeError, "slots[0]"),
+    (([1, 2], [3, 4], [1, 2**70]), ValueError, "not a 64-bit integer"),
+    ((torch.tensor([1, 2]), [3, 4], [1, 2]), TypeError, "slots is a tensor; pass host ints"),
 ])
 def test_stage_refuses_bad_host_values(E, args, kind, words):
     r = _runner(E)
@@ -371,8 +375,29 @@ def test_stage_refuses_a_bad_token_table_and_replay_before_stage(E):
     with pytest.raises(RuntimeError, match="nothing staged"):
         r.replay_staged()
     for bad in (torch.zeros(3, dtype=torch.int64), torch.zeros(m.num_slots)):
-        with pytest.raises(ValueError, match="token table must be an int64 tensor"):
+        with pytest.raises(ValueError, match=r"token table must be an int64 tensor.*tolist"):
             r.stage([1], [2], bad)
+
+
+def test_a_staged_step_never_replays_after_the_buffers_changed(E):
+    """replay(batch) or a stage() that raised leave nothing to replay_staged(): it would
+    replay whatever the buffers hold now under the old step's bucket."""
+    m, state = _model(E)
+    r = _runner(E)
+    r.stage([1, 2, 3], [state[s][1] for s in (1, 2, 3)], [state[s][0] for s in (1, 2, 3)])
+    r.replay_staged()
+    r.replay_staged()                                   # the same staged step, again: fine
+    assert r.stats["staged"] >= 2
+    slots = list(range(1, 9))
+    r.replay(make_decode_batch(m, slots, [state[s][0] for s in slots],
+                               [state[s][1] for s in slots]))
+    with pytest.raises(RuntimeError, match="nothing staged"):
+        r.replay_staged()
+    r.stage([1], [state[1][1]], [state[1][0]])
+    with pytest.raises(ValueError):
+        r.stage([0], [1], [1])                          # refused: the dummy slot
+    with pytest.raises(RuntimeError, match="nothing staged"):
+        r.replay_staged()
 
 
 class _Event:

@@ -468,8 +468,15 @@ def test_serve_overlap_misuse():
     with pytest.raises(TypeError, match=r"overlap must be True or False, got 'yes'"):
         serve(m, wl, overlap="yes")
     with pytest.raises(ValueError, match=r"overlap=True needs a captured DecodeGraphRunner .* "
-                                         r"got EagerRunner"):
+                                         r"got runner=None"):
         serve(m, wl, overlap=True)
+    with pytest.raises(ValueError, match=r"got EagerRunner"):
+        serve(m, wl, runner=EagerRunner(m), overlap=True)
+    strict = DecodeGraphRunner(m, B, max_bs=4, progress=False)      # fallback="error"
+    strict.capture()
+    with pytest.raises(ValueError, match=r"overlap=True runs every decode step as a graph") as e:
+        serve(m, wl, runner=strict, overlap=True)
+    assert "fallback" not in str(e.value), "advice that cannot work with overlap=True"
     small = DecodeGraphRunner(m, B, max_bs=4, progress=False, fallback="eager")
     small.capture()
     with pytest.raises(ValueError, match=r"up to 8 requests run at once and the largest graph "

@@ -283,9 +283,20 @@ def _check_staged(runner, slots, positions, tokens, fn: str):
     num_rows, width = model.req_to_token.shape
 
     def ints(name, values, what):
-        a = np.asarray(values)
-        if a.ndim != 1 or a.dtype.kind not in "iu":   # floats, bools, nested lists, ...
-            _int_list(name, values, what)                 # raises, naming the first bad one
+        if isinstance(values, torch.Tensor):
+            raise TypeError(f"{fn}: {name} is a tensor; pass host ints ({name}.tolist()): "
+                            "a device tensor would have to be read back, a sync every step")
+        try:
+            a = np.asarray(values)
+        except (ValueError, TypeError):                   # ragged nested lists and the like
+            a = None
+        if (a is None or a.ndim != 1 or a.dtype.kind not in "iu"
+                or any(isinstance(v, (bool, np.bool_)) for v in values)):
+            values = _int_list(name, values, what)        # raises, naming the first bad one
+            big = [v for v in values if not -2**63 <= v < 2**63]
+            if big:
+                raise ValueError(f"{fn}: {name} holds {big[0]}, not a 64-bit integer: "
+                                 f"{name} holds {what}")
             a = np.asarray(values, dtype=np.int64)
         return a.astype(np.int64, copy=False)
 
@@ -307,7 +318,8 @@ def _check_staged(runner, slots, positions, tokens, fn: str):
                 or tokens.device != model.device):
             raise ValueError(f"{fn}: a token table must be an int64 tensor of one token per "
                              f"slot, shape ({num_rows},), on {model.device}; got "
-                             f"{tokens.dtype} {tuple(tokens.shape)} on {tokens.device}")
+                             f"{tokens.dtype} {tuple(tokens.shape)} on {tokens.device}. For one "
+                             "token per request pass host ints instead (tokens.tolist())")
     else:
         toks = ints("tokens", tokens, "token ids")
         if len(toks) != len(slots):
@@ -450,7 +462,7 @@ class DecodeGraphRunner(BaseGraphRunner):
         self.buffers = StaticBuffers(max_bs, num_tokens_per_bs, device=model.device)
         self._check_padding_override(self.padding_override, "DecodeGraphRunner")
         self.eager = EagerRunner(model, make_attn_backend(self.attn.name, model))
-        self.stats = {"graph": 0, "fast_path": 0, "eager": 0, "eager_fallback": 0}
+        self.stats = {"graph": 0, "fast_path": 0, "staged": 0, "eager": 0, "eager_fallback": 0}
         self._warned_fallback = False
         self._loaded: tuple | None = None  # (batch, raw_bs, padded_bs) now in the buffers
         self._compiled = None
@@ -543,6 +555,7 @@ class DecodeGraphRunner(BaseGraphRunner):
         fb.seq_lens_cpu = list(batch.seq_lens_cpu) + [fill] * (bs - raw_bs)
         self.attn.init_forward_metadata_out_graph(fb)
         self._loaded = (batch, raw_bs, bs)
+        self._staged = None                    # the buffers no longer hold a staged step
         return bs
 
     def _bucket_batch(self, bs: int) -> ForwardBatch:
@@ -641,9 +654,11 @@ class DecodeGraphRunner(BaseGraphRunner):
         tokens of the last step then never come to the host. Slots, positions, cache
         locations and lengths go into a pinned host buffer and reach the graph's static
         buffers in one non-blocking copy (:meth:`StaticBuffers.stage`); the page table is
-        then built out of graph, as in :meth:`replay`. Nothing waits for the device.
+        then built out of graph, as in :meth:`replay`. The host waits at most for the copy
+        of two steps back (its pinned buffer is about to be rewritten).
         """
         fn = "stage"
+        self._staged = None                    # whatever happens next, the old step is gone
         self._check_captured(fn)
         _check_same_caches(self.attn, self.model, fn)
         if self.capture_forward_mode is not ForwardMode.DECODE:
@@ -681,6 +696,7 @@ class DecodeGraphRunner(BaseGraphRunner):
         self.last_replay = (raw, bs)
         out = self.backend.replay(bs)
         self.stats["graph"] += 1
+        self.stats["staged"] += 1
         return out[:raw]
 
     def eager_forward(self, batch: ForwardBatch) -> torch.Tensor:

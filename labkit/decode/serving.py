@@ -203,12 +203,12 @@ def serve(model, workload: list[Request], runner=None, max_running: int | None =
     (:func:`decode_step_overlapped`); needs a captured ``DecodeGraphRunner`` whose
     largest bucket holds ``max_running`` requests. The tokens are the same either way.
     """
-    runner = runner or EagerRunner(model)
-    _check_serve_args(model, workload, runner, max_running, max_steps)
     if not isinstance(overlap, bool):
         raise TypeError(f"serve: overlap must be True or False, got {overlap!r}")
-    if overlap:
+    if overlap:   # first: the generic checks' advice (e.g. fallback='eager') does not apply
         _check_overlap(model, runner, max_running)
+    runner = runner or EagerRunner(model)
+    _check_serve_args(model, workload, runner, max_running, max_steps)
     max_running = max_running or (model.num_slots - 1)
     cuda = model.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -339,11 +339,16 @@ def _check_serve_args(model, workload, runner, max_running, max_steps) -> None:
 def _check_overlap(model, runner, max_running) -> None:
     """overlap=True stages every decode step into the runner's graphs: it needs a captured
     DecodeGraphRunner of DECODE graphs whose largest bucket holds every running request."""
+    from .batch import _check_model
     from .runner import DecodeGraphRunner
+    _check_model(model, "serve")
     if not isinstance(runner, DecodeGraphRunner):
+        given = "runner=None" if runner is None else type(runner).__name__
         raise ValueError("serve: overlap=True needs a captured DecodeGraphRunner (it stages "
                          "each decode step into the runner's static buffers and replays its "
-                         f"graph); got {type(runner).__name__}")
+                         f"graph); got {given}")
+    if not runner.captured:
+        raise RuntimeError("serve: the runner has no graphs yet: call runner.capture() first")
     running = max_running or (model.num_slots - 1)
     if running > runner.max_bucket:
         raise ValueError(f"serve: overlap=True runs every decode step as a graph, but up to "
