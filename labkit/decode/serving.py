@@ -324,9 +324,10 @@ def _check_serve_args(model, workload, runner, max_running, max_steps) -> None:
             raise ValueError(f"serve: request {r.rid} has an empty prompt")
         check_int(f"serve: request {r.rid}'s max_new_tokens", r.max_new_tokens, 1,
                   fix="the prefill already samples one token")
-        if r.output:
-            raise ValueError(f"serve: request {r.rid} already has output {r.output[:4]}...: "
-                             "pass fresh requests (serve copies them and never writes back)")
+        if r.output or r.pending:
+            raise ValueError(f"serve: request {r.rid} already has output {r.output[:4]}... "
+                             f"({r.pending} token(s) pending): pass fresh requests (serve "
+                             "copies them and never writes back)")
         if r.seq_len + r.max_new_tokens - 1 > model.args.max_seq_len:
             raise ValueError(f"serve: request {r.rid} needs {r.seq_len + r.max_new_tokens - 1} "
                              f"positions, more than max_seq_len={model.args.max_seq_len}")
