@@ -355,3 +355,12 @@ def test_floors_are_drawn_on_the_decode_plot(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     import matplotlib.pyplot as plt  # the figure was closed: nothing left open
     assert not plt.get_fignums()
+
+
+def test_the_bench_offers_the_compile_modes_the_runner_takes():
+    """``python -m labkit.bench`` keeps its own list (``--render`` must not import torch):
+    it is the runner's, no more, no less."""
+    from labkit.bench.__main__ import COMPILE_MODES
+    from labkit.decode.runner import _COMPILE_MODES
+
+    assert set(COMPILE_MODES) == set(_COMPILE_MODES)

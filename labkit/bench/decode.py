@@ -64,6 +64,7 @@ from labkit.core.timing import (
     profile_gpu_events,
     time_call,
 )
+from labkit.timeline import chain_steps
 
 VARIANTS = ("eager", "eager_triton", "labkit_graph", "labkit_graph_torch_attn",
             "labkit_graph_compiled", "compile_reduce_overhead", "compile_reduce_overhead_static")
@@ -117,23 +118,13 @@ def copy_bandwidth(B, nbytes: int = 1 << 28) -> float | None:
 
 
 def node_us(B, nodes: int = 200) -> float | None:
-    """Replay time per node of a graph of ``nodes`` tiny dependent kernels (back to back):
-    what each kernel of a graph costs when it does next to nothing. None without a GPU."""
+    """Replay time per node of a graph of ``nodes`` tiny dependent kernels (lesson 01's
+    captured chain, :func:`labkit.timeline.chain_steps`), back to back: what each kernel
+    of a graph costs when it does next to nothing. None without a GPU."""
     if B.name != "cuda":
         return None
-    x = torch.zeros(256, device=B.device)
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            x.add_(1)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for _ in range(nodes):
-            x.add_(1)
-    us = back_to_back_us(g.replay, B, calls=20) / nodes
-    del g
-    return us
+    steps = chain_steps(B, n_ops=nodes)
+    return back_to_back_us(steps.graphed, B, calls=20) / nodes
 
 
 def step_bytes(model, batch) -> int:

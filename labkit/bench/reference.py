@@ -24,17 +24,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from labkit.core.validate import check_int
+from labkit.decode.model import apply_rotary_emb  # gpt-fast's formula, out of place
 
 __all__ = ["ReferenceGPT"]
-
-
-def _apply_rotary(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
-    """gpt-fast's ``apply_rotary_emb``: x (T, H, D), freqs_cis (T, D // 2, 2), in fp32."""
-    xs = x.float().reshape(*x.shape[:-1], -1, 2)
-    fc = freqs_cis.view(xs.size(0), 1, xs.size(2), 2)
-    out = torch.stack([xs[..., 0] * fc[..., 0] - xs[..., 1] * fc[..., 1],
-                       xs[..., 1] * fc[..., 0] + xs[..., 0] * fc[..., 1]], dim=-1)
-    return out.flatten(-2).type_as(x)
 
 
 class DenseKVCache(nn.Module):
@@ -98,8 +90,8 @@ class ReferenceGPT(nn.Module):
         attn, a = layer.attention, self.args
         bs, Hq, Hkv, D = x.size(0), a.n_head, a.n_local_heads, a.head_dim
         q, k, v = attn.wqkv(x).split([Hq * D, Hkv * D, Hkv * D], dim=-1)
-        q = _apply_rotary(q.view(bs, Hq, D), freqs_cis)
-        k = _apply_rotary(k.view(bs, Hkv, D), freqs_cis)
+        q = apply_rotary_emb(q.view(bs, Hq, D), freqs_cis)
+        k = apply_rotary_emb(k.view(bs, Hkv, D), freqs_cis)
         keys, vals = cache.update(input_pos, k, v.view(bs, Hkv, D))
         if Hq != Hkv:
             keys = keys.repeat_interleave(Hq // Hkv, dim=1)

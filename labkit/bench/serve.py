@@ -6,8 +6,8 @@ requests arrive, are prefilled eagerly, decode together in batches that change s
 step to step, and leave. Variants:
 
 ``eager``                     every step eager, with the graphs' attention kernel (the
-                              Triton decode kernel on a GPU: stock SDPA there rebuilds a
-                              cuDNN plan for every new key count, tens of ms a step)
+                              Triton decode kernel on a GPU; with stock SDPA one smoke run
+                              of this loop took tens of ms a step, not investigated)
 ``labkit_graph``              decode steps replay ``DecodeGraphRunner``'s graphs; each step
                               builds its batch, replays, and reads its tokens back (a sync)
 ``labkit_graph_overlap``      the same graphs, ``serve(..., overlap=True)``: step N+1 is

@@ -86,18 +86,16 @@ class StaticBuffers:
         # typed view of its own bytes, so that one host→device copy can fill them all
         # (:meth:`stage`). SGLang keeps one tensor per field; this layout is labkit's own.
         # int64 fields first, then int32.
-        layout = [("input_ids", torch.int64, n), ("req_pool_indices", torch.int64, b),
-                  ("out_cache_loc", torch.int64, n), ("positions", torch.int64, n),
-                  ("seq_lens", torch.int32, b)]
-        self._layout: list[tuple[str, int, int]] = []      # (name, byte offset, bytes)
+        self._layout: list[tuple[str, torch.dtype, int, int]] = []  # name, dtype, offset, bytes
         offset = 0
-        for name, dtype, rows in layout:
-            nbytes = rows * torch.empty((), dtype=dtype).element_size()
-            self._layout.append((name, offset, nbytes))
-            offset += nbytes
+        for name, dtype, rows in (("input_ids", torch.int64, n),
+                                  ("req_pool_indices", torch.int64, b),
+                                  ("out_cache_loc", torch.int64, n),
+                                  ("positions", torch.int64, n), ("seq_lens", torch.int32, b)):
+            self._layout.append((name, dtype, offset, rows * dtype.itemsize))
+            offset += rows * dtype.itemsize
         self.arena = torch.zeros(offset, dtype=torch.uint8, device=device)
-        views = {name: self.arena[o:o + nb].view(dtype)
-                 for (name, o, nb), (_, dtype, _) in zip(self._layout, layout)}
+        views = {name: self.arena[o:o + nb].view(dtype) for name, dtype, o, nb in self._layout}
         views["seq_lens"].fill_(seq_len_fill_value)
         self.register("input_ids", views["input_ids"], Pad.HEAD_ONLY, per_token=True)
         self.register("req_pool_indices", views["req_pool_indices"], Pad.ZERO_TAIL,
@@ -184,7 +182,7 @@ class StaticBuffers:
             mirrors, used in turn, and each is rewritten only after the event recorded
             behind its last copy has passed.
         """
-        need = {n for n, _, _ in self._layout} - {"input_ids"}
+        need = {n for n, *_ in self._layout} - {"input_ids"}
         if not need <= set(values) or not set(values) <= need | {"input_ids"}:
             raise ValueError(f"stage: give values for {sorted(need)} (and optionally "
                              f"input_ids), got {sorted(values)}")
@@ -194,7 +192,7 @@ class StaticBuffers:
         if done is not None:
             done.synchronize()            # this mirror's last copy has been read
         k = self.num_tokens_per_bs
-        for name, _, _ in self._layout:
+        for name, *_ in self._layout:
             slot, mirror = self.slots[name], views[name]
             raw, padded = slot.rows(raw_bs, k), slot.rows(padded_bs, k)
             if name in values:
@@ -204,7 +202,7 @@ class StaticBuffers:
                 mirror[:raw] = head
             if slot.pad is not Pad.HEAD_ONLY:
                 mirror[raw:padded] = slot.fill_value
-        start = 0 if "input_ids" in values else self._layout[1][1]   # input_ids comes first
+        start = 0 if "input_ids" in values else self._layout[1][2]   # input_ids comes first
         self.arena[start:].copy_(host[start:], non_blocking=True)
         event = B.Event()
         event.record()
@@ -216,8 +214,7 @@ class StaticBuffers:
         copy can read while the host goes on, and numpy views of its fields."""
         pin = torch.device(self.arena.device).type == "cuda"
         host = torch.zeros(self.arena.shape, dtype=torch.uint8, pin_memory=pin)
-        views = {name: host[o:o + nb].view(self.slots[name].tensor.dtype).numpy()
-                 for name, o, nb in self._layout}
+        views = {name: host[o:o + nb].view(dtype).numpy() for name, dtype, o, nb in self._layout}
         return host, views, None
 
     def view(self, bs: int) -> dict[str, torch.Tensor]:

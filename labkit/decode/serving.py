@@ -348,8 +348,6 @@ def _check_overlap(model, runner, max_running) -> None:
         raise ValueError("serve: overlap=True needs a captured DecodeGraphRunner (it stages "
                          "each decode step into the runner's static buffers and replays its "
                          f"graph); got {given}")
-    if not runner.captured:
-        raise RuntimeError("serve: the runner has no graphs yet: call runner.capture() first")
     running = max_running or (model.num_slots - 1)
     if running > runner.max_bucket:
         raise ValueError(f"serve: overlap=True runs every decode step as a graph, but up to "
