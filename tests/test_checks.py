@@ -132,23 +132,53 @@ def test_lesson00_scale_and_shift(capsys):
 from labkit import checks as _checks  # noqa: E402
 
 
+def _hint(capsys) -> str:
+    """What one ``hint()`` call printed (it returns None: a cell shows the hint once)."""
+    capsys.readouterr()
+    assert _checks.hint() is None
+    return capsys.readouterr().out.rstrip("\n")
+
+
 def test_hints_come_one_step_at_a_time(capsys):
     res = check(lambda x: x * 3, _double, _inputs, name="double", hint="look at the factor",
                 more_hints=["it is a multiplication", "multiply by two"], quiet=True)
     assert not res and res.more_hints == ["it is a multiplication", "multiply by two"]
     assert "labkit.checks.hint()" in res.message
     assert "multiply by two" not in res.message  # the answer is never the first hint
-    assert _checks.hint() == "hint 1 of 2 for double: it is a multiplication"
-    assert _checks.hint() == "hint 2 of 2 for double: multiply by two"
-    assert _checks.hint().startswith("No more hints for double")
-    out = capsys.readouterr().out
-    assert out.count("hint ") >= 2
+    assert _hint(capsys) == "hint 1 of 2 for double: it is a multiplication"
+    assert _hint(capsys) == "hint 2 of 2 for double: multiply by two"
+    assert _hint(capsys).startswith("No more hints for double")
 
 
-def test_a_pass_does_not_reset_the_hints_of_the_last_failure():
+def test_hint_prints_once_and_returns_nothing(capsys):
+    # a notebook shows a cell's last value: hint() returning its text showed it twice
+    check(lambda x: x * 3, _double, _inputs, name="double", more_hints=["a"], quiet=True)
+    capsys.readouterr()
+    assert _checks.hint() is None
+    assert capsys.readouterr().out == "hint 1 of 1 for double: a\n"
+
+
+def test_a_failure_without_hints_does_not_say_no_more_hints(capsys):
+    check(lambda x: x * 3, _double, _inputs, name="double", quiet=True)
+    out = _hint(capsys)
+    assert "No more hints" not in out
+    assert out.startswith("No further hint for this failure of double: its message says")
+
+
+def test_a_reason_brings_the_hints_of_its_mistake(capsys):
+    def compare(e, a):
+        return None if torch.equal(e, a) else _checks.Reason("wrong", ["about this mistake"])
+
+    res = check(lambda x: x * 3, _double, _inputs, name="double", compare=compare,
+                more_hints=["general"], quiet=True)
+    assert not res and res.more_hints == ["about this mistake"]
+    assert _hint(capsys) == "hint 1 of 1 for double: about this mistake"
+
+
+def test_a_pass_does_not_reset_the_hints_of_the_last_failure(capsys):
     check(lambda x: x * 3, _double, _inputs, name="double", more_hints=["a", "b"], quiet=True)
     check(lambda x: x * 2, _double, _inputs, name="double", quiet=True)
-    assert _checks.hint() == "hint 1 of 2 for double: a"
+    assert _hint(capsys) == "hint 1 of 2 for double: a"
 
 
 def test_fail_and_passed_build_printed_results(capsys):

@@ -22,7 +22,7 @@ def _msg(res) -> str:
 
 def _graphed_run(B, *, warmups=3, side=True, clone="all", copy=True, capture_in_loop=False,
                  eager_after=False, print_in_capture=False, waits=("before", "after"),
-                 warm_on_batch=False):
+                 warm_on_batch=False, order="copy replay clone"):
     """The reference, with one knob per real mistake."""
     def graphed_run(fn, static_input, batches):
         if warmups:
@@ -46,15 +46,19 @@ def _graphed_run(B, *, warmups=3, side=True, clone="all", copy=True, capture_in_
                 g = B.CUDAGraph()
                 with B.graph(g):
                     static_out = fn(static_input)
-            if copy:
-                static_input.copy_(batch)
-            else:
-                static_input = batch  # noqa: F841 - the rebinding bug
-            g.replay()
-            if eager_after:
-                fn(batch)
-            keep = clone == "all" or (clone == "all but last" and i < len(batches) - 1)
-            results.append(static_out.clone() if keep else static_out)
+            for step in order.split():       # the three steps of a batch, in this order
+                if step == "copy":
+                    if copy:
+                        static_input.copy_(batch)
+                    else:
+                        static_input = batch  # noqa: F841 - the rebinding bug
+                elif step == "replay":
+                    g.replay()
+                    if eager_after:
+                        fn(batch)
+                else:
+                    keep = clone == "all" or (clone == "all but last" and i < len(batches) - 1)
+                    results.append(static_out.clone() if keep else static_out)
         if clone == "after the loop":
             results = [r.clone() for r in results]
         return results
@@ -125,6 +129,39 @@ def test_graphed_run_rejects_cloning_after_the_loop(B):
     assert "you kept references to the static output (static_out) and cloned after the loop" \
         in msg and "every replay overwrote them (section 5)" in msg
     assert "copy_" not in msg
+
+
+def test_graphed_run_rejects_a_clone_taken_before_the_replay(B):
+    # copy_, clone, replay: each result is the previous batch's; the copy_ is in time
+    msg = _msg(check_graphed_run(_graphed_run(B, order="copy clone replay"), B=B))
+    assert "you clone static_out BEFORE g.replay()" in msg
+    assert "every replay ran on its own batch" in msg
+    assert "copy_-ed into it before g.replay()" not in msg   # not blamed on the copy_
+    msg = _msg(check_graphed_run(_graphed_run(B, order="clone copy replay"), B=B))
+    assert "you clone static_out BEFORE g.replay()" in msg
+
+
+def test_graphed_run_rejects_a_copy_made_after_the_replay(B):
+    msg = _msg(check_graphed_run(_graphed_run(B, order="replay copy clone"), B=B))
+    assert "You copy_ a batch into the static input AFTER g.replay()" in msg
+    assert "clone static_out BEFORE" not in msg
+
+
+def test_graphed_run_first_hint_is_about_the_mistake_seen(B, capsys):
+    from labkit.checks import hint
+
+    for kw, about, not_about in [
+            (dict(clone="none"), "replay do to the static output", "wait_stream"),
+            (dict(order="copy clone replay"), "In which order", "wait_stream"),
+            (dict(copy=False), "How does a new batch reach", "wait_stream"),
+            (dict(capture_in_loop=True), "only what runs inside `with B.graph(g):`", "clone"),
+            (dict(warmups=1), "side stream", "clone")]:
+        _msg(check_graphed_run(_graphed_run(B, **kw), B=B))
+        capsys.readouterr()
+        hint()
+        first = capsys.readouterr().out
+        assert first.startswith("hint 1 of") and about in first, (kw, first)
+        assert not_about not in first, (kw, first)
 
 
 def test_graphed_run_rejects_no_warmup(B):
@@ -272,10 +309,12 @@ def test_graphed_run_hints_come_one_step_at_a_time(B, capsys):
     msg = _msg(check_graphed_run(_graphed_run(B, warmups=0), B=B))
     assert "labkit.checks.hint()" in msg
     capsys.readouterr()
-    first = hint()
-    assert first.startswith("hint 1 of 3 for graphed_run") and "wait_stream" in first
-    assert hint().startswith("hint 2 of 3") and hint().startswith("hint 3 of 3")
-    assert "No more hints" in hint()
+    shown = []
+    for _ in range(3):
+        assert hint() is None          # printed once, not shown again as a cell's value
+        shown.append(capsys.readouterr().out)
+    assert shown[0].startswith("hint 1 of 2 for graphed_run") and "wait_stream" in shown[0]
+    assert shown[1].startswith("hint 2 of 2") and "No more hints" in shown[2]
 
 
 def test_graphed_run_returns_none_and_stub():
@@ -352,6 +391,7 @@ def test_capture_chain_rejects_g2_that_never_reads_g1s_output(B):
 
     msg = _msg(check_capture_chain(recomputes, B=B))
     assert "g2 does not read g1's output" in msg and "static_mid" in msg
+    assert "your g2 recomputes f1 from static_input" in msg and "a copy" not in msg
 
 
 def test_capture_chain_rejects_g2_on_a_copy_of_the_mid(B):
@@ -367,6 +407,58 @@ def test_capture_chain_rejects_g2_on_a_copy_of_the_mid(B):
 
     msg = _msg(check_capture_chain(copy_first, B=B))
     assert "g2 does not read g1's output" in msg and "a copy of static_mid" in msg
+    assert "recomputes f1" not in msg
+
+
+def _chain(B, *, g1_on="input", g2_on="mid", returned_mid="g1's"):
+    """The reference with one knob per mistake: what g1 and g2 are captured on, and which
+    tensor is returned as static_mid."""
+    def capture_chain(f1, f2, static_input):
+        pool = B.graph_pool_handle()
+        g1, g2 = B.CUDAGraph(), B.CUDAGraph()
+        x = static_input.clone() if g1_on == "a copy of the input" else static_input
+        eager_mid = f1(static_input)
+        with B.graph(g1, pool=pool):
+            mid = f1(x)
+        read = {"mid": mid, "input": static_input, "eager mid": eager_mid}[g2_on]
+        with B.graph(g2, pool=pool):
+            out = f2(read)
+        return g1, g2, (mid if returned_mid == "g1's" else eager_mid), out
+    return capture_chain
+
+
+def test_capture_chain_names_what_g1_reads_and_writes(B):
+    msg = _msg(check_capture_chain(_chain(B, g1_on="a copy of the input"), B=B))
+    assert "g1 does not read static_input" in msg and "a copy of it" in msg
+    assert "static_mid must be the tensor g1 wrote" not in msg   # not blamed on static_mid
+    msg = _msg(check_capture_chain(_chain(B, g2_on="eager mid", returned_mid="eager"), B=B))
+    assert "not the tensor g1 writes (an eager result" in msg
+    assert "does not read static_input" not in msg
+
+
+def test_capture_chain_names_what_g2_reads_instead(B):
+    msg = _msg(check_capture_chain(_chain(B, g2_on="input"), B=B))
+    assert "It gave f2(static_input): your g2 records f2 of static_input" in msg
+    assert "recomputes f1" not in msg and "a copy of static_mid" not in msg
+
+
+def test_capture_chain_names_an_extra_copy_in_g1(B):
+    if not B.is_emulated:
+        pytest.skip("kernel counts are probed on the emulator only (a GPU needs the profiler)")
+
+    def copies(f1, f2, static_input):
+        pool = B.graph_pool_handle()
+        g1, g2 = B.CUDAGraph(), B.CUDAGraph()
+        mid = torch.empty_like(static_input)
+        with B.graph(g1, pool=pool):
+            mid.copy_(f1(static_input))
+        with B.graph(g2, pool=pool):
+            out = f2(mid)
+        return g1, g2, mid, out
+
+    msg = _msg(check_capture_chain(copies, B=B))
+    assert "extra: aten.copy_.default" in msg and "no copy needed" in msg
+    assert "f2 as well" not in msg
 
 
 def test_capture_chain_rejects_g1_recording_both(B):
@@ -561,8 +653,10 @@ def test_serve_rejects_eager_and_per_request_capture(B):
 def test_serve_hints_come_in_steps(B):
     res = check_serve(_serve(B, copy=False, clone="none"), B=B)
     assert "copy_" not in res.message.split("hint:")[-1]
-    if hasattr(res, "more_hints"):
-        assert len(res.more_hints) == 2 and "section 4" in res.more_hints[0]
+    # the message names the shared static output: the first hint is about that mistake,
+    # and the answer (the clone) comes only after it
+    assert len(res.more_hints) == 2 and "section 5" in res.more_hints[0]
+    assert ".clone()" not in res.more_hints[0] and ".clone()" in res.more_hints[1]
 
 
 def test_serve_rejects_dropping_the_warmup(B):

@@ -18,7 +18,9 @@ It returns a :class:`CheckResult`, truthy when the check passed, for tests and s
 
 Hints come in steps. A failure report names what is wrong and where to look; it never
 starts with the answer. A checker may attach ``more_hints`` (each more specific than the
-last); :func:`hint` prints the next one for the most recent failed check.
+last); :func:`hint` prints the next one for the most recent failed check. A ``compare``
+function may return a :class:`Reason` instead of a plain string: its ``hints`` then replace
+``more_hints`` for that failure, so that the first hint is about the mistake seen.
 
 Learner code runs under a time budget (:func:`call_learner`): an endless loop gets a
 verdict ("did not finish within 10 s") instead of a cell that never returns.
@@ -47,6 +49,7 @@ __all__ = [
     "DEFAULT_TIME_LIMIT",
     "CheckResult",
     "LearnerTimeout",
+    "Reason",
     "call_learner",
     "check",
     "compare_outputs",
@@ -98,14 +101,18 @@ def _remember(result: CheckResult) -> None:
         _last_failure["result"], _last_failure["shown"] = result, 0
 
 
-def hint() -> str:
-    """Print (and return) the next hint for the most recent failed check.
+def hint() -> None:
+    """Print the next hint for the most recent failed check.
 
     Each call goes one step further; when the checker has nothing more to say, it says so.
+    It returns None, so that a notebook cell shows the hint once (not again as its value).
     """
     result = _last_failure["result"]
     if result is None:
         text = "No failed check yet: run a checker first."
+    elif not result.more_hints:
+        text = (f"No further hint for this failure of {result.name}: its message says what "
+                "to change and where to look.")
     elif _last_failure["shown"] >= len(result.more_hints):
         text = (f"No more hints for {result.name}: "
                 "compare your code with the lesson section it names.")
@@ -114,7 +121,21 @@ def hint() -> str:
         _last_failure["shown"] = i + 1
         text = f"hint {i + 1} of {len(result.more_hints)} for {result.name}: {result.more_hints[i]}"
     print(text)
-    return text
+
+
+class Reason(str):
+    """What a ``compare`` function found wrong, with the hints that belong to THAT mistake.
+
+    A plain string works too; a ``Reason``'s ``hints`` replace the checker's general
+    ``more_hints`` for this failure (most general first, never the answer first).
+    """
+
+    hints: list[str]
+
+    def __new__(cls, text: str, hints: Sequence[str] = ()):
+        self = super().__new__(cls, text)
+        self.hints = list(hints)
+        return self
 
 
 def _with_hint_tail(message: str, more_hints: list[str] | None) -> str:
@@ -405,7 +426,8 @@ def check(
     torch RNG is seeded the same way before each call.
 
     ``compare(expected, actual)`` returns ``None`` when they match, else a one-line reason
-    (default: :func:`compare_outputs` with ``rtol``/``atol``).
+    (default: :func:`compare_outputs` with ``rtol``/``atol``); a :class:`Reason` brings
+    the hints for that mistake, used instead of ``more_hints``.
 
     ``hint`` is shown with a failure; ``more_hints`` are kept for :func:`hint`, one step
     at a time. Each call of ``learner_fn`` runs under ``time_limit`` seconds
@@ -456,12 +478,13 @@ def check(
 
         reason = compare(expected, actual)
         if reason:
+            seen = list(getattr(reason, "hints", None) or hints)
             msg = f"{FAIL} {name}: trial {trial} of {trials}: {reason}{hint_line}"
-            return _report(CheckResult(name, False, _with_hint_tail(msg, hints),
+            return _report(CheckResult(name, False, _with_hint_tail(msg, seen),
                                        trials=trial - 1, failed_trial=trial, kind="mismatch",
                                        details={"expected": expected, "actual": actual,
                                                 "inputs": (l_args, l_kwargs)},
-                                       more_hints=hints), quiet)
+                                       more_hints=seen), quiet)
 
     plural = "trial" if trials == 1 else "trials"
     msg = f"{PASS} {name}: passed {trials} random {plural}"

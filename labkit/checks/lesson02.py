@@ -35,13 +35,21 @@ from __future__ import annotations
 import contextlib
 import traceback
 import weakref
+from collections import Counter
 
 import torch
 
 from labkit.backend import ensure as _backend
 from labkit.backend import recover as _recover
 from labkit.capture import capture, recorded_kernels
-from labkit.checks import DEFAULT_TIME_LIMIT, CheckResult, _is_learner_frame, check, compare_outputs
+from labkit.checks import (
+    DEFAULT_TIME_LIMIT,
+    CheckResult,
+    Reason,
+    _is_learner_frame,
+    check,
+    compare_outputs,
+)
 
 __all__ = ["check_graphed_run", "check_capture_chain", "check_serve", "WARMUP_ITERS"]
 
@@ -135,6 +143,7 @@ class _Counted:
         self.captured_ref: weakref.ref | None = None
         self.replays = 0
         self.dropped_at: int | None = None  # first replay at which that tensor was gone
+        self.replay_inputs: list[torch.Tensor | None] = []  # what it held at each replay
         self.__name__ = "fn"
 
     def compute(self, x: torch.Tensor) -> torch.Tensor:
@@ -188,7 +197,8 @@ def _recording_waits(B, fn: _Counted):
 
 @contextlib.contextmanager
 def _recording_replays(B, fn: _Counted):
-    """Note in ``fn.dropped_at`` the first replay at which fn's captured input was gone.
+    """Note in ``fn.dropped_at`` the first replay at which fn's captured input was gone,
+    and in ``fn.replay_inputs`` what that input held when each replay was queued.
 
     A graph reads its input by address and holds no Python reference to it. If the
     learner rebinds the only name of the static input (``static_x = x``), the tensor is
@@ -205,6 +215,8 @@ def _recording_replays(B, fn: _Counted):
         if fn.captured_ref is not None and fn.dropped_at is None \
                 and fn.captured_ref() is None:
             fn.dropped_at = fn.replays
+        held = fn.captured_ref() if fn.captured_ref is not None else None
+        fn.replay_inputs.append(None if held is None else held.detach().clone())
         fn.replays += 1
         return original(self, *args, **kwargs)
 
@@ -261,102 +273,192 @@ def _make_fn_inputs(B, gen: torch.Generator):
     return _Counted(B, w, b, act), batches
 
 
+# hints that belong to one mistake each (most general first, never the answer first)
+_H_CAPTURE = [
+    "A graph records only what runs inside `with B.graph(g):`, once, before the loop "
+    "(section 3); inside the loop a batch needs no call of fn at all.",
+    "g = B.CUDAGraph(); `with B.graph(g): static_out = fn(static_input)` before the loop; "
+    "in the loop only copy_, g.replay() and a clone.",
+]
+_H_STATIC_IN = [
+    "The graph reads the memory of the tensor it was captured on, at every replay "
+    "(section 4). Which tensor do you capture on, and which one do you fill?",
+    "Capture fn(static_input) itself, and write each batch into it: "
+    "static_input.copy_(batch).",
+]
+_H_CLONE = [
+    "What does the next replay do to the static output (section 5)? Every result you keep "
+    "must survive the replays after it.",
+    "Right after each replay, keep a copy: results.append(static_out.clone()).",
+]
+_H_ORDER = [
+    "In which order do a batch's three steps run? The replay reads the static input when "
+    "it runs and writes the static output; a copy_ after it, or a clone before it, belongs "
+    "to another batch.",
+    "Per batch, in this order: static_input.copy_(batch); g.replay(); "
+    "results.append(static_out.clone()).",
+]
+_H_COPY = [
+    "How does a new batch reach the memory the graph reads (section 4)? Rebinding a name "
+    "changes nothing the graph sees.",
+    "Keep the static input and fill it in place before each replay: "
+    "static_input.copy_(batch).",
+]
+_H_WARMUP = [
+    "Section 2: the warm-up runs fn(static_input) on a side stream s, and two wait_stream "
+    "calls order s against the stream current before and after it.",
+    "s = B.Stream(); s.wait_stream(B.current_stream()); then `with B.stream(s):` call "
+    f"fn(static_input) {WARMUP_ITERS} times; then B.current_stream().wait_stream(s)",
+]
+_H_RETURN = ["Collect one result per batch in a list, in the order of the batches, and "
+             "return that list."]
+
+
+def _lagged(out: list, expected: list) -> bool:
+    """Every result from the second on is the PREVIOUS batch's, the first one is not its
+    own: a loop whose replay and clone are one batch apart."""
+    if len(out) != len(expected) or len(out) < 2:
+        return False
+    if compare_outputs(expected[0], out[0], rtol=1e-4, atol=1e-5) is None:
+        return False
+    return all(compare_outputs(expected[i - 1], out[i], rtol=1e-4, atol=1e-5) is None
+               for i in range(1, len(out)))
+
+
+def _replays_saw_their_batch(fn: _Counted, batches: list | None) -> bool:
+    """Replay k ran on batch k (the static input held it when the replay was queued)."""
+    seen = fn.replay_inputs
+    if batches is None or len(seen) != len(batches):
+        return False
+    return all(s is not None and s.shape == b.shape and torch.equal(s, b)
+               for s, b in zip(seen, batches))
+
+
 def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
                  what: str = "fn", static: str = "static_out",
-                 static_input_ptr: int | None = None, section: int = 5) -> str | None:
+                 static_input_ptr: int | None = None, section: int = 5,
+                 batches: list | None = None) -> Reason | None:
     """What is wrong with a graphed loop's results and ``fn``'s call counts, or None.
 
     ``warmups``: the exact number of warm-up runs asked for; 0: at least one (any number);
-    None: the warm-up is not checked.
+    None: the warm-up is not checked. ``batches``: what was fed (to tell a clone taken
+    before the replay from a copy_ made after it).
     """
     if fn.captured == 0:
-        return (f"{what} was never called during a capture, so nothing was graphed: "
-                f"record it once inside `with B.graph(g):` (section 3) and replay that graph")
+        return Reason(f"{what} was never called during a capture, so nothing was graphed: "
+                      f"record it once inside `with B.graph(g):` (section 3) and replay that "
+                      f"graph", _H_CAPTURE)
     if fn.captured > 1:
-        return (f"{what} was captured {fn.captured} times for {n} batches: capture ONE graph "
-                "before the loop (section 3) and only replay it inside the loop")
+        return Reason(f"{what} was captured {fn.captured} times for {n} batches: capture ONE "
+                      "graph before the loop (section 3) and only replay it inside the loop",
+                      _H_CAPTURE)
     if static_input_ptr is not None and fn.captured_on != static_input_ptr:
         if isinstance(out, (list, tuple)) and compare_outputs(
                 expected, list(out), rtol=1e-4, atol=1e-5) is None:
-            return (f"your results are right, but {what} was captured on a tensor that is not "
-                    "static_input (StaticGraph allocates static inputs of its own): the "
-                    "exercise asks you to capture fn(static_input) yourself and copy_ each "
-                    "batch into static_input (sections 3 and 4)")
-        return (f"{what} was captured on a tensor that is not static_input: the graph reads "
-                "the memory it was captured on, so what you copy into static_input never "
-                "reaches it (section 3 captures fn(static_input))")
+            return Reason(f"your results are right, but {what} was captured on a tensor that "
+                          "is not static_input (StaticGraph allocates static inputs of its "
+                          "own): the exercise asks you to capture fn(static_input) yourself "
+                          "and copy_ each batch into static_input (sections 3 and 4)",
+                          _H_STATIC_IN)
+        return Reason(f"{what} was captured on a tensor that is not static_input: the graph "
+                      "reads the memory it was captured on, so what you copy into "
+                      "static_input never reaches it (section 3 captures fn(static_input))",
+                      _H_STATIC_IN)
     if fn.after:
-        return (f"{what} ran eagerly {fn.after} time(s) after the capture, for {n} batches: "
-                "after capture, a batch needs only copy_ + g.replay() (section 4); the "
-                "graph computes the result")
+        return Reason(f"{what} ran eagerly {fn.after} time(s) after the capture, for {n} "
+                      "batches: after capture, a batch needs only copy_ + g.replay() "
+                      "(section 4); the graph computes the result", _H_CAPTURE)
     if out is None:
-        return "got None (did you forget `return results`?)"
+        return Reason("got None (did you forget `return results`?)", _H_RETURN)
     if not isinstance(out, (list, tuple)):
-        return f"expected a list of tensors, one per batch, got a {type(out).__name__}"
+        return Reason(f"expected a list of tensors, one per batch, got a {type(out).__name__}",
+                      _H_RETURN)
     tensors = [t for t in out if isinstance(t, torch.Tensor)]
     if len(out) == n and len(tensors) == n and n > 1:
         if len({t.data_ptr() for t in tensors}) == 1:
-            return (f"all {n} results are the same tensor, the graph's static output, which "
-                    "every replay overwrites in place (section 5): keep a copy (.clone()) per "
-                    "batch")
+            return Reason(f"all {n} results are the same tensor, the graph's static output, "
+                          "which every replay overwrites in place (section 5): keep a copy "
+                          "(.clone()) per batch", _H_CLONE)
     if len(out) == n and len(tensors) == n and fn.static_out is not None:
         ptr = fn.static_out.data_ptr()
         aliased = [i for i, t in enumerate(tensors) if t.data_ptr() == ptr]
         if aliased:
             which = "the last result" if aliased == [n - 1] else f"results {aliased}"
-            return (f"{which} IS the graph's static output ({static}), not a copy: the next "
-                    "replay of this graph (or the next capture into its pool) overwrites it "
-                    "in place (section 5). Clone every result, the last one too")
+            return Reason(f"{which} IS the graph's static output ({static}), not a copy: the "
+                          "next replay of this graph (or the next capture into its pool) "
+                          "overwrites it in place (section 5). Clone every result, the last "
+                          "one too", _H_CLONE)
     msg = compare_outputs(expected, list(out), rtol=1e-4, atol=1e-5)
     if msg:
         if fn.dropped_at is not None:
             # checked before the values: on a GPU, replays of a freed input read whatever
             # the allocator put in its memory since, so the values say nothing reliable
-            return (msg + f"; by replay {fn.dropped_at + 1} the tensor {what} was captured "
-                    "on (your static input) was gone: nothing of yours held it any more, "
-                    "so you gave its name another tensor (static_x = x?). The graph still "
-                    "reads the old tensor's memory, never the batch (on a GPU that memory "
-                    "is free and the next tensor allocated may land there). Keep the static "
-                    "input and copy_ each batch into it before g.replay() (section 4)")
+            return Reason(
+                msg + f"; by replay {fn.dropped_at + 1} the tensor {what} was captured on "
+                "(your static input) was gone: nothing of yours held it any more, so you gave "
+                "its name another tensor (static_x = x?). The graph still reads the old "
+                "tensor's memory, never the batch (on a GPU that memory is free and the next "
+                "tensor allocated may land there). Keep the static input and copy_ each "
+                "batch into it before g.replay() (section 4)", _H_COPY)
         if len(tensors) == len(out) > 1 and all(
                 t.shape == tensors[0].shape and torch.equal(t, tensors[0]) for t in tensors):
             if len(expected) == len(out) and tensors[-1].shape == expected[-1].shape and \
                     torch.allclose(tensors[-1], expected[-1], rtol=1e-4, atol=1e-5):
-                return (f"every result equals the LAST batch's result: you kept references "
-                        f"to the static output ({static}) and cloned after the loop: every "
-                        f"replay overwrote them (section {section}). Clone right after each "
-                        "replay, inside the loop")
-            return (msg + f"; all {len(out)} results hold the same values, so every replay "
-                    "read the same input: the graph reads the static input's memory, and a "
-                    "batch gets there only by copy_ into it (section 4; rebinding the name "
-                    "changes nothing the graph sees)")
-        return msg + ("  (a graph reads its input from the static input's memory: each batch "
-                      "must be copy_-ed into it before g.replay(), section 4)")
+                return Reason(
+                    f"every result equals the LAST batch's result: you kept references to "
+                    f"the static output ({static}) and cloned after the loop: every replay "
+                    f"overwrote them (section {section}). Clone right after each replay, "
+                    "inside the loop", _H_CLONE)
+            return Reason(
+                msg + f"; all {len(out)} results hold the same values, so every replay read "
+                "the same input: the graph reads the static input's memory, and a batch "
+                "gets there only by copy_ into it (section 4; rebinding the name changes "
+                "nothing the graph sees)", _H_COPY)
+        if len(tensors) == len(out) and _lagged(tensors, list(expected)):
+            if _replays_saw_their_batch(fn, batches):
+                return Reason(
+                    f"result 0 is not batch 0's, and each later result is the PREVIOUS "
+                    f"batch's: every replay ran on its own batch, but you clone {static} "
+                    f"BEFORE g.replay(), so you keep what the previous replay left there "
+                    f"(result 0: {static} before any replay, memory no replay had written "
+                    f"yet). Take the clone after the replay (section {section})", _H_ORDER)
+            return Reason(
+                "result 0 is not batch 0's, and each later result is the PREVIOUS batch's: "
+                "every replay ran on the batch copied in before it, one batch late. You "
+                "copy_ a batch into the static input AFTER g.replay(): the replay reads the "
+                "static input when it runs, so copy first, then replay (section 4)",
+                _H_ORDER)
+        return Reason(msg + ("  (a graph reads its input from the static input's memory: "
+                             "each batch must be copy_-ed into it before g.replay(), "
+                             "section 4)"), _H_COPY)
     if warmups is not None:
         done = len(fn.warmup_streams)
         if done == 0:
             if not warmups:
-                return (f"{what} never ran before the capture: you dropped the warm-up. Keep "
-                        "it (the exercise says so): side_stream_warmup runs the model on a "
-                        "side stream before capturing (section 2)")
-            return (f"{what} never ran before the capture: no warm-up. The exercise asks for "
-                    f"{warmups} warm-up runs on a side stream before capturing (section 2)")
+                return Reason(f"{what} never ran before the capture: you dropped the warm-up. "
+                              "Keep it (the exercise says so): side_stream_warmup runs the "
+                              "model on a side stream before capturing (section 2)", _H_WARMUP)
+            return Reason(f"{what} never ran before the capture: no warm-up. The exercise asks "
+                          f"for {warmups} warm-up runs on a side stream before capturing "
+                          "(section 2)", _H_WARMUP)
         if warmups and done != warmups:
-            return (f"{what} ran eagerly {done} time(s) before the capture: the exercise asks "
-                    f"for exactly {warmups} warm-up runs (section 2), not {done}")
+            return Reason(f"{what} ran eagerly {done} time(s) before the capture: the exercise "
+                          f"asks for exactly {warmups} warm-up runs (section 2), not {done}",
+                          _H_WARMUP)
         on_default = sum(fn.warmup_streams)
         if on_default:
-            return (f"{on_default} of the {done} warm-up runs ran on the default stream: the "
-                    "exercise asks for a side stream (section 2 shows the two wait_stream "
-                    "calls around `with B.stream(s):`)")
+            return Reason(f"{on_default} of the {done} warm-up runs ran on the default stream: "
+                          "the exercise asks for a side stream (section 2 shows the two "
+                          "wait_stream calls around `with B.stream(s):`)", _H_WARMUP)
         waits = _missing_waits(fn)
         if waits:
-            return waits
+            return Reason(waits, _H_WARMUP)
         if static_input_ptr is not None and any(p != static_input_ptr for p in fn.warmup_ptrs):
             k = sum(p != static_input_ptr for p in fn.warmup_ptrs)
-            return (f"{k} of the {done} warm-up runs called {what} on a tensor that is not "
-                    f"static_input (a batch?): the exercise asks you to warm up "
-                    f"{what}(static_input), the very call you then capture (section 2)")
+            return Reason(f"{k} of the {done} warm-up runs called {what} on a tensor that is "
+                          f"not static_input (a batch?): the exercise asks you to warm up "
+                          f"{what}(static_input), the very call you then capture (section 2)",
+                          _H_WARMUP)
     return None
 
 
@@ -379,18 +481,21 @@ def check_graphed_run(graphed_run, *, B=None, trials: int = 3,
             return {"outputs": [fn.compute(x) for x in batches]}
 
     def learner(fn, static_input, batches):
+        fed = [b.clone() for b in batches]
         try:
-            with _recording_waits(B, fn):
+            with _recording_waits(B, fn), _recording_replays(B, fn):
                 out = _call(B, graphed_run, fn, static_input, batches)
         except _Reported as rep:
             return {"bad": str(rep)}
-        return {"outputs": out, "fn": fn, "n": len(batches), "ptr": static_input.data_ptr()}
+        return {"outputs": out, "fn": fn, "n": len(batches), "ptr": static_input.data_ptr(),
+                "batches": fed}
 
     def compare(expected, actual) -> str | None:
         if "bad" in actual:
             return actual["bad"]
         return _run_problem(actual["fn"], actual["outputs"], actual["n"], expected["outputs"],
-                            warmups=WARMUP_ITERS, static_input_ptr=actual["ptr"])
+                            warmups=WARMUP_ITERS, static_input_ptr=actual["ptr"],
+                            batches=actual["batches"])
 
     return check(
         learner, reference, make_inputs, trials=trials, name="graphed_run", compare=compare,
@@ -432,7 +537,7 @@ def check_serve(serve, *, B=None, trials: int = 3,
             return {"bad": str(rep)}
         changed = [i for i, (r, k) in enumerate(zip(requests, kept)) if not torch.equal(r, k)]
         return {"outputs": out, "fn": model, "n": len(requests), "changed": changed,
-                "on_request": model.captured_on in ptrs}
+                "on_request": model.captured_on in ptrs, "batches": kept}
 
     def compare(expected, actual) -> str | None:
         if "bad" in actual:
@@ -446,7 +551,8 @@ def check_serve(serve, *, B=None, trials: int = 3,
                     "input of your own, as the broken version does (torch.zeros_like), and "
                     "copy_ each request into it (section 4)")
         return _run_problem(actual["fn"], actual["outputs"], actual["n"], expected["outputs"],
-                            warmups=0, what="model", static="static_y")
+                            warmups=0, what="model", static="static_y",
+                            batches=actual["batches"])
 
     return check(
         learner, reference, make_inputs, trials=trials, name="serve", compare=compare,
@@ -572,13 +678,18 @@ def check_capture_chain(capture_chain, *, B=None, trials: int = 3,
                 g2.replay()
                 mids.append(mid.clone())
                 outs.append(out.clone())
+            # every fresh input gave the same static_mid: g1 reads no static_input
+            mid_constant = len(mids) > 1 and all(torch.equal(m, mids[0]) for m in mids)
             # probe 1: g1 alone must write static_mid and must not compute static_out.
             # (It MAY scribble on static_out: in a shared pool g2's output can live in a
             # block g1 used for an intermediate; that is why shared pools replay in order.)
             static_input.copy_(probe)
             full = f2(f1(probe))
             was_full = bool(torch.allclose(out, full, rtol=1e-5, atol=1e-6))
+            marker = torch.full_like(mid, 1234.5)
+            mid.copy_(marker)
             g1.replay()
+            g1_writes_mid = not torch.equal(mid, marker)
             g1_mid_ok = bool(torch.allclose(mid, f1(probe), rtol=1e-5, atol=1e-6))
             g1_touches_out = not was_full and bool(
                 torch.allclose(out, full, rtol=1e-5, atol=1e-6))
@@ -588,6 +699,8 @@ def check_capture_chain(capture_chain, *, B=None, trials: int = 3,
             g2.replay()
             g2_reads_mid = bool(torch.allclose(out, f2(planted), rtol=1e-5, atol=1e-6))
             g2_writes_mid = not torch.equal(mid, planted)
+            g2_recomputes = bool(torch.allclose(out, full, rtol=1e-5, atol=1e-6))
+            g2_reads_input = bool(torch.allclose(out, f2(probe), rtol=1e-5, atol=1e-6))
         except Exception as exc:
             return {"bad": f"replaying g1 / g2 failed: {type(exc).__name__}: {exc}"}
         # probe 3: g1 records f1 "and nothing else". (a) No capture called f1 and f2
@@ -610,7 +723,9 @@ def check_capture_chain(capture_chain, *, B=None, trials: int = 3,
         return {"mid": mids, "out": outs, "same_pool": same, "g1_mid_ok": g1_mid_ok,
                 "g1_touches_out": g1_touches_out, "g2_reads_mid": g2_reads_mid,
                 "g2_writes_mid": g2_writes_mid, "g1_kernels": g1_kernels,
-                "f1_kernels": f1_kernels, "f1_with_f2": f1_with_f2}
+                "f1_kernels": f1_kernels, "f1_with_f2": f1_with_f2,
+                "mid_constant": mid_constant, "g1_writes_mid": g1_writes_mid,
+                "g2_recomputes": g2_recomputes, "g2_reads_input": g2_reads_input}
 
     def compare(expected, actual) -> str | None:
         if "bad" in actual:
@@ -623,6 +738,17 @@ def check_capture_chain(capture_chain, *, B=None, trials: int = 3,
             return ("static_mid and static_out: order swapped. What you return as static_mid "
                     "holds f2(f1(x)) and what you return as static_out holds f1(x): return "
                     "(g1, g2, static_mid, static_out) in this order")
+        if msg and not actual["g1_writes_mid"]:
+            return (msg + " after g1.replay(). Replaying g1 leaves what you return as "
+                    "static_mid unchanged: it is not the tensor g1 writes (an eager result, "
+                    "or a copy of g1's output). Return the very tensor f1 returned inside "
+                    "g1's capture, not a copy of it")
+        if msg and actual["mid_constant"]:
+            return (msg + " after g1.replay(). g1 writes static_mid, but the same values "
+                    "whatever static_input holds: g1 does not read static_input. Did you "
+                    "capture f1 on a copy of it (static_input.clone(), a tensor of your own)? "
+                    "The graph reads the tensor it was captured on: capture "
+                    "f1(static_input) itself")
         if msg:
             return msg + (" after g1.replay(): g1 must record static_mid = f1(static_input), "
                           "and static_mid must be the tensor g1 wrote (not a copy of it)")
@@ -633,10 +759,18 @@ def check_capture_chain(capture_chain, *, B=None, trials: int = 3,
             return ("replaying g2 alone overwrote static_mid: your g2 records f1. Graph order "
                     "swapped? Return (g1, g2, static_mid, static_out), g1 the f1 graph")
         if not actual["g2_reads_mid"]:
-            return ("g2 does not read g1's output: with new values written into static_mid, "
-                    "g2.replay() alone did not give f2(static_mid). Your g2 recomputes f1 from "
-                    "static_input (or reads a copy of static_mid): capture g2 on static_mid "
-                    "itself, the tensor g1 writes")
+            head = ("g2 does not read g1's output: with new values written into static_mid, "
+                    "g2.replay() alone did not give f2(static_mid). ")
+            if actual["g2_recomputes"]:
+                why = ("It gave f2(f1(static_input)): your g2 recomputes f1 from "
+                       "static_input. ")
+            elif actual["g2_reads_input"]:
+                why = ("It gave f2(static_input): your g2 records f2 of static_input, not of "
+                       "static_mid. ")
+            else:
+                why = ("Your g2 reads another tensor, made before its capture (a copy of "
+                       "static_mid?), which no replay of g1 updates. ")
+            return head + why + "Capture g2 on static_mid itself, the tensor g1 writes"
         msg = compare_outputs(expected["out"], actual["out"], rtol=1e-5, atol=1e-6,
                               where="static_out ")
         if msg:
@@ -650,10 +784,17 @@ def check_capture_chain(capture_chain, *, B=None, trials: int = 3,
                     "f1(static_input), f1 and nothing else: f2 belongs in g2 only")
         extra = len(actual["g1_kernels"]) - len(actual["f1_kernels"])
         if actual["f1_kernels"] and extra > 0:
+            more = sorted((Counter(actual["g1_kernels"]) - Counter(actual["f1_kernels"]))
+                          .elements())
+            named = ", ".join(more) if more else f"{extra} more"
+            copy = any("copy" in k for k in more)
+            why = ("a copy of f1's result into a tensor of your own? static_mid can be f1's "
+                   "own output: no copy needed" if copy else
+                   "an op f1 does not have, into a tensor you do not keep?")
             return (f"g1 recorded {len(actual['g1_kernels'])} kernels, but f1 alone is "
                     f"{len(actual['f1_kernels'])}: g1 records more than static_mid = "
-                    "f1(static_input) (f2 as well, into a tensor you do not keep?). The "
-                    "exercise asks g1 to record f1 and nothing else: f2 belongs in g2 only")
+                    f"f1(static_input) (extra: {named}; {why}). The exercise asks g1 to "
+                    "record f1 and nothing else")
         if not actual["same_pool"]:
             return ("the results are right, but g1 and g2 use different memory pools: the "
                     "exercise asks for one shared pool: capture g2 with pool=g1.pool() or pass one "
