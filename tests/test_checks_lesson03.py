@@ -77,6 +77,12 @@ def clip_per_row(x):
     return torch.where(m > 1, x / m, x)
 
 
+def clip_per_matrix(x):      # one maximum per matrix (the last two dims), as for a batch
+    a = x.abs()
+    m = a.amax(dim=(-2, -1), keepdim=True) if x.dim() >= 2 else a.max()
+    return torch.where(m > 1, x / m, x)
+
+
 def clip_in_place(x):
     m = x.abs().max()
     return x.div_(torch.where(m > 1, m, torch.ones_like(m)))
@@ -122,6 +128,32 @@ def test_capturable_clip_rejects_a_per_row_maximum(B):
     # 2-D inputs come up in some trials: the per-row maximum is named there
     res = check_capturable_clip(clip_per_row, B=B, trials=6)
     _assert_rejects(res, "along dim=1", "one maximum over the whole tensor")
+
+
+def test_capturable_clip_rejects_a_per_matrix_maximum(B):
+    # the text says "any shape": a maximum per matrix is right on 1-D and 2-D inputs only
+    res = check_capturable_clip(clip_per_matrix, B=B)
+    _assert_rejects(res, "over dims (1, 2) of a 3-D input", "one maximum per x[i]",
+                    "one maximum over the whole tensor")
+
+
+def test_capturable_clip_tries_every_rank_from_0_to_4():
+    seen = set()
+    for trial in range(1, 4):
+        for xs in L._clip_input_sets(L._generator(1000 * trial + 3), torch.device("cpu")):
+            assert len({tuple(x.shape) for x in xs}) == 1        # one shape per set
+            seen.add(xs[0].dim())
+            regimes = [bool(x.abs().max() > 1) for x in xs]
+            assert regimes == [True, False, True, False]
+    assert seen == {0, 1, 2, 3, 4}
+
+
+def test_capturable_clip_rejects_an_answer_that_breaks_on_a_scalar(B):
+    def rows_only(x):            # fine from 1-D up, raises on a 0-d tensor
+        m = x.abs().reshape(-1, x.shape[-1]).max()
+        return torch.where(m > 1, x / m, x)
+
+    _assert_rejects(check_capturable_clip(rows_only, B=B), "shape ()", "IndexError")
 
 
 def test_capturable_clip_rejects_a_graph_that_baked_a_branch_in(B):
@@ -310,6 +342,62 @@ def _no_tensor_check(captured, received):   # no type check: .shape of a float
     return out
 
 
+def _two_ifs(captured, received):           # a type tuple AND a value tuple when both differ
+    out = []
+    if len(captured) != len(received):
+        out.append(("args", "count", len(captured), len(received)))
+    for i, (c, r) in enumerate(zip(captured, received)):
+        where = f"args[{i}]"
+        c_is_t, r_is_t = isinstance(c, torch.Tensor), isinstance(r, torch.Tensor)
+        if c_is_t != r_is_t or (not c_is_t and type(c) is not type(r)):
+            out.append((where, "type", type(c).__name__, type(r).__name__))
+        if c_is_t and r_is_t:
+            out += [(where,) + m[1:] for m in arg_mismatches([c], [r])]
+        if not c_is_t and not r_is_t and c != r:   # a second `if`, not an `elif`
+            out.append((where, "value", c, r))
+    return out
+
+
+def _is_not(captured, received):            # `c is not r` instead of `c != r`
+    out = []
+    for m in arg_mismatches(captured, received):
+        if m[1] != "value":
+            out.append(m)
+    for i, (c, r) in enumerate(zip(captured, received)):
+        if not isinstance(c, torch.Tensor) and type(c) is type(r) and c is not r:
+            out.append((f"args[{i}]", "value", c, r))
+    return out
+
+
+def _type_names_first(captured, received):  # type(c) is not type(r), tensors too
+    out = []
+    if len(captured) != len(received):
+        out.append(("args", "count", len(captured), len(received)))
+    for i, (c, r) in enumerate(zip(captured, received)):
+        where = f"args[{i}]"
+        if type(c) is not type(r):
+            out.append((where, "type", type(c).__name__, type(r).__name__))
+        else:
+            out += [(where,) + m[1:] for m in arg_mismatches([c], [r])]
+    return out
+
+
+def _zip_longest(captured, received):       # itertools.zip_longest: positions past the end
+    import itertools
+
+    out = []
+    if len(captured) != len(received):
+        out.append(("args", "count", len(captured), len(received)))
+    for i, (c, r) in enumerate(itertools.zip_longest(captured, received)):
+        out += [(f"args[{i}]",) + m[1:] for m in arg_mismatches([c], [r])]
+    return out
+
+
+def _arg_label(captured, received):         # "arg[0]" for "args[0]"
+    return [(w.replace("args[", "arg["),) + tuple(m) for w, *m in arg_mismatches(captured,
+                                                                                  received)]
+
+
 def _none_when_clean(captured, received):
     return arg_mismatches(captured, received) or None
 
@@ -334,7 +422,7 @@ def test_arg_mismatches_blank_says_not_done(B):
     (_no_count, ["does not say so", "number of arguments"]),
     (_tensor_eq, ["compared two tensors"]),
     (_values_too, ["tensor VALUES are never compared"]),
-    (_no_type_check, ["equal in Python, but their types differ"]),
+    (_no_type_check, ["the types differ", "no 'type' tuple for it", "compare the types first"]),
     (_isinstance_types, ["equal in Python, but their types differ"]),
     (_isinstance_one_way, ["the captured 1 (int) and the received True (bool)",
                            "equal in Python, but their types differ", "baked in an int"]),
@@ -344,6 +432,12 @@ def test_arg_mismatches_blank_says_not_done(B):
     (_range_len, ["IndexError", "different lengths"]),
     (_no_tensor_check, ["AttributeError", "check the types first"]),
     (_none_when_clean, ["returned None", "empty list"]),
+    (_two_ifs, ["the types differ", "report only the 'type' tuple"]),
+    (_is_not, ["equal (==) but not the same object", "`is not`", "use !="]),
+    (_type_names_first, ["a tensor on both sides", "Parameter",
+                         "compared by shape, dtype and device only"]),
+    (_zip_longest, ["exists only in", "zip_longest", "the count tuple"]),
+    (_arg_label, ["'arg[0]'", "'args[0]'"]),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_arg_mismatches_rejects(B, fn, words):
     res = check_arg_mismatches(fn, B=B)
@@ -555,13 +649,18 @@ def test_build_server_blank_says_not_done(B):
 def test_build_server_rejects(B, kw, words):
     res = check_build_server(_server(**kw), B=B)
     _assert_rejects(res, *words)
+    # a further hint about THIS mistake, never "No more hints" before any was given
+    assert res.more_hints and "labkit.checks.hint()" in res.message
     assert_usable(B)
 
 
 def test_build_server_rejects_no_capture_and_a_failed_capture(B):
-    _assert_rejects(check_build_server(_server_lazy, B=B), "captured no graph")
+    res = check_build_server(_server_lazy, B=B)
+    _assert_rejects(res, "captured no graph")
+    assert res.more_hints
     res = check_build_server(_server_item, B=B)
     _assert_rejects(res, "build_server raised", ".item()")
+    assert res.more_hints and "section 3" in res.more_hints[0]
     assert_usable(B)
 
 

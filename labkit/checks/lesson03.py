@@ -13,9 +13,10 @@ Three exercises, run on the backend of ``labkit.backend.get("auto")`` (or ``B=``
           return x
 
   The checker runs the learner's function eagerly on inputs of both regimes
-  (``max |x|`` above and below 1, 1-D and 2-D, a large negative element included) and
-  names the wrong formula it sees (an identity, a division that is always done, a
-  per-element condition, a clamp, ``max(x)`` without ``abs``, a per-row maximum); then it
+  (``max |x|`` above and below 1, every rank from 0-d to 4-D with random sizes, a large
+  negative element included) and names the wrong formula it sees (an identity, a
+  division that is always done, a per-element condition, a clamp, ``max(x)`` without
+  ``abs``, a maximum per row or per slice of any dims); then it
   lints the function with :func:`labkit.guards.lint_capture` (a hazard that fails capture
   is reported with its line); then it captures the function on the backend and replays it
   on inputs of both regimes: a graph that baked in one branch gets the other one wrong.
@@ -36,9 +37,11 @@ Three exercises, run on the backend of ``labkit.backend.get("auto")`` (or ``B=``
 
   Order of the list does not matter. Eight trials, each aimed at one rule, with random
   positions, shapes, dtypes and values: several fields of one tensor, a count mismatch, a
-  tensor against a number, a clean call whose tensors hold other values, a device
-  mismatch, ``int`` against ``float`` of equal value and ``1`` captured against ``True``
-  received, a changed Python value, a random mix (with ``True`` captured against ``1``).
+  tensor against a number and two numbers of different types and values, a clean call
+  whose tensors hold other values, a device mismatch, ``int`` against ``float`` of equal
+  value, ``1`` captured against ``True`` received and a ``Parameter`` against a plain
+  tensor, a changed Python value, a random mix (with ``True`` captured against ``1``).
+  The received non-tensors are equal copies, not the same objects (``is not`` shows).
 * ``build_server(B)`` (diagnosis): the learner fixes a broken server that captures
   ``softmax(logits / temperature)`` once and replays it per batch. The checker gives
   ``build_server`` a backend that counts captures and replays, then calls the returned
@@ -59,9 +62,11 @@ Every checker leaves a usable process after a learner's failed capture
 
 from __future__ import annotations
 
+import itertools
 import linecache
 import math
 import os
+import re
 import traceback
 import types
 import weakref
@@ -176,15 +181,33 @@ def _clip_reference(x: torch.Tensor) -> torch.Tensor:
     return torch.where(m > 1, x / m, x)
 
 
-def _clip_inputs(gen: torch.Generator, device) -> list[torch.Tensor]:
-    """Four inputs of one shape: max|x| above 1 (two elements beyond 1), at most 1, above
+# The ranks tried eagerly, in this order: a per-row maximum shows at 2-D, a maximum per
+# matrix (the last two dims) at 3-D, an answer that breaks on a 0-d tensor last.
+_RANKS = (1, 2, 3, 4, 0)
+
+
+def _clip_shape(gen: torch.Generator, rank: int) -> tuple[int, ...]:
+    """A random shape of ``rank`` dims (each of size >= 2, so that every slice has a
+    neighbour: a maximum per slice differs from the maximum over the whole tensor)."""
+    if rank == 0:
+        return ()
+    if rank == 1:
+        return (_rand_int(gen, 4, 32),)
+    if rank == 2:
+        return (_rand_int(gen, 2, 5), _rand_int(gen, 3, 8))
+    hi = 4 if rank == 3 else 3
+    return tuple(_rand_int(gen, 2, hi) for _ in range(rank))
+
+
+def _clip_inputs(gen: torch.Generator, device, shape: tuple[int, ...]) -> list[torch.Tensor]:
+    """Four inputs of ``shape``: max|x| above 1 (two elements beyond 1), at most 1, above
     1 from a negative element (max(x) between 1 and max|x|), at most 1 from a negative
-    element."""
-    shape = ((int(torch.randint(4, 33, (), generator=gen)),)
-             if bool(torch.randint(0, 2, (), generator=gen))
-             else (int(torch.randint(2, 6, (), generator=gen)),
-                   int(torch.randint(3, 9, (), generator=gen))))
+    element. A 0-d input is the one element: big, small, -big, -small."""
     n = math.prod(shape)
+    if n == 1:
+        big = 2.0 + 2.0 * float(torch.rand((), generator=gen))
+        small = 0.5 + 0.4 * float(torch.rand((), generator=gen))
+        return [torch.tensor(v).reshape(shape).to(device) for v in (big, small, -big, -small)]
     xs = []
     for k in range(4):
         x = torch.rand(n, generator=gen) * 1.6 - 0.8          # values in (-0.8, 0.8)
@@ -204,6 +227,19 @@ def _clip_inputs(gen: torch.Generator, device) -> list[torch.Tensor]:
             x[i] = -small
         xs.append(x.reshape(shape).to(device))
     return xs
+
+
+def _clip_input_sets(gen: torch.Generator, device) -> list[list[torch.Tensor]]:
+    """One set of four inputs (:func:`_clip_inputs`) per rank of :data:`_RANKS`, random
+    sizes: the text says "any shape"."""
+    return [_clip_inputs(gen, device, _clip_shape(gen, rank)) for rank in _RANKS]
+
+
+def _per_slice(rest: tuple[int, ...]) -> str:
+    """What one maximum over the other dims is taken per: ``x[i]``, ``x[i, j]``, ..."""
+    if rest == tuple(range(len(rest))):
+        return "x[" + ", ".join("ijkl"[:len(rest)]) + "]"
+    return f"index of dim{'s' if len(rest) > 1 else ''} {', '.join(map(str, rest))}"
 
 
 def _clip_variants(x: torch.Tensor) -> list[tuple[torch.Tensor, str, list[str]]]:
@@ -227,14 +263,25 @@ def _clip_variants(x: torch.Tensor) -> list[tuple[torch.Tensor, str, list[str]]]
     out.append((torch.where(mx > 1, x / mx, x),
                 "it used max(x) where clip uses max(|x|): a large negative element counts too",
                 ["x.abs().max(), not x.max()."]))
+    whole = ["x.abs().max() with no dim gives the maximum over all elements, whatever the "
+             "shape."]
     if x.dim() == 2:
         for dim in (0, 1):
             mr = x.abs().amax(dim=dim, keepdim=True)
             out.append((torch.where(mr > 1, x / mr, x),
                         f"it took max|x| along dim={dim} (one maximum per "
                         f"{'column' if dim == 0 else 'row'}); clip uses one maximum over "
-                        f"the whole tensor, whatever its shape",
-                        ["x.abs().max() with no dim gives the maximum over all elements."]))
+                        f"the whole tensor, whatever its shape", whole))
+    elif x.dim() > 2:
+        for k in range(1, x.dim()):
+            for dims in itertools.combinations(range(x.dim()), k):
+                mr = x.abs().amax(dim=dims, keepdim=True)
+                rest = tuple(d for d in range(x.dim()) if d not in dims)
+                over = f"dim {dims[0]}" if k == 1 else f"dims {dims}"
+                out.append((torch.where(mr > 1, x / mr, x),
+                            f"it took max|x| over {over} of a {x.dim()}-D input (one maximum "
+                            f"per {_per_slice(rest)}); clip uses one maximum over the whole "
+                            f"tensor, whatever its shape", whole))
     return out
 
 
@@ -269,7 +316,8 @@ def check_capturable_clip(capturable_clip, *, B=None, trials: int = 3,
     Args:
         capturable_clip: the learner's function of one tensor.
         B: the backend (default ``labkit.backend.get("auto")``).
-        trials: random input sets; each has four inputs of one random shape (1-D or 2-D).
+        trials: random trials; each runs four inputs of a random shape of every rank from
+            0 to 4 eagerly, then captures on one of those shapes.
         quiet: do not print.
         time_limit: seconds the learner's code may run per call.
 
@@ -290,13 +338,24 @@ def check_capturable_clip(capturable_clip, *, B=None, trials: int = 3,
         return call_learner(capturable_clip, x, time_limit=time_limit)
 
     def one_trial(trial, gen):
-        xs = _clip_inputs(gen, B.device)
-        # 1. eagerly: the right values, the input left alone
-        for k, x in enumerate(xs):
+        sets = _clip_input_sets(gen, B.device)
+        # 1. eagerly, on every rank from 0 to 4: the right values, the input left alone
+        for x in (x for xs in sets for x in xs):
             arg = x.clone()
-            got = call(arg)
+            try:
+                got = call(arg)
+            except (NotImplementedError, LearnerTimeout):
+                raise
+            except Exception as exc:
+                raise _Failure(
+                    f"run eagerly on an input of shape {tuple(x.shape)} ({x.dim()}-D), your "
+                    f"code raised {_learner_error(exc)}\n   The exercise says a tensor of any "
+                    f"shape, a 0-d one too: clip needs nothing shape-specific.",
+                    ["x.abs().max() works on any shape (it reduces over every element)."]
+                ) from exc
             if got is None:
-                raise _Failure("your function returned None (did you forget `return`?)")
+                raise _Failure("your function returned None (did you forget `return`?)",
+                               ["Return the tensor torch.where(...) gives."])
             if not torch.equal(arg, x):
                 raise _Failure("your function changed its input x in place (clip returns a "
                                "new tensor and leaves x alone; in a graph the static input "
@@ -305,6 +364,7 @@ def check_capturable_clip(capturable_clip, *, B=None, trials: int = 3,
             bad = _diagnose_clip(x, got, "run eagerly")
             if bad is not None:
                 raise bad
+        xs = sets[_rand_int(gen, 0, len(sets) - 1)]       # the shape captured and replayed
         # 2. the linter: hazards that fail capture, with the line
         report = lint_capture(capturable_clip, xs[0].clone(), B=B)
         fatal = [f for f in report.findings if f.severity == "fails capture"]
@@ -332,7 +392,8 @@ def check_capturable_clip(capturable_clip, *, B=None, trials: int = 3,
                            f"(section 10 says which).") from exc
         if not isinstance(static_out, torch.Tensor):
             raise _Failure(f"the captured function returned {type(static_out).__name__}, "
-                           f"not a tensor")
+                           f"not a tensor",
+                           ["A captured function's result is its static output: a tensor."])
         for k in (1, 0, 3, 2):
             static_x.copy_(xs[k])
             g.replay()
@@ -400,6 +461,20 @@ def _other_value(gen, v):
     return v + "_new"
 
 
+def _same_value(v):
+    """``v`` again, equal (``==``) but a different object where Python allows it (floats,
+    strings, large ints): what a new call receives, so that ``is not`` shows as a mistake."""
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, float):
+        return float(repr(v))
+    if isinstance(v, int):
+        return int(str(v))
+    if isinstance(v, str):
+        return "".join(list(v))
+    return v
+
+
 def _other_dtype(gen, dtype):
     choices = [d for d in _DTYPES if d != dtype]
     return choices[_rand_int(gen, 0, len(choices) - 1)]
@@ -421,7 +496,7 @@ def _arg_case(trial: int, gen: torch.Generator, device) -> tuple[list, list]:
                         else _rand_value(gen))
     t = _rand_int(gen, 0, n - 1)                  # one position holds a tensor for sure
     captured[t] = _rand_tensor(gen, device)
-    received = [c.clone() if isinstance(c, torch.Tensor) else c for c in captured]
+    received = [c.clone() if isinstance(c, torch.Tensor) else _same_value(c) for c in captured]
     kind = trial % 8
     c = captured[t]
     if kind == 1:      # several fields of one tensor, sometimes a changed value elsewhere
@@ -437,21 +512,39 @@ def _arg_case(trial: int, gen: torch.Generator, device) -> tuple[list, list]:
             received = received + [_rand_value(gen)] * _rand_int(gen, 1, 2)
         else:
             captured = captured + [_rand_tensor(gen, device)]
-    elif kind == 3:    # a tensor where a number was captured, and the other way round
-        v = _rand_value(gen, "float")
+    elif kind == 3:    # a tensor where a number was captured, and the other way round;
+        v = _rand_value(gen, "float")    # two numbers of different types AND values
         captured.insert(0, v)
         received.insert(0, torch.tensor(v, device=device))
         received[t + 1] = float(c.reshape(-1)[0])
-    elif kind == 4:    # a clean call: same metadata, other tensor values
+        pos = _rand_int(gen, 0, len(captured))
+        k = _rand_int(gen, 1, 8)
+        captured.insert(pos, k)
+        received.insert(pos, k + 0.5 if bool(_rand_int(gen, 0, 1)) else str(k + 1))
+    elif kind == 4:    # a clean call: same metadata, other tensor values, equal floats
         received = [torch.rand(x.shape, generator=gen).to(x.dtype).to(device) + 1
-                    if isinstance(x, torch.Tensor) else x for x in captured]
-    elif kind == 5:    # a device mismatch (meta exists everywhere), an int for an equal float
-        received[t] = torch.empty(c.shape, dtype=c.dtype, device="meta")
+                    if isinstance(x, torch.Tensor) else _same_value(x) for x in captured]
+        v = _rand_value(gen, "float")
+        pos = _rand_int(gen, 0, len(captured))
+        captured.insert(pos, v)
+        received.insert(pos, _same_value(v))       # equal, not the same object
+    elif kind == 5:    # a device mismatch (meta exists everywhere), an int for an equal float,
+        received[t] = torch.empty(c.shape, dtype=c.dtype, device="meta")    # a Parameter
         v = float(_rand_int(gen, 1, 8))
         captured.append(v)
         received.append(int(v))
         captured.append(1)         # bool is a subclass of int: isinstance(True, int) is True
         received.append(True)      # (kind 7 has the other direction: True captured, 1 received)
+        # a Parameter against a plain tensor (a subclass: both are tensors), same metadata
+        # or another dtype
+        w = _rand_tensor(gen, device, dtype=torch.float32)
+        other = w.to(_other_dtype(gen, w.dtype)) if bool(_rand_int(gen, 0, 1)) else w.clone()
+        pair = [torch.nn.Parameter(w.clone()), other.detach()]
+        if bool(_rand_int(gen, 0, 1)):
+            pair.reverse()
+        pos = _rand_int(gen, 0, len(captured))
+        captured.insert(pos, pair[0])
+        received.insert(pos, pair[1])
     elif kind == 6:    # changed Python values of several kinds
         for kind_ in ("float", "str", "bool"):
             v = _rand_value(gen, kind_)
@@ -504,6 +597,9 @@ def _fmt(t) -> str:
                       for v in t))
 
 
+_PLACE = re.compile(r"args\[\d+\]")
+
+
 def _explain_arg_mismatches(exc: BaseException) -> _Failure | None:
     text = str(exc)
     desc = _learner_error(exc)
@@ -546,6 +642,13 @@ def _diagnose_arg_mismatches(captured, received, expected, actual) -> _Failure |
         if not isinstance(a[0], str):
             return _Failure(f"the place must be a string like 'args[0]' (or 'args' for the "
                             f"count); got {a[0]!r} in {_fmt(a)}")
+        if a[0] != "args" and not _PLACE.fullmatch(a[0]):
+            digits = re.findall(r"\d+", a[0])
+            want = f"'args[{digits[0]}]'" if digits else "'args[0]', 'args[1]', ..."
+            return _Failure(f"the place {a[0]!r} in {_fmt(a)} is not written as the exercise "
+                            f"asks: position i is f\"args[{{i}}]\" ({want} here), and the "
+                            f"count's place is 'args'. The messages of get_mismatch_errors "
+                            f"use these names.")
     counts = Counter(_key(a) for a in actual)
     twice = [k for k, n in counts.items() if n > 1]
     if twice:
@@ -589,19 +692,61 @@ def _diagnose_arg_mismatches(captured, received, expected, actual) -> _Failure |
                             f"tuple is ('args', 'count', len(captured), len(received)).")
         return _Failure(f"{_fmt(a)}: the values are wrong for {where}'s {field}, whose "
                         f"captured and received {field}s are not these.")
+    shared = min(len(captured), len(received))
     for a in extra:
         where, field = a[0], a[1]
         type_at = by_place.get((where, "type"))
+        i = int(where[5:-1]) if _PLACE.fullmatch(where) else None
+        if i is not None and i >= shared:
+            longer, n_long, n_short = (("captured", len(captured), len(received))
+                                       if len(captured) > len(received) else
+                                       ("received", len(received), len(captured)))
+            return _Failure(
+                f"you reported {_fmt(a)}, but {where} exists only in {longer} ({longer} has "
+                f"{n_long} arguments, the other list {n_short}): there is nothing to compare "
+                f"it with (the None is a filler: itertools.zip_longest?). Compare only the "
+                f"positions both lists have; the count tuple already says that one list is "
+                f"longer.",
+                ["zip(captured, received) stops at the shorter list."])
+        if field == "type" and i is not None and isinstance(captured[i], torch.Tensor) \
+                and isinstance(received[i], torch.Tensor):
+            return _Failure(
+                f"you reported {_fmt(a)}, but {where} is a tensor on both sides: "
+                f"{type(captured[i]).__name__} and {type(received[i]).__name__} (a "
+                f"torch.nn.Parameter is a torch.Tensor subclass, as a weight passed to a "
+                f"layer is). The 'type' rule is for a tensor against a non-tensor, or two "
+                f"non-tensors; two tensors are compared by shape, dtype and device only.",
+                ["Tell tensors from non-tensors with isinstance(x, torch.Tensor), not by "
+                 "comparing type(c) with type(r)."])
+        if field == "value" and i is not None and i < shared \
+                and not isinstance(captured[i], torch.Tensor) \
+                and type(captured[i]) is type(received[i]) and captured[i] == received[i]:
+            return _Failure(
+                f"you reported {_fmt(a)}, but at {where} the captured {captured[i]!r} and the "
+                f"received {received[i]!r} are equal (==) but not the same object: `is not` "
+                f"compares identity, and two equal floats or strings made separately are two "
+                f"objects. A graph baked in the VALUE: use != for values.",
+                ["c != r compares values; c is not r compares objects."])
         if field == "value" and where in tensors_at:
             return _Failure(
                 f"you reported {_fmt(a)}, but {where} is a tensor on both sides with the same "
                 f"shape, dtype and device: tensor VALUES are never compared. New values are "
                 f"what a replay is for; only the metadata is fixed at capture.")
+        if type_at is not None and _key(type_at) not in got:
+            return _Failure(
+                f"you reported {_fmt(a)}, but at {where} the types differ "
+                f"({type_at[2]} captured, {type_at[3]} received), and your list has no "
+                f"'type' tuple for it: compare the types first; when they differ, the 'type' "
+                f"tuple is the only one for that position.",
+                ["type(c) is not type(r) (not isinstance: bool is a subclass of int), "
+                 "before any value comparison."])
         if type_at is not None:
             return _Failure(
                 f"you reported {_fmt(a)}, but at {where} the types differ "
                 f"({type_at[2]} captured, {type_at[3]} received): report only the 'type' "
-                f"tuple there, nothing else for that position.")
+                f"tuple there, nothing else for that position.",
+                ["if / elif: once the types differ, skip the other comparisons of that "
+                 "position."])
         if where == "args" or field == "count":
             return _Failure(f"you reported {_fmt(a)}, but both lists have {len(captured)} "
                             f"arguments.")
@@ -689,7 +834,8 @@ def check_arg_mismatches(arg_mismatches, *, B=None, trials: int = 8, quiet: bool
 def _describe_arg(x) -> str:
     if isinstance(x, torch.Tensor):
         dev = "" if x.device.type in ("cpu", "cuda") else f" {x.device}"
-        return f"Tensor{tuple(x.shape)} {str(x.dtype).replace('torch.', '')}{dev}"
+        kind = "Parameter" if isinstance(x, torch.nn.Parameter) else "Tensor"
+        return f"{kind}{tuple(x.shape)} {str(x.dtype).replace('torch.', '')}{dev}"
     return repr(x)
 
 
@@ -852,19 +998,29 @@ def check_build_server(build_server, *, B=None, trials: int = 2, quiet: bool = F
             raise
         except Exception as exc:
             _recover(B)
-            raise _Failure(f"build_server raised {_learner_error(exc)}") from exc
+            raise _Failure(f"build_server raised {_learner_error(exc)}",
+                           ["The line named above raised while building the server. An "
+                            "error inside the capture is a pitfall of section 3 (a host read: "
+                            ".item(), print, an `if` on a tensor)."]) from exc
         if not callable(serve):
             raise _Failure(f"build_server must return the function serve; it returned "
-                           f"{type(serve).__name__}")
+                           f"{type(serve).__name__}",
+                           ["build_server builds the server once and returns the inner "
+                            "function serve itself, not the result of calling it."])
         if stats["captures"] == 0:
             raise _Failure("build_server captured no graph: capture the softmax once there, "
-                           "with the B it is given (capture(..., B=B))")
+                           "with the B it is given (capture(..., B=B))",
+                           ["The checker counts captures made with the B that build_server "
+                            "is given: a capture with another backend, or none, counts "
+                            "nothing."])
         built = stats["captures"]
         if built > 1:
             raise _Failure(
                 f"build_server captured {built} graphs: the exercise asks for ONE graph, "
                 f"captured once. Every graph you capture keeps its memory pool reserved for "
-                f"as long as it lives, and serve replays only one of them: drop the others.")
+                f"as long as it lives, and serve replays only one of them: drop the others.",
+                ["Which capture does serve replay? Keep that one; delete the others (a "
+                 "leftover first attempt?)."])
         n = _rand_int(gen, 3, 6)
         batches = [(torch.randn(SERVER_SHAPE, generator=gen) * 3).to(B.device)
                    for _ in range(n)]
@@ -894,23 +1050,31 @@ def check_build_server(build_server, *, B=None, trials: int = 2, quiet: bool = F
         if replays != n:
             raise _Failure(
                 f"serve replayed the graph {replays} times for {n} batches: compute every "
-                f"batch by one replay of the captured graph (not eagerly).")
+                f"batch by one replay of the captured graph (not eagerly).",
+                ["Per batch: fill the static inputs in place, replay once, read the static "
+                 "output."])
         if eager.count:
             raise _Failure(
                 f"serve ran {eager.count} softmax/exp op(s) eagerly, outside the graph, for "
                 f"{n} batches: replaying the graph beside an eager computation does not "
                 f"count. Every result must come from the graph: read (and clone) its static "
-                f"output after each replay.")
+                f"output after each replay.",
+                ["The replay computes softmax(logits / t); what does serve still compute "
+                 "itself? Drop it and keep what the graph wrote."])
         if not isinstance(results, (list, tuple)) or len(results) != n:
             got = (f"{len(results)} items" if isinstance(results, (list, tuple))
                    else type(results).__name__)
             raise _Failure(f"serve must return a list of {n} results (one per batch); "
-                           f"got {got}")
+                           f"got {got}",
+                           ["Append one result per batch to a list, in the order of the "
+                            "batches, and return the list."])
         for i, r in enumerate(results):
             if not isinstance(r, torch.Tensor) or tuple(r.shape) != SERVER_SHAPE:
                 raise _Failure(f"result {i} is not a tensor of shape {SERVER_SHAPE}: "
                                f"{type(r).__name__}"
-                               f"{tuple(r.shape) if isinstance(r, torch.Tensor) else ''}")
+                               f"{tuple(r.shape) if isinstance(r, torch.Tensor) else ''}",
+                               ["Each result is a copy of the graph's static output, "
+                                "the softmax of one batch."])
         ptrs = [r.data_ptr() for r in results]
         if len(set(ptrs)) < n:
             i = next(i for i in range(n) if ptrs.index(ptrs[i]) != i)
@@ -970,7 +1134,9 @@ def check_build_server(build_server, *, B=None, trials: int = 2, quiet: bool = F
                                          atol=1e-6) for i in wrong):
             raise _Failure(
                 "each result is the previous batch's: serve replays before it fills the "
-                "static inputs. Fill first, then replay, then read.")
+                "static inputs. Fill first, then replay, then read.",
+                ["The replay reads the static inputs when it runs: what is in them at "
+                 "that moment is what it computes."])
         finite = [t for t in implied if t is not None and math.isfinite(t)]
         if len(finite) == n and max(finite) - min(finite) < 1e-3 and _never_written(stats):
             raise _Failure(
@@ -993,6 +1159,11 @@ def check_build_server(build_server, *, B=None, trials: int = 2, quiet: bool = F
         diff = compare_outputs(expected[i], results[i].float(), rtol=1e-4, atol=1e-6)
         raise _Failure(f"result {i} (temperature {temps[i]}) is not softmax(logits / t): "
                        f"{diff}. Compare your serve with the broken one step by step: which "
-                       f"pitfalls of sections 1, 6 and 7 does it still have?")
+                       f"pitfalls of sections 1, 6 and 7 does it still have?",
+                       ["Section 1: a new batch reaches the graph only by copy_ into its "
+                        "static input. Section 6: the next replay overwrites the static "
+                        "output. Section 7: a Python number is baked in at capture.",
+                        "Print, for one batch, what the graph read (the static logits and "
+                        "temperature just before the replay) and compare with the batch."])
 
     return _run(name, trials, one_trial, quiet=quiet, B=B)
