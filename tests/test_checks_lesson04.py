@@ -139,6 +139,11 @@ def cp_autograd_grad(outputs, module):
     return tuple(p for p, g in zip(ws, gs) if g is not None)
 
 
+def cp_matrices_only(outputs, module):
+    """Keeps only the weights (2 or more dims), thinking biases need no wgrad."""
+    return tuple(p for p in cp_reference(outputs, module) if p.dim() >= 2)
+
+
 def cp_membership_eq(outputs, module):
     """`p in list` compares tensors with ==: an ambiguous Boolean."""
     found, kept = _walk(outputs), []
@@ -170,11 +175,14 @@ def test_connected_params_accepts_the_reference(capsys):
     (cp_names, "return the parameter tensors themselves"),
     (cp_forgot_return, "did you forget `return`"),
     (cp_membership_eq, "Compare parameters by identity"),
+    (cp_matrices_only, "you kept only parameters of 2 or more dims"),
 ])
 def test_connected_params_rejects_learner_mistakes(fn, words):
     res = check_connected_params(fn, quiet=True)
     assert not res, fn.__name__
     assert words in res.message, (fn.__name__, res.message)
+    if fn is not cp_one_level:
+        assert "the walk stopped early" not in res.message   # blamed only on a short walk
     assert "tuple(p for p in module.parameters()" not in res.message   # not the answer first
 
 
@@ -200,7 +208,8 @@ def test_connected_params_not_done_and_not_callable():
 
 def bb(*, copy=True, skip_none=True, copy_after=False, status=True, flag=True, clone=True,
        detach_only=False, dgrads=True, wgrads=True, clone_none=False, swap=False,
-       assign=False, drop_none_first=False, rebind=None):
+       assign=False, drop_none_first=False, rebind=None, always_copy=False,
+       none_to_zeros=False, as_list=False, flags_all_true=False):
     """The reference bridge_backward with one learner mistake switched on."""
 
     def fn(runner, grads):
@@ -223,7 +232,7 @@ def bb(*, copy=True, skip_none=True, copy_after=False, status=True, flag=True, c
                 if rebind == "set":
                     static.set_(g)
                     continue
-                if g.data_ptr() != static.data_ptr():
+                if always_copy or g.data_ptr() != static.data_ptr():
                     static.copy_(g)
 
         if copy and not copy_after:
@@ -235,7 +244,7 @@ def bb(*, copy=True, skip_none=True, copy_after=False, status=True, flag=True, c
             runner.status = GraphStatus.FWD_READY
         if flag:
             for p, added in runner.groundtruth_grad_added_to_main_grad.items():
-                p.grad_added_to_main_grad = added
+                p.grad_added_to_main_grad = True if flags_all_true else added
         n = runner.num_dgrads
         ws = runner.static_grad_inputs[n:]
         if clone_none:     # clones every entry: the dgrad of an input without grad is None
@@ -246,10 +255,14 @@ def bb(*, copy=True, skip_none=True, copy_after=False, status=True, flag=True, c
             ws = tuple(w.clone() if w is not None else None for w in ws)
         out = ()
         if dgrads:
-            out += tuple(runner.static_grad_inputs[:n])
+            ds = runner.static_grad_inputs[:n]
+            if none_to_zeros:      # "a gradient of zeros is safer than None"
+                xs = runner.static_args
+                ds = [d if d is not None else torch.zeros_like(x) for d, x in zip(ds, xs)]
+            out += tuple(ds)
         if wgrads:
             out += tuple(ws)
-        return out
+        return list(out) if as_list else out
 
     return fn
 
@@ -290,11 +303,32 @@ def test_bridge_backward_accepts_the_reference(B, one_thread, capsys):
     ({"drop_none_first": True}, "grads[i] belongs in runner.static_grad_outputs[i]"),
     ({"rebind": "data"}, "you rebound the buffer"),
     ({"rebind": "set"}, "you rebound the buffer"),
+    ({"always_copy": True}, "already is runner.static_grad_outputs"),
+    ({"none_to_zeros": True}, "None stays None"),
+    ({"as_list": True}, "returned a list"),
+    ({"flags_all_true": True}, "grad_added_to_main_grad is True on"),
 ])
 def test_bridge_backward_rejects_learner_mistakes(B, one_thread, mistake, words):
     res = check_bridge_backward(bb(**mistake), B=B, quiet=True)
     assert not res, mistake
     assert words in res.message, (mistake, res.message)
+
+
+def test_bridge_backward_names_the_direction_of_a_wrong_main_grad_flag(B, one_thread):
+    res = check_bridge_backward(bb(flags_all_true=True), B=B, quiet=True)
+    assert "grad_added_to_main_grad is False" not in res.message, res.message
+    assert "left it False" in res.message and "lost" in res.message
+    res = check_bridge_backward(bb(flag=False), B=B, quiet=True)
+    assert "is True on" not in res.message
+
+
+def test_bridge_backward_first_hint_is_the_step_of_the_mistake(B, one_thread):
+    res = check_bridge_backward(bb(flag=False), B=B, quiet=True)
+    assert res.more_hints[0].startswith("Steps 2-4")
+    res = check_bridge_backward(bb(clone=False), B=B, quiet=True)
+    assert res.more_hints[0].startswith("Step 5")
+    res = check_bridge_backward(bb(copy=False), B=B, quiet=True)
+    assert res.more_hints[0].startswith("Step 1")
 
 
 def test_bridge_backward_uncloned_explains_why_the_end_to_end_cell_can_pass(B, one_thread):
@@ -380,6 +414,16 @@ def gs(*, fix="all", first="keep", inplace=False, same_sample=False, forget_retu
     return fn
 
 
+def gs_one_call_per_block(blocks, sample):
+    """Right samples, but make_graphed_callables once per block: a list of graphed blocks."""
+    samples, h = [sample.detach().clone().requires_grad_(sample.requires_grad)], sample
+    with torch.no_grad():
+        for blk in blocks[:-1]:
+            h = blk(h)
+            samples.append(h.detach().clone().requires_grad_())
+    return [bridge.make_graphed_callables(b, (s,)) for b, s in zip(blocks, samples)]
+
+
 def gs_no_grad_walk(blocks, sample):
     """A tester's correct answer: the shapes from a walk under no_grad, then fresh leaves."""
     samples, h = [(sample.detach().clone().requires_grad_(sample.requires_grad),)], sample
@@ -431,6 +475,13 @@ def test_graph_stage_rejects_learner_mistakes(B, one_thread, mistake, words):
     assert words in res.message, (mistake, res.message)
     assert "requires_grad_()" not in res.message.split("Look at")[0] or "in place" in \
         res.message   # the first message names the mistake, not the fix
+
+
+def test_graph_stage_names_a_list_of_graphed_blocks(B, one_thread):
+    res = check_graph_stage(gs_one_call_per_block, B=B, quiet=True)
+    assert not res
+    assert "returned a list of" in res.message and "a tuple" in res.message, res.message
+    assert "graphed callable(s) for" not in res.message     # not "returned 1 ..."
 
 
 def test_graph_stage_broken_version_fails_in_the_first_stage_trial(B, one_thread):

@@ -23,6 +23,7 @@ import random
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit import bridge
 from labkit.backend import ensure as _backend
@@ -188,6 +189,14 @@ def _cp_diagnose(got, plan, module, inputs, outputs) -> str | None:
                 "has an AccumulateGrad node reachable from the outputs' grad_fn. Walk the "
                 "autograd graph instead of listing module.parameters()")
     if missing:
+        dims = {n: p.dim() for n, p in module.named_parameters()}
+        if all(dims[n] < 2 for n in missing) and all(dims[n] >= 2 for n in actual) and \
+                any(dims[n] >= 2 for n in expected):
+            return (f"{missing} are missing {where}: you kept only parameters of 2 or more "
+                    "dims (the weight matrices). Biases and scale vectors are parameters "
+                    "too: the outputs depend on them, so the backward graph must compute "
+                    "their wgrads as well. Keep every parameter with an AccumulateGrad node "
+                    "on the way, whatever its shape")
         if not plan["single"]:
             first_only = _names(module, bridge.get_connected_params(outputs[0], module))
             if actual == first_only and first_only != expected:
@@ -358,8 +367,44 @@ _BB_HINTS = [
 ]
 
 
+def _bb_hints_for(msg: str) -> list[str]:
+    """The three step hints, the one for the step the message is about first."""
+    low = msg.lower()
+    if "step 1" in low or "grads[i] belongs in" in low:
+        first = 0
+    elif any(w in low for w in ("step 5", "clone", "tuple", "gradients, expected",
+                                "none stays none", "forget `return`")):
+        first = 2
+    elif any(w in low for w in ("step 3", "step 4", "fwd_ready")):
+        first = 1
+    else:
+        first = 0
+    return [_BB_HINTS[first]] + [h for i, h in enumerate(_BB_HINTS) if i != first]
+
+
+def _shape_of(x) -> str:
+    return f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else repr(x)
+
+
 def _storage(t):
     return t.untyped_storage().data_ptr()
+
+
+class _SelfCopies(TorchDispatchMode):
+    """Counts ``copy_`` calls whose source already IS their destination (same address,
+    same shape): a grad that is its static buffer, copied onto itself anyway."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ == "copy_" and len(args) > 1 and all(
+                isinstance(a, torch.Tensor) for a in args[:2]):
+            dst, src = args[0], args[1]
+            if dst.data_ptr() == src.data_ptr() and dst.shape == src.shape:
+                self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 def _train(B, backward_impl, seed: int, *, fused: bool = False, micro: int = 2,
@@ -448,7 +493,9 @@ def check_bridge_backward(fn, *, B=None, quiet: bool = False, trials: int = 3) -
     """``fn(runner, grads)`` must do what :func:`labkit.bridge.replay_backward` does.
 
     First ``trials`` probes on small graphed modules (random output arity, outputs without
-    grad buffers, inputs without dgrads), compared with eager autograd; then a fused block
+    grad buffers, inputs without dgrads: their None must stay None; in the last probe one
+    grad already is its static buffer, and a ``copy_`` onto itself is refused; a list
+    instead of the tuple is refused), compared with eager autograd; then a fused block
     (``main_grad`` flags); then training through it, with and without ``main_grad``, and
     with a deferred reduction that keeps the returned wgrads.
 
@@ -471,12 +518,16 @@ def check_bridge_backward(fn, *, B=None, quiet: bool = False, trials: int = 3) -
                        quiet=quiet)
 
     def failed(msg, kind="mismatch"):
-        return _result(name, False, msg, kind=kind, more_hints=_BB_HINTS, quiet=quiet)
+        return _result(name, False, msg, kind=kind, more_hints=_bb_hints_for(msg),
+                       quiet=quiet)
 
-    def call(r, grads, where):
+    def call(r, grads, where, watch=None):
         """(result, None) or (None, CheckResult)."""
         try:
-            return call_learner(fn, r, grads), None
+            if watch is None:
+                return call_learner(fn, r, grads), None
+            with watch:
+                return call_learner(fn, r, grads), None
         except NotImplementedError:
             return None, _result(name, False, "not done yet: fill in the cell marked YOUR "
                                  "CODE HERE", kind="not_implemented", quiet=quiet)
@@ -517,18 +568,34 @@ def check_bridge_backward(fn, *, B=None, quiet: bool = False, trials: int = 3) -
                       for o, rg in zip(outs, flags))
         stale = tuple(torch.randn_like(o) if rg else torch.zeros_like(o)
                       for o, rg in zip(outs, flags))
+        # the last trial hands over one grad that already IS its static buffer (the
+        # gradient was written straight into it): step 1 says skip that copy
+        in_buffer = None
+        if trial == trials - 1:
+            in_buffer = next(i for i, s in enumerate(r.static_grad_outputs) if s is not None)
+            stale = stale[:in_buffer] + (grads[in_buffer],) + stale[in_buffer + 1:]
         for s, v in zip(r.static_grad_outputs, stale):     # a previous microbatch's grads
             if s is not None:
                 s.copy_(v)
+        if in_buffer is not None:
+            grads = (grads[:in_buffer] + (r.static_grad_outputs[in_buffer],)
+                     + grads[in_buffer + 1:])
         where = f"trial {trial + 1} of {trials}, {_describe_config(cfg)}"
         orig = tuple(r.static_grad_outputs)
         orig_mem = [None if s is None else _storage(s) for s in orig]
-        result, bad = call(r, grads, where)
+        self_copies = _SelfCopies()
+        result, bad = call(r, grads, where, watch=self_copies)
         if bad is not None:
             return bad
         n_in = len(r.input_surface)
         if result is None:
             return failed(f"{where}: returned None (did you forget `return`?)")
+        if isinstance(result, list):
+            return failed(f"{where}: returned a list of {len(result)} gradients; step 5 "
+                          "returns a tuple. What you return is the result of the "
+                          "autograd.Function's backward, one entry per input of its forward, "
+                          "and autograd expects a tuple: wrap it in tuple(...) or build it "
+                          "with (*dgrads, *wgrads)")
         try:
             result = tuple(result)
         except TypeError:
@@ -539,6 +606,24 @@ def check_bridge_backward(fn, *, B=None, quiet: bool = False, trials: int = 3) -
                 f"{where}: returned {len(result)} gradients, expected {n_in}: one per tensor "
                 f"of runner.input_surface ({r.num_dgrads} input(s), then "
                 f"{len(r.params_to_backprop)} connected parameters), the dgrads first")
+        if self_copies.count:
+            return failed(f"{where}: grads[{in_buffer}] already is "
+                          f"runner.static_grad_outputs[{in_buffer}] (same data_ptr(): the "
+                          "gradient was written straight into the buffer, as a graphed layer "
+                          "downstream can do), and your function still called copy_ on it. "
+                          "Step 1 says skip a buffer whose data_ptr() equals the grad's: a "
+                          "copy of a buffer onto itself is wasted work at every backward")
+        nones = [i for i in range(min(len(result), n_in))
+                 if r.static_grad_inputs[i] is None and result[i] is not None]
+        if nones:
+            i = nones[0]
+            what = (f"dgrad {i} (input {i}, which does not require grad)" if i < r.num_dgrads
+                    else f"wgrad {i - r.num_dgrads}")
+            return failed(f"{where}: {what} is a {type(result[i]).__name__} "
+                          f"({_shape_of(result[i])}), but runner.static_grad_inputs[{i}] is "
+                          "None: None stays None (step 5). None tells autograd that this "
+                          "input gets no gradient; a tensor of zeros is a gradient it would "
+                          "carry on with, in memory and work, for nothing")
         if r.status != bridge.GraphStatus.FWD_READY:
             return failed(f"{where}: after your function the runner's status is still "
                           f"{r.status.name}, so its next forward would be refused "
@@ -623,13 +708,24 @@ def check_bridge_backward(fn, *, B=None, quiet: bool = False, trials: int = 3) -
     result, bad = call(r, (torch.randn_like(y),), where)
     if bad is not None:
         return bad
-    wrong = [p for p, v in r.groundtruth_grad_added_to_main_grad.items()
-             if p.grad_added_to_main_grad != v]
-    if wrong:
-        return failed(f"{where}: grad_added_to_main_grad is False on {len(wrong)} fused "
-                      "weights after your function; the captured backward left it True. The "
+    truth = r.groundtruth_grad_added_to_main_grad
+    now_false = [p for p, v in truth.items() if v and not p.grad_added_to_main_grad]
+    now_true = [p for p, v in truth.items() if not v and p.grad_added_to_main_grad]
+    if now_false:
+        return failed(f"{where}: grad_added_to_main_grad is False on {len(now_false)} "
+                      "parameters after your function; the captured backward left it True "
+                      "(the fused weights, whose wgrad it already added into main_grad). The "
                       "DDP hook will add their wgrads into main_grad a second time. Look at "
                       "step 4")
+    if now_true:
+        return failed(f"{where}: grad_added_to_main_grad is True on {len(now_true)} "
+                      f"parameters after your function, but the captured backward left it "
+                      f"False on them (of {len(truth)}, only the {len(truth) - len(now_true)} "
+                      "fused weights have it True): their wgrads are returned, not added, "
+                      "and the DDP hook skips a parameter whose flag is True, so those "
+                      "gradients are lost. Set each flag to its value in "
+                      "runner.groundtruth_grad_added_to_main_grad, not to a constant "
+                      "(step 4)")
 
     # 3. end to end: gradient accumulation, with and without main_grad
     for fused, what in ((False, "gradient accumulation in .grad"),
@@ -769,6 +865,14 @@ def check_graph_stage(fn, *, B=None, trials: int = 4, quiet: bool = False) -> Ch
                            f"(requires_grad {cfg['needs']} -> {sample.requires_grad}, or its "
                            "values): requires_grad_() works in place. Make a new tensor for "
                            "the samples you need instead", more_hints=_GS_HINTS, quiet=quiet)
+        if isinstance(got, list):
+            graphed = sum(getattr(c, "runner", None) is not None for c in got)
+            return _result(name, False, f"{where}: returned a list of {len(got)} ("
+                           f"{graphed} of them graphed blocks); the exercise returns "
+                           "make_graphed_callables' tuple: call it ONCE, with the tuple of "
+                           "blocks and a tuple of samples (one per block), so that the blocks "
+                           "are captured together, into one memory pool, and return the tuple "
+                           "it gives", more_hints=_GS_HINTS, quiet=quiet)
         call = got if isinstance(got, tuple) else (got,)
         if len(call) != cfg["n"]:
             return _result(name, False, f"{where}: returned {len(call)} graphed callable(s) "
