@@ -18,7 +18,8 @@ from labkit.pipeline.record import create_in_order, reorder
 
 
 def ofob(*, warm=lambda P, M, s: min(P - s - 1, M), backward_first=False,
-         cooldown_newest_first=False, cooldown=True, one_based=False, as_str=False):
+         cooldown_newest_first=False, cooldown=True, one_based=False, as_str=False,
+         steady_newest=False, as_lists=False):
     """The reference schedule with one learner mistake switched on."""
 
     def fn(P, M):
@@ -27,9 +28,11 @@ def ofob(*, warm=lambda P, M, s: min(P - s - 1, M), backward_first=False,
             w = warm(P, M, s)
             order = [("F", m) for m in range(w)]
             for i in range(max(M - w, 0)):
-                pair = [("F", w + i), ("B", i)]
+                # steady_newest: the backward of the microbatch just run, not the oldest
+                pair = [("F", w + i), ("B", w + i if steady_newest else i)]
                 order += pair[::-1] if backward_first else pair
-            tail = [("B", m) for m in range(max(M - w, 0), M)]
+            tail = [("B", m) for m in (range(w) if steady_newest
+                                       else range(max(M - w, 0), M))]
             if cooldown_newest_first:
                 tail = tail[::-1]
             if cooldown:
@@ -38,6 +41,8 @@ def ofob(*, warm=lambda P, M, s: min(P - s - 1, M), backward_first=False,
                 order = [(k, m + 1) for k, m in order]
             if as_str:
                 order = [f"{k}{m}" for k, m in order]
+            if as_lists:
+                order = [[k, m] for k, m in order]
             orders.append(order)
         return orders
 
@@ -77,11 +82,10 @@ def test_one_f_one_b_accepts_the_reference(capsys):
     assert check_one_f_one_b(ofob())
     assert check_one_f_one_b(_ofob_iterators, quiet=True)
     assert check_one_f_one_b(_ofob_warmup_m_minus_1, quiet=True)
-    assert check_one_f_one_b(lambda P, M: [[list(op) for op in o] for o in ofob()(P, M)])
     np = pytest.importorskip("numpy")                   # numpy ints are ints too
     assert check_one_f_one_b(lambda P, M: [[(k, np.int64(m)) for k, m in o]
                                            for o in ofob()(P, M)])
-    assert capsys.readouterr().out.count("✅ one_f_one_b") == 4
+    assert capsys.readouterr().out.count("✅ one_f_one_b") == 3
 
 
 @pytest.mark.parametrize("fn, words", [
@@ -94,6 +98,8 @@ def test_one_f_one_b_accepts_the_reference(capsys):
     (ofob(cooldown=False), "Microbatch 5 has 1 forward(s) and 0 backward(s)"),
     (ofob(one_based=True), "there is no microbatch 8 when M=8"),
     (ofob(as_str=True), "is the string 'F0'"),
+    (ofob(as_lists=True), "is the list ['F', 0]; ops are tuples"),
+    (ofob(steady_newest=True), "out of order in the steady phase: op 4 is B3"),
     (lambda P, M: ofob()(P, M)[0], "returned one flat list"),
     (lambda P, M: {s: o for s, o in enumerate(ofob()(P, M))}, "returned a dict"),
     (lambda P, M: [[("F", m), ("B", m)] for m in range(M)] * 0 or None, "did you forget"),
@@ -133,6 +139,12 @@ def test_one_f_one_b_right_warmup_wrong_cooldown_is_told_the_cooldown():
     res = check_one_f_one_b(steady_then_extra_forward, quiet=True)
     assert not res and "steady phase goes wrong" in res.message, res.message
     assert "expected F7 there" in res.message
+
+
+def test_one_f_one_b_steady_phase_error_is_not_placed_in_the_cooldown():
+    res = check_one_f_one_b(ofob(steady_newest=True), quiet=True)
+    assert "in the cooldown" not in res.message and "steady phase" in res.message
+    assert "oldest microbatch still in flight then is 0" in res.message
 
 
 def test_one_f_one_b_string_ops_do_not_print_identical_orders():
@@ -189,6 +201,21 @@ def _whole_entry_as_args(entries):
             e[0].create_fwd_graph(e)
         else:
             e[0].create_bwd_graph()
+
+
+def _fresh_pools(B):
+    def create(entries):           # "a pool per runner, to be safe"
+        for e in entries:
+            if e[1] == "fwd":
+                e[0].pool = B.graph_pool_handle()
+        create_in_order(entries)
+    return create
+
+
+def test_create_in_order_rejects_a_pool_per_runner(B, one_thread):
+    res = check_create_in_order(_fresh_pools(B), B=B, quiet=True)
+    assert not res
+    assert "a pool of their own" in res.message and "the one shared pool" in res.message
 
 
 def _twice(entries):
@@ -290,12 +317,16 @@ def test_pool_hazards_accepts_the_reference(capsys):
     (ph(any_out_of_order=True), "does not replay between"),
     (ph(culprits_only=True), "is not a pair of entry strings"),
     (ph(victim_name=True), "the first item of a pair is the backward graph"),
+    (lambda c, r: [(_runner(b), _runner(x)) for b, x in reference_pool_hazards(c, r)],
+     "runner names"),
     (lambda c, r: reference_pool_hazards(c, r) * 2, "appear twice"),
     (lambda c, r: None, "did you forget `return`"),
 ])
 def test_pool_hazards_rejects_learner_mistakes(fn, words):
     res = check_pool_hazards(fn, quiet=True)
     assert not res and words in res.message, res.message
+    if words != "appear twice":
+        assert "appear twice" not in res.message
 
 
 def test_pool_hazards_matches_what_training_shows():

@@ -70,7 +70,13 @@ def _validate_orders(out, P: int, M: int):
                 return None, (f"stage {s}, op {i} is the string {op!r}; ops are tuples "
                               f"(kind, microbatch) like ('F', 0), so that the microbatch is "
                               "a number")
-            if not isinstance(op, (tuple, list)) or len(op) != 2:
+            if isinstance(op, list) and len(op) == 2:
+                return None, (f"stage {s}, op {i} is the list {op!r}; ops are tuples, like "
+                              f"{tuple(op)!r}, as the exercise asks: in Python "
+                              f"{op!r} == {tuple(op)!r} is False, so code that looks an op "
+                              "up in a schedule (op in order, order.index(op)) would not "
+                              "find it. Write (kind, m), not [kind, m]")
+            if not isinstance(op, tuple) or len(op) != 2:
                 return None, (f"stage {s}, op {i} is {op!r}; expected a pair like ('F', 0) "
                               "or ('B', 0)")
             kind, m = op
@@ -112,12 +118,13 @@ def _diagnose_stage(P, M, s, e, a) -> str | None:
         return head + "The forwards are out of order: they run microbatches 0, 1, 2, ..."
     if bs != sorted(bs):
         b_pos = [i for i, (k, _) in enumerate(a) if k == "B"]
-        j = next(j for j in range(1, len(bs)) if bs[j] < bs[j - 1])
+        j = next(j for j in range(len(bs)) if bs[j] != j)     # the first one out of place
         last_f = max((i for i, (k, _) in enumerate(a) if k == "F"), default=-1)
         phase = "cooldown" if b_pos[j] > last_f else "steady phase"
-        return head + (f"The backwards are out of order in the {phase}: B{bs[j]} comes after "
-                       f"B{bs[j - 1]} (op {b_pos[j]}). Each backward is that of the oldest "
-                       "microbatch still in flight, so they run 0, 1, 2, ...")
+        return head + (f"The backwards are out of order in the {phase}: op {b_pos[j]} is "
+                       f"B{bs[j]}, but the oldest microbatch still in flight then is {j}. Each "
+                       "backward is that of the oldest microbatch still in flight, so they "
+                       "run 0, 1, 2, ...")
     w = S.num_warmup_microbatches(P, M, s)
     nf = next(i for i, (k, _) in enumerate(a) if k == "B")      # forwards before the 1st B
     want = min(w + 1, M)
@@ -253,9 +260,11 @@ def check_create_in_order(fn, *, B=None, quiet: bool = False) -> CheckResult:
 
     created: list[str] = []
     watched: set[int] = set()
+    own_pool: list[str] = []      # graphs created in a pool other than the shared one
 
     def wrapped(entries):
         recorded = [f"{e[1]} {e[0].name}" for e in entries]
+        shared = entries[0][0].pool if entries else None    # set by create_cudagraphs
         for e in entries:                     # watch the order the learner creates in
             r = e[0]
             if id(r) not in watched:
@@ -264,10 +273,14 @@ def check_create_in_order(fn, *, B=None, quiet: bool = False) -> CheckResult:
 
                 def f(args, r=r, fwd=fwd):
                     created.append(f"fwd {r.name}")
+                    if r.pool is None or r.pool != shared:
+                        own_pool.append(f"fwd {r.name}")
                     return fwd(args)
 
                 def b(r=r, bwd=bwd):
                     created.append(f"bwd {r.name}")
+                    if r.pool is None or r.pool != shared:
+                        own_pool.append(f"bwd {r.name}")
                     return bwd()
 
                 r.create_fwd_graph, r.create_bwd_graph = f, b
@@ -310,6 +323,15 @@ def check_create_in_order(fn, *, B=None, quiet: bool = False) -> CheckResult:
                     f"entries" + (f" (not created: {missing[:3]}"
                                   f"{' ...' if len(missing) > 3 else ''})" if missing else "")
                     + ". Create exactly one graph per entry")
+    if own_pool:
+        runners = sorted({e.split(" ", 1)[1] for e in own_pool})
+        return fail(f"you gave {len(runners)} runners a pool of their own (runner.pool was "
+                    f"changed before their graphs were created: {own_pool[:3]}"
+                    f"{' ...' if len(own_pool) > 3 else ''}). The exercise creates every graph "
+                    "in the one shared pool that runner.pool already holds. A pool per graph "
+                    "is safe in any order, but each graph then keeps its own memory (lesson "
+                    "05 §4 measures it): sharing is the point, and the creation order is "
+                    "what makes it safe. Leave runner.pool as it is")
     if created != recorded:
         i = next(k for k, (a, b) in enumerate(zip(created, recorded)) if a != b)
         return fail(f"graph {i + 1} you created is '{created[i]}', but in step 1 "
@@ -458,6 +480,19 @@ def check_pool_hazards(fn, *, trials: int = 10, quiet: bool = False,
             return failed(f"case {t + 1}: {bad!r} is not a pair of entry strings; each pair "
                           "is (the backward graph at risk, the graph that may overwrite its "
                           "activations), e.g. ('bwd layer0#0', 'fwd layer1#0')")
+        entries = set(created) | set(replayed)
+        runners = {_runner_of(e) for e in entries}
+        if pairs and all(x not in entries for p in pairs for x in p) and \
+                all(x in runners for p in pairs for x in p):
+            return failed(f"case {t + 1}: your pairs hold runner names ({pairs[0]!r}), not "
+                          "entries: each item is one of the entry strings of the two lists, "
+                          "like ('bwd layer0#0', 'fwd layer1#0'). A runner has two graphs, "
+                          "and they are different culprits (its forward and its backward "
+                          "replay at different times and were created at different times)")
+        if any(not b.startswith("bwd ") for b, _ in pairs):
+            b = next(b for b, _ in pairs if not b.startswith("bwd "))
+            return failed(f"case {t + 1}: the first item of a pair is the backward graph at "
+                          f"risk ('bwd R'), got {b!r}")
         if len(pairs) != len(set(pairs)):
             return failed(f"case {t + 1}: some pairs appear twice in {pairs}; report each "
                           "once")
@@ -466,10 +501,6 @@ def check_pool_hazards(fn, *, trials: int = 10, quiet: bool = False,
         if have == want:
             continue
         extra, missing = sorted(have - want), sorted(want - have)
-        if any(not b.startswith("bwd ") for b, _ in have):
-            b = next(b for b, _ in have if not b.startswith("bwd "))
-            return failed(f"case {t + 1}: the first item of a pair is the backward graph at "
-                          f"risk ('bwd R'), got {b!r}")
         if extra:
             b, x = extra[0]
             r = _runner_of(b)
