@@ -1,0 +1,282 @@
+"""torch.compile's CUDA graph trees, by hand and observed (lesson 08).
+
+``torch.compile(mode="reduce-overhead")`` runs each compiled function through
+``torch/_inductor/cudagraph_trees.py``: a warm-up call, a recording call, then replays,
+with the non-static inputs copied into the graph's static buffers before each replay.
+
+:class:`ReduceOverhead` is that life cycle for one function, written on ``B`` so that it
+runs on the emulator too (the reference of lesson 08's first exercise).
+:func:`call_kind`, :func:`tree_summary` and :class:`watch_skips` look at what torch itself
+did: which kind of call just ran, what the tree holds, which "skipping cudagraphs due
+to ..." verdicts were given. :func:`recording_sweep` measures the memory and time of one
+recording per input shape (GPU only).
+
+.. warning::
+    :func:`call_kind` and :func:`tree_summary` read private state of torch's
+    ``CUDAGraphTreeManager`` (its path state and node counters). They are for looking,
+    in a lesson, at torch 2.11-2.13; never drive a program with them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from labkit.backend import ensure
+from labkit.capture import capture
+from labkit.core.validate import check_int
+
+__all__ = [
+    "ReduceOverhead",
+    "call_kind", "tree_summary", "TreeSummary",
+    "watch_skips", "SkipLog",
+    "recording_sweep",
+]
+
+
+# ---- reduce-overhead for one function, by hand ----------------------------------------
+
+class ReduceOverhead:
+    """One function under CUDA graph trees' life cycle: warm up, record, replay.
+
+    ::
+
+        f = ReduceOverhead(lambda w, x: x @ w, static=(0,), B=B)
+        f(w, x1)     # call 1: runs eagerly (the warm-up)
+        f(w, x2)     # call 2: records a graph on static copies of x, replays it
+        f(w, x3)     # call 3 on: copies x3 into x's static buffer, replays
+
+    ``static`` lists the positions of the *static inputs*: parameters and buffers in
+    torch (``static_input_idxs``), used at their own address and never copied. Every other
+    tensor argument is copied into a static buffer of the graph before each replay
+    (``CUDAGraphNode.run`` → ``_copy_inputs_and_remove_from_src`` in torch). A static
+    input that arrives at another address records a new graph, as torch's
+    ``CUDAGraphNode.check_invariants`` sends it to a new recording. Non-tensor
+    arguments are baked in at recording, as in any capture.
+
+    ``kinds`` lists what each call was: ``"warm-up"``, ``"record"``, ``"replay"``.
+
+    .. warning::
+        From the recording call on, the returned tensors are the graph's static outputs:
+        the next call overwrites them in place. ``clone()`` what you keep, as with
+        ``torch.compile(mode="reduce-overhead")``.
+    """
+
+    def __init__(self, fn: Callable, static: Sequence[int] = (), *, B=None):
+        if not callable(fn):
+            raise TypeError(f"ReduceOverhead(fn): fn must be callable, got {type(fn).__name__}.")
+        self.fn = fn
+        self.static = tuple(static)
+        for i in self.static:
+            check_int("static index", i, 0)
+        self.B = ensure(B)
+        self.kinds: list[str] = []
+        self.graph = None
+        self.buffers: list = []        # the graph's inputs: static ones as given, copies else
+        self.outputs = None
+
+    def __call__(self, *args):
+        if max(self.static, default=-1) >= len(args):
+            raise IndexError(
+                f"ReduceOverhead: static={self.static} names input {max(self.static)}, but "
+                f"the call passed {len(args)} argument(s). List positions of this call's "
+                f"arguments.")
+        if not self.kinds:
+            self.kinds.append("warm-up")
+            return self.fn(*args)
+        if self.graph is None or self._static_moved(args):
+            self.kinds.append("record")
+            self._record(args)
+        else:
+            self.kinds.append("replay")
+            self._copy_inputs(args)
+        self.graph.replay()
+        return self.outputs
+
+    def _is_copied(self, i: int, a) -> bool:
+        return isinstance(a, torch.Tensor) and i not in self.static
+
+    def _static_moved(self, args) -> bool:
+        return any(args[i].data_ptr() != self.buffers[i].data_ptr() for i in self.static)
+
+    def _record(self, args) -> None:
+        # the copied inputs get buffers of their own; static ones are the caller's tensors
+        self.buffers = [a.detach().clone() if self._is_copied(i, a) else a
+                        for i, a in enumerate(args)]
+        with torch.no_grad():
+            self.graph, self.outputs = capture(self.fn, *self.buffers, B=self.B, warmup=0)
+
+    def _copy_inputs(self, args) -> None:
+        with torch.no_grad():
+            for i, (buf, a) in enumerate(zip(self.buffers, args)):
+                if self._is_copied(i, a):
+                    buf.copy_(a)
+
+
+# ---- looking at torch's own tree --------------------------------------------------------
+
+def _manager(B):
+    """The CUDA graph tree manager of B's device, or None (no GPU, or nothing recorded)."""
+    if getattr(ensure(B), "name", None) != "cuda":
+        return None
+    from torch._inductor import cudagraph_trees
+    return cudagraph_trees.get_manager(B.device.index or 0, create_if_none_exists=False)
+
+
+def _peek(counter) -> int:
+    """The next value of an ``itertools.count``, read from its repr without consuming it."""
+    return int(re.match(r"count\((-?\d+)", repr(counter)).group(1))
+
+
+@dataclass
+class TreeSummary:
+    """What a device's CUDA graph tree holds now."""
+
+    graphs: int = 0           # graphs recorded so far (CUDAGraphNode objects made)
+    warmups: int = 0          # warm-up runs so far (CUDAWarmupNode objects made)
+    roots: int = 0            # recorded graphs that start a path
+    depth: int = 0            # the longest path from a root, in graphs
+    state: str = "NONE"       # the manager's path state after the last call
+    generation: int = 0       # the manager's current generation
+    mark_step_counter: int = 0
+
+    def __str__(self) -> str:
+        return (f"{self.graphs} graph(s) recorded ({self.roots} root(s), longest path "
+                f"{self.depth}), {self.warmups} warm-up run(s), state {self.state}, "
+                f"generation {self.generation}")
+
+
+def tree_summary(B) -> TreeSummary:
+    """Count the recorded graphs, warm-ups, roots and the deepest path of B's device."""
+    from torch._inductor.cudagraph_trees import MarkStepBox
+
+    m = _manager(B)
+    if m is None:
+        return TreeSummary(mark_step_counter=MarkStepBox.mark_step_counter)
+
+    def depth(node) -> int:
+        kids = [c for cs in node.children.values() for c in cs]
+        return 1 + max((depth(c) for c in kids), default=0)
+
+    roots = [n for ns in m.roots.values() for n in ns]
+    return TreeSummary(graphs=_peek(m.graph_counter), warmups=-1 - _peek(m.warmup_node_counter),
+                       roots=len(roots), depth=max((depth(r) for r in roots), default=0),
+                       state=m.path_state.name, generation=m.current_gen,
+                       mark_step_counter=MarkStepBox.mark_step_counter)
+
+
+def call_kind(fn: Callable, *args, B=None):
+    """Call ``fn(*args)`` and say what torch's tree did: ``(output, kind)``.
+
+    ``kind`` is ``"warm-up"`` (a new warm-up node), ``"record"`` (a new graph), ``"replay"``
+    (neither, and the tree is executing a graph) or ``"eager"`` (no graph ran: the
+    function's graphs were skipped, or there is no GPU).
+    """
+    B = ensure(B)
+    before = tree_summary(B)
+    out = fn(*args)
+    after = tree_summary(B)
+    if after.graphs > before.graphs:
+        kind = "record"
+    elif after.warmups > before.warmups:
+        kind = "warm-up"
+    elif after.state == "EXECUTION" and _manager(B) is not None:
+        kind = "replay"
+    else:
+        kind = "eager"
+    return out, kind
+
+
+# ---- skip verdicts ----------------------------------------------------------------------
+
+@dataclass
+class SkipLog:
+    """The skips seen inside :class:`watch_skips`: the counter's rise and the messages."""
+
+    count: int = 0
+    messages: list[str] = field(default_factory=list)
+
+
+class _Collect(logging.Handler):
+    def __init__(self, out: list[str]):
+        super().__init__(logging.WARNING)
+        self.out = out
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if "skipping cudagraph" in msg:
+            self.out.append(msg)
+
+
+@contextlib.contextmanager
+def watch_skips():
+    """Collect torch's cudagraph skip verdicts given inside the block, and keep them quiet.
+
+    Yields a :class:`SkipLog`: ``count`` is the rise of ``counters["inductor"]
+    ["cudagraph_skips"]`` (torch's own counter), ``messages`` the "skipping cudagraphs due
+    to ..." lines torch logged (``log_cudagraph_skip_and_bump_counter``). Outside this
+    block the same lines appear with ``TORCH_LOGS=perf_hints`` (torch 2.11) or
+    ``TORCH_LOGS=cudagraphs`` (2.13), or as a warning.
+    """
+    from torch._dynamo.utils import counters
+
+    log = SkipLog()
+    start = counters["inductor"]["cudagraph_skips"]
+    handler = _Collect(log.messages)
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name.startswith("torch._inductor")
+               and name.endswith(("__perf_hints", "__cudagraphs"))]
+    saved = [(lg, lg.propagate, lg.level) for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.propagate = False            # the verdicts go to the SkipLog, not to stderr
+        if lg.level == logging.NOTSET or lg.level > logging.WARNING:
+            lg.setLevel(logging.WARNING)
+    try:
+        yield log
+    finally:
+        for lg, propagate, level in saved:
+            lg.removeHandler(handler)
+            lg.propagate, lg.level = propagate, level
+        log.count = counters["inductor"]["cudagraph_skips"] - start
+
+
+# ---- one recording per shape: what it costs ---------------------------------------------
+
+def recording_sweep(make_fn: Callable[[], Callable], make_args: Callable[[int], tuple],
+                    sizes: Sequence[int], B=None, *, calls: int = 3) -> list[dict]:
+    """Memory and time of CUDA graph trees' recordings for a sweep of input sizes (GPU).
+
+    ``make_fn()`` returns the compiled function (called once, before the sweep);
+    ``make_args(n)`` the arguments for size ``n``. Each size is called ``calls`` times
+    (warm-up, record, replay), in order. A row per size: the seconds of each call, what
+    :func:`call_kind` saw, and the device memory reserved by then.
+    """
+    B = ensure(B)
+    if B.name != "cuda":
+        raise RuntimeError(
+            f"recording_sweep measures torch's CUDA graph trees, which need a GPU; this "
+            f"backend is {B.name!r}. The lesson shows the H200's stored output instead.")
+    check_int("calls", calls, 1)
+    fn = make_fn()
+    rows = []
+    for n in sizes:
+        args = make_args(n)
+        seconds, kinds = [], []
+        for _ in range(calls):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            _, kind = call_kind(fn, *args, B=B)
+            torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - t0)
+            kinds.append(kind)
+        rows.append({"size": n, "seconds": seconds, "kinds": kinds,
+                     "reserved_bytes": torch.cuda.memory_reserved(),
+                     "graphs": tree_summary(B).graphs})
+    return rows
