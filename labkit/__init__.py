@@ -14,6 +14,7 @@ of a shared layer; imports only go down (``tests/test_layers.py``):
     pipeline   05: 1F1B schedules and capture in the recorded order
     decode     06: SGLang-style decode bucketing, static buffers, the graph runner
     full_step  07: the whole training step as graphs
+    compiled   08: torch.compile's CUDA graph trees, by hand (ReduceOverhead) and observed
     bench      GPU benchmarks (python -m labkit.bench)
     checks     the exercise checkers
     demo       python -m labkit demo NN: a lesson's headline demo from a terminal

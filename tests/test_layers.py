@@ -22,7 +22,7 @@ LAYERS = [
     (3, ["labkit.capture"]),
     (4, ["labkit.guards"]),
     (5, ["labkit.timeline", "labkit.bridge"]),
-    (6, ["labkit.pipeline", "labkit.full_step", "labkit.decode"]),
+    (6, ["labkit.pipeline", "labkit.full_step", "labkit.decode", "labkit.compiled"]),
     (7, ["labkit.checks", "labkit.bench", "labkit.doctor", "labkit.exercises", "labkit.demo",
          "labkit.colab"]),
     (8, ["labkit.__main__"]),
