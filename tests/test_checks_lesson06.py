@@ -134,10 +134,29 @@ def _pad_max_check_first(raw_bs, buckets):
 
 
 def test_pad_to_bucket_accepts_right_answers(capsys):
-    for answer in (pad_to_bucket, _pad_right, _pad_imported, _pad_bisect_minus_one,
-                   _pad_max_check_first):
+    for answer in (_pad_right, _pad_imported, _pad_bisect_minus_one, _pad_max_check_first):
         assert check_pad_to_bucket(answer), answer.__name__
-    assert capsys.readouterr().out.count("✅ pad_to_bucket: passed 6 random trials") == 5
+    assert capsys.readouterr().out.count("✅ pad_to_bucket: passed 6 random trials") == 4
+
+
+def _pad_labkits_own(raw_bs, buckets):       # the answer key, called by name
+    return pad_to_bucket(raw_bs, buckets)
+
+
+def _pad_labkits_own_by_module(raw_bs, buckets):
+    import labkit.decode
+
+    return labkit.decode.pad_to_bucket(raw_bs, buckets)
+
+
+@pytest.mark.parametrize("answer", [pad_to_bucket, _pad_labkits_own,
+                                    _pad_labkits_own_by_module])
+def test_pad_to_bucket_refuses_labkits_own_function(answer):
+    res = check_pad_to_bucket(answer)
+    _rejects(res, "labkit.decode.pad_to_bucket", "write the search yourself")
+    import labkit.decode
+
+    assert labkit.decode.pad_to_bucket is pad_to_bucket       # put back after the check
 
 
 def _min_generator(raw_bs, buckets):          # the issue's first escapee
@@ -300,6 +319,29 @@ def test_pad_to_bucket_restores_bisect():
 
 
 def _fill_right(slot, src, raw_rows, padded_rows):
+    buf, d = slot.tensor, slot.row_dim
+    buf.narrow(d, 0, raw_rows).copy_(src)
+    tail = buf.narrow(d, raw_rows, padded_rows - raw_rows)
+    if slot.pad is Pad.ZERO_TAIL:
+        tail.zero_()
+    elif slot.pad is Pad.SENTINEL:
+        tail.fill_(slot.fill_value)
+
+
+def _rows(slot, lo, hi):
+    """The index of rows lo..hi along slot.row_dim: tensor[:, lo:hi] when row_dim is 1."""
+    return (slice(None),) * slot.row_dim + (slice(lo, hi),)
+
+
+def _fill_right_by_string(slot, src, raw_rows, padded_rows):
+    slot.tensor[_rows(slot, 0, raw_rows)] = src
+    if slot.pad == "zero_tail":
+        slot.tensor[_rows(slot, raw_rows, padded_rows)] = 0
+    elif slot.pad == "sentinel":
+        slot.tensor[_rows(slot, raw_rows, padded_rows)] = slot.fill_value
+
+
+def _fill_dim0(slot, src, raw_rows, padded_rows):     # right for every buffer but one
     slot.tensor[:raw_rows].copy_(src)
     if slot.pad is Pad.ZERO_TAIL:
         slot.tensor[raw_rows:padded_rows].zero_()
@@ -307,12 +349,35 @@ def _fill_right(slot, src, raw_rows, padded_rows):
         slot.tensor[raw_rows:padded_rows].fill_(slot.fill_value)
 
 
-def _fill_right_by_string(slot, src, raw_rows, padded_rows):
-    slot.tensor[:raw_rows] = src
-    if slot.pad == "zero_tail":
-        slot.tensor[raw_rows:padded_rows] = 0
-    elif slot.pad == "sentinel":
-        slot.tensor[raw_rows:padded_rows] = slot.fill_value
+def _fill_value_for_zero_tail(slot, src, raw_rows, padded_rows):   # "fill_value is its pad"
+    slot.tensor.narrow(slot.row_dim, 0, raw_rows).copy_(src)
+    if slot.pad is not Pad.HEAD_ONLY:
+        slot.tensor.narrow(slot.row_dim, raw_rows, padded_rows - raw_rows).fill_(
+            slot.fill_value)
+
+
+def test_fill_slot_rows_along_row_dim(capsys):
+    # mrope_positions, shape (3, n): its rows are along dim 1 (lesson 06 §3)
+    res = check_fill_slot(_fill_dim0)
+    _rejects(res, "row_dim=1", "rows are along dim 1")
+    assert "not written" not in res.message
+
+
+def test_fill_slot_zero_tail_is_zeros_whatever_fill_value_holds():
+    res = check_fill_slot(_fill_value_for_zero_tail)
+    _rejects(res, "zero_tail means zeros", "fill_value is the sentinel of Pad.SENTINEL slots")
+
+
+def test_fill_slot_trials_cover_row_dim_and_nonzero_fill_values():
+    from labkit.checks import lesson06 as L
+
+    seen = set()
+    for trial in range(1, 9):
+        slot, src, raw, padded = L._fill_case(torch.Generator().manual_seed(trial), "cpu")
+        seen.add((slot.pad, slot.row_dim, slot.fill_value != 0))
+        assert tuple(src.shape) == tuple(slot.tensor.narrow(slot.row_dim, 0, raw).shape)
+    assert (Pad.ZERO_TAIL, 0, True) in seen and (Pad.HEAD_ONLY, 0, True) in seen
+    assert any(rd == 1 for _, rd, _ in seen)
 
 
 def test_fill_slot_accepts_right_answers(capsys):
@@ -399,10 +464,10 @@ def _nothing_when_no_tail(slot, src, raw_rows, padded_rows):
 def _fill_by_assignment_and_dict(slot, src, raw_rows, padded_rows):
     """A tester's correct answer: slice assignment, fill value from a dict."""
     buf = slot.tensor
-    buf[:raw_rows] = src.to(buf.dtype)
+    buf[_rows(slot, 0, raw_rows)] = src.to(buf.dtype)
     fill = {Pad.ZERO_TAIL: 0, Pad.SENTINEL: slot.fill_value}.get(slot.pad)
     if fill is not None and padded_rows > raw_rows:
-        buf[raw_rows:padded_rows] = fill
+        buf[_rows(slot, raw_rows, padded_rows)] = fill
 
 
 FILL_WRONG = {
@@ -415,7 +480,12 @@ FILL_WRONG = {
     "sentinel written as 0": (_zero_all_tails, ["A sentinel of 0", "NaN"]),
     "tail cleared to the end": (_zero_to_the_end, ["Rows past padded_rows"]),
     "slot.tensor rebound": (_rebind, ["was not written", "in place"]),
-    "head_only tail cleared": (_clear_every_tail, ["head_only leaves the tail"]),
+    "every tail filled with fill_value": (_clear_every_tail, ["zero_tail means zeros",
+                                                              "this slot's fill_value"]),
+    "head_only tail cleared": (lambda slot, src, r, p: (
+        _fill_right(slot, src, r, p),
+        slot.tensor[r:p].zero_() if slot.pad is Pad.HEAD_ONLY else None),
+        ["head_only leaves the tail"]),
     "tail off by one": (_off_by_one_tail, ["Rows [6] kept their stale values",
                                            "bounds of your slice"]),
     "written into a copy": (_copy_into_a_new_tensor, ["was not written",

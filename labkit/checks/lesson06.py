@@ -216,6 +216,49 @@ class _BisectSpy:
         return False
 
 
+class _AnswerKeySpy:
+    """Counts calls of labkit's own ``pad_to_bucket`` (the answer key) while the learner's
+    code runs: as ``labkit.decode.pad_to_bucket``, through its defining module, or as a
+    name in the learner's globals (``from labkit.decode import pad_to_bucket``)."""
+
+    def __init__(self, fn):
+        self.calls = 0
+        self._fn = fn
+        self._saved: list[tuple[object, str, object]] = []
+
+    def __enter__(self):
+        import sys
+
+        import labkit.decode as decode
+
+        real = decode.pad_to_bucket
+
+        def spy(*args, **kwargs):
+            self.calls += 1
+            return real(*args, **kwargs)
+
+        owners = [decode, sys.modules.get(real.__module__)]
+        for owner in owners:
+            if owner is not None and getattr(owner, "pad_to_bucket", None) is real:
+                self._saved.append((owner, "pad_to_bucket", real))
+                setattr(owner, "pad_to_bucket", spy)
+        g = getattr(self._fn, "__globals__", None)
+        if isinstance(g, dict):
+            for key, value in list(g.items()):
+                if value is real:
+                    self._saved.append((g, key, value))
+                    g[key] = spy
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, real in reversed(self._saved):
+            if isinstance(owner, dict):
+                owner[name] = real
+            else:
+                setattr(owner, name, real)
+        return False
+
+
 def _pad_inputs(trial: int, gen: torch.Generator) -> tuple[list[int], list[int]]:
     """(buckets, batch sizes to ask about) for one trial."""
     if trial in _BUCKET_CASES:
@@ -247,11 +290,16 @@ def check_pad_to_bucket(fn, *, trials: int = 6, time_limit: float = 10.0,
     bucket, both neighbours of each and random sizes) and two oversize sizes. The list the
     learner gets counts its element reads, and the ``bisect`` functions are watched, so a
     scan of the list (``min(b for b in buckets if ...)``, a ``for`` loop) is told apart
-    from a bisect. The list must come back unchanged.
+    from a bisect. The list must come back unchanged, and labkit's own
+    ``labkit.decode.pad_to_bucket`` (the answer key) may not be called.
     """
     name = "pad_to_bucket"
     if not callable(fn):
         return fail(name, f"expected a function, got {type(fn).__name__}", quiet=quiet)
+    if fn is _pad_to_bucket:
+        return fail(name, "this is labkit.decode.pad_to_bucket itself, labkit's own answer: "
+                    "the exercise asks you to write the search yourself, with the bisect "
+                    "module", more_hints=_PAD_HINTS, quiet=quiet)
 
     def failed(trial, message, kind="mismatch", **details):
         return fail(name, f"trial {trial} of {trials}: {message}", more_hints=_PAD_HINTS,
@@ -268,7 +316,7 @@ def check_pad_to_bucket(fn, *, trials: int = 6, time_limit: float = 10.0,
         for raw in raws:
             probe = _ProbedBuckets(buckets)
             try:
-                with _BisectSpy(fn) as spy:
+                with _BisectSpy(fn) as spy, _AnswerKeySpy(fn) as key:
                     value = call_learner(fn, raw, probe, time_limit=time_limit)
                 results[raw] = ("value", value)
             except NotImplementedError:
@@ -277,6 +325,12 @@ def check_pad_to_bucket(fn, *, trials: int = 6, time_limit: float = 10.0,
                 return failed(trial, f"pad_to_bucket({raw}, {shown}): {exc}", kind="timeout")
             except Exception as exc:  # noqa: BLE001 - judged below
                 results[raw] = ("raised", exc)
+            if key.calls:
+                return failed(trial, f"pad_to_bucket({raw}, {shown}) called "
+                                     "labkit.decode.pad_to_bucket, labkit's own answer: the "
+                                     "exercise asks you to write the search yourself, with "
+                                     "the bisect module (what labkit's function does inside is "
+                                     "what you are practising)")
             if list.__eq__(probe, buckets) is not True:
                 return failed(trial, f"pad_to_bucket({raw}, {shown}) changed the list to "
                                      f"{_short(list(probe), 8)}: the bucket list belongs to "
@@ -408,7 +462,7 @@ def _classify_wrong_buckets(wrong, buckets, shown) -> str:
 # ---- exercise 3: fill_slot -------------------------------------------------------------------
 
 _POLICY_CASES = {1: Pad.ZERO_TAIL, 2: Pad.SENTINEL, 3: Pad.HEAD_ONLY, 4: Pad.ZERO_TAIL,
-                 5: Pad.SENTINEL}
+                 5: Pad.SENTINEL, 6: Pad.ZERO_TAIL}
 _SLOT_NAMES = {Pad.HEAD_ONLY: "input_ids", Pad.ZERO_TAIL: "positions",
                Pad.SENTINEL: "seq_lens"}
 # sentinel values per trial: never 0 (a zeroed tail must show) and not always 1
@@ -417,11 +471,11 @@ _SENTINELS = {2: 3, 5: 1}
 _FILL_HINTS = [
     "Section 3 lists the three policies and what each does to the padding tail; the "
     "message above names the rows that differ.",
-    "Work on slot.tensor in place: slot.tensor[:raw_rows] is the head, "
-    "slot.tensor[raw_rows:padded_rows] the tail; the rows after padded_rows are not yours.",
-    "slot.tensor[:raw_rows].copy_(src); then by slot.pad: Pad.ZERO_TAIL → "
-    "slot.tensor[raw_rows:padded_rows].zero_(), Pad.SENTINEL → "
-    ".fill_(slot.fill_value), Pad.HEAD_ONLY → nothing",
+    "Work on slot.tensor in place, along slot.row_dim: rows 0..raw_rows are the head, "
+    "rows raw_rows..padded_rows the tail (slot.tensor.narrow(slot.row_dim, lo, hi - lo) "
+    "is a view of rows lo..hi); the rows after padded_rows are not yours.",
+    "head.copy_(src); then by slot.pad: Pad.ZERO_TAIL → tail.zero_(), Pad.SENTINEL → "
+    "tail.fill_(slot.fill_value), Pad.HEAD_ONLY → nothing",
 ]
 
 
@@ -429,9 +483,56 @@ def _fill_reference(slot: GraphSlot, src: torch.Tensor, raw_rows: int, padded_ro
     """labkit's own fill_from, on a registry that holds just this buffer."""
     reg = StaticBuffers(max_bs=1, device=slot.tensor.device)
     reg.slots = {}
-    reg.register(slot.name, slot.tensor, slot.pad, per_token=False, fill_value=slot.fill_value)
+    reg.register(slot.name, slot.tensor, slot.pad, per_token=False, fill_value=slot.fill_value,
+                 row_dim=slot.row_dim)
     batch = type("OneBuffer", (), {slot.name: src})()
     reg.fill_from(batch, raw_rows, padded_rows)
+
+
+# trial -> row_dim of the buffer: trial 6 is mrope_positions, shape (3, n), rows along dim 1
+_ROW_DIM_CASES = {6: 1}
+
+
+def _fill_case(gen: torch.Generator, device) -> tuple[GraphSlot, torch.Tensor, int, int]:
+    """``(slot, src, raw_rows, padded_rows)`` for the trial ``gen`` was seeded with.
+
+    Trials 1-5 are 1-D buffers of the three policies (trial 4: no tail at all); trial 6 is
+    ``mrope_positions`` (shape ``(3, n)``, ``row_dim=1``); later trials draw the policy,
+    the rank and ``row_dim``. Every buffer starts full of stale values (never 0 or the
+    sentinel). ``fill_value`` is random for every policy (trials 1 and 3: a zero_tail and
+    a head_only slot that carry a nonzero one): only ``Pad.SENTINEL`` uses it.
+    """
+    device = torch.device(device)
+    trial = gen.initial_seed()
+    pad = _POLICY_CASES.get(trial) or list(Pad)[int(torch.randint(0, 3, (), generator=gen))]
+    n = int(torch.randint(8, 17, (), generator=gen))
+    if trial == 4:   # a batch that fills its bucket exactly: no tail at all
+        raw = padded = int(torch.randint(1, n, (), generator=gen))
+    else:
+        raw = int(torch.randint(1, n - 2, (), generator=gen))
+        padded = int(torch.randint(raw + 1, n, (), generator=gen))  # rows past it stay
+    dtype = (torch.int32, torch.int64)[int(torch.randint(0, 2, (), generator=gen))]
+    if trial in _ROW_DIM_CASES:
+        row_dim, shape = _ROW_DIM_CASES[trial], (3, n)
+    elif trial > max(_ROW_DIM_CASES) and bool(torch.randint(0, 2, (), generator=gen)):
+        row_dim = int(torch.randint(0, 2, (), generator=gen))
+        shape = (n, 3) if row_dim == 0 else (3, n)
+    else:
+        row_dim, shape = 0, (n,)
+    stale = torch.randint(50, 100, shape, generator=gen).to(dtype)
+    src_shape = list(shape)
+    src_shape[row_dim] = raw
+    src = torch.randint(2, 40, src_shape, generator=gen).to(device)   # int64, as a batch has
+    if pad is Pad.SENTINEL:
+        fill = _SENTINELS.get(trial) or int(torch.randint(2, 10, (), generator=gen))
+    elif trial in (1, 3):
+        fill = int(torch.randint(2, 10, (), generator=gen))
+    else:
+        fill = int(torch.randint(0, 10, (), generator=gen))
+    name = "mrope_positions" if row_dim == 1 and pad is Pad.ZERO_TAIL else _SLOT_NAMES[pad]
+    slot = GraphSlot(name, stale.clone().to(device), pad, per_token=False, fill_value=fill,
+                     row_dim=row_dim)
+    return slot, src, raw, padded
 
 
 def check_fill_slot(fn, *, device=None, trials: int = 8) -> CheckResult:
@@ -442,6 +543,9 @@ def check_fill_slot(fn, *, device=None, trials: int = 8) -> CheckResult:
     bucket that were touched all show. The sentinel's value changes from trial to trial
     (it is ``slot.fill_value``, which in SGLang depends on the attention backend), and so
     does the buffer's dtype (int32 or int64; ``src`` is always int64, as a batch has it).
+    Slots of the other policies carry a random ``fill_value`` too (they must ignore it),
+    and some buffers hold their rows along dim 1 (``slot.row_dim``, as SGLang's
+    ``mrope_positions`` of shape ``(3, n)``). See :func:`_fill_case`.
     """
     if device is None:
         from labkit import backend
@@ -451,41 +555,47 @@ def check_fill_slot(fn, *, device=None, trials: int = 8) -> CheckResult:
     last: dict = {}
 
     def make_inputs(gen: torch.Generator):
-        trial = gen.initial_seed()
-        pad = _POLICY_CASES.get(trial) or list(Pad)[int(torch.randint(0, 3, (), generator=gen))]
-        n = int(torch.randint(8, 17, (), generator=gen))
-        if trial == 4:   # a batch that fills its bucket exactly: no tail at all
-            raw = padded = int(torch.randint(1, n, (), generator=gen))
-        else:
-            raw = int(torch.randint(1, n - 2, (), generator=gen))
-            padded = int(torch.randint(raw + 1, n, (), generator=gen))  # rows past it stay
-        dtype = (torch.int32, torch.int64)[int(torch.randint(0, 2, (), generator=gen))]
-        stale = torch.randint(50, 100, (n,), generator=gen).to(dtype)
-        src = torch.randint(2, 40, (raw,), generator=gen).to(device)  # int64, as a batch has
-        if pad is Pad.SENTINEL:
-            fill = _SENTINELS.get(trial) or int(torch.randint(2, 10, (), generator=gen))
-        else:
-            fill = 0
-        slot = GraphSlot(_SLOT_NAMES[pad], stale.clone().to(device), pad, per_token=False,
-                         fill_value=fill)
-        last.update(pad=pad, raw=raw, padded=padded, stale=stale, n=n, fill=fill,
-                    name=slot.name)
+        slot, src, raw, padded = _fill_case(gen, device)
+        last.update(pad=slot.pad, raw=raw, padded=padded, stale=slot.tensor.detach().cpu().clone(),
+                    n=slot.tensor.shape[slot.row_dim], fill=slot.fill_value, name=slot.name,
+                    row_dim=slot.row_dim, shape=tuple(slot.tensor.shape))
         return slot, src, raw, padded
 
     def run(f):
         def call(slot, src, raw, padded):
             buf = slot.tensor
-            f(slot, src, raw, padded)
+            try:
+                f(slot, src, raw, padded)
+            except (NotImplementedError, LearnerTimeout):
+                raise
+            except Exception as exc:
+                if slot.row_dim == 0:
+                    raise
+                return {"raised": exc}           # named with the slot's row_dim below
             return {"buffer": buf.detach().cpu().clone(), "rebound": slot.tensor is not buf}
         call.__name__ = getattr(f, "__name__", "fill_slot")
         return call
 
     def compare(expected, actual) -> str | None:
-        e, a = expected["buffer"], actual["buffer"]
         pad, raw, padded, n = last["pad"], last["raw"], last["padded"], last["n"]
-        stale = last["stale"]
+        rd, stale = last["row_dim"], last["stale"]
         what = (f"{last['name']} ({pad.value}, fill_value={last['fill']}), {n} rows, "
                 f"raw_rows={raw}, padded_rows={padded}")
+        if rd:
+            what += f", shape {last['shape']}, row_dim={rd}"
+        along = (f" This slot's rows are along dim {rd} (slot.row_dim={rd}, shape "
+                 f"{last['shape']}, as SGLang's mrope_positions holds three position ids per "
+                 f"token): its head is slot.tensor[:, :raw_rows] and src has shape "
+                 f"(3, raw_rows). Slice along slot.row_dim, not along dim 0"
+                 if rd else "")
+        if "raised" in actual:
+            return (f"{what}: your code raised {describe_exception(actual['raised'])}\n  "
+                    + along)
+        e, a = expected["buffer"], actual["buffer"]
+
+        def part(t, lo, hi):
+            return t.narrow(rd, lo, hi - lo)
+
         if torch.equal(a, e) and not actual["rebound"]:
             return None
         if actual["rebound"]:
@@ -503,44 +613,55 @@ def check_fill_slot(fn, *, device=None, trials: int = 8) -> CheckResult:
                     "was not written. Writing into a copy (slot.tensor.clone(), a new "
                     "tensor) or rebinding a local name changes nothing the graph reads. "
                     "Write into slot.tensor in place")
-        if not torch.equal(a[:raw], e[:raw]):
-            return (f"{what}: rows 0..{raw} should be the batch {e[:raw].tolist()}, got "
-                    f"{a[:raw].tolist()}: the head holds the real requests, src")
-        if not torch.equal(a[padded:], e[padded:]):
-            return (f"{what}: rows {padded}..{n} changed from {e[padded:].tolist()} to "
-                    f"{a[padded:].tolist()}. Rows past padded_rows belong to larger buckets "
-                    "and are not read by this replay: touch only up to padded_rows")
-        tail_a, tail_e = a[raw:padded].tolist(), e[raw:padded].tolist()
-        msg = f"{what}: the padding tail (rows {raw}..{padded}) is {tail_a}, expected {tail_e}."
-        stale_rows = [raw + i for i, (x, y) in enumerate(zip(tail_a, tail_e))
-                      if x != y and x == int(stale[raw + i])]
+        if not torch.equal(part(a, 0, raw), part(e, 0, raw)):
+            return (f"{what}: rows 0..{raw} should be the batch {part(e, 0, raw).tolist()}, "
+                    f"got {part(a, 0, raw).tolist()}: the head holds the real requests, "
+                    f"src.{along}")
+        if not torch.equal(part(a, padded, n), part(e, padded, n)):
+            return (f"{what}: rows {padded}..{n} changed from {part(e, padded, n).tolist()} "
+                    f"to {part(a, padded, n).tolist()}. Rows past padded_rows belong to larger "
+                    f"buckets and are not read by this replay: touch only up to padded_rows."
+                    f"{along}")
+        tail_a, tail_e = part(a, raw, padded), part(e, raw, padded)
+        msg = (f"{what}: the padding tail (rows {raw}..{padded}) is {tail_a.tolist()}, "
+               f"expected {tail_e.tolist()}.")
+        rows = range(raw, padded)
+        bad = [r for r in rows if not torch.equal(part(a, r, r + 1), part(e, r, r + 1))]
+        stale_rows = [r for r in bad if torch.equal(part(a, r, r + 1), part(stale, r, r + 1))]
         if pad is not Pad.HEAD_ONLY and stale_rows and len(stale_rows) < padded - raw and \
-                all(x == y for x, y, r in zip(tail_a, tail_e, range(raw, padded))
-                    if r not in stale_rows):
+                stale_rows == bad:
             return (msg + f" Rows {stale_rows} kept their stale values while the rest of the "
                     "tail is right: the tail is every row from raw_rows up to (not including) "
-                    "padded_rows; check the bounds of your slice")
+                    "padded_rows; check the bounds of your slice" + along)
+        values = set(tail_a.reshape(-1).tolist())
+        fill = last["fill"]
         if pad is Pad.ZERO_TAIL:
-            if tail_a == torch.as_tensor(stale[raw:padded]).tolist():
+            if torch.equal(tail_a, part(stale, raw, padded)):
                 return (msg + " zero_tail leaves no stale value: these are indices that padded "
                         "rows gather and scatter through, and a stale one points into a live "
                         "request's KV cache or past the end of a table (an illegal memory "
-                        "access on a GPU). Section 3 says which row they must point at")
+                        "access on a GPU). Section 3 says which row they must point at"
+                        + along)
+            if values == {fill} and fill != 0:
+                return (msg + f" zero_tail means zeros: the tail holds {fill}, this slot's "
+                        "fill_value, but fill_value is the sentinel of Pad.SENTINEL slots "
+                        "only (every slot carries one; the policy decides whether it is "
+                        "used). A zero_tail index must point at row 0, the dummy slot")
             return (msg + " zero_tail means zeros: index 0 is the dummy slot, the only place "
-                    "padded rows may write")
+                    "padded rows may write" + along)
         if pad is Pad.SENTINEL:
-            fill = last["fill"]
-            if all(v == 0 for v in tail_a):
+            if values == {0}:
                 return (msg + " A sentinel of 0 masks every key: the padded row's softmax "
                         "becomes NaN. The value to write is the slot's own sentinel")
-            if len(set(tail_a)) == 1 and tail_a[0] != fill:
-                return (msg + f" The tail holds {tail_a[0]} but this slot's sentinel is "
-                        f"{fill}: take the value from slot.fill_value, not a constant (SGLang asks "
-                        "the attention backend for it: usually 1, not always)")
-            return msg + " The sentinel policy fills every tail row with the slot's sentinel"
+            if len(values) == 1 and fill not in values:
+                return (msg + f" The tail holds {values.pop()} but this slot's sentinel is "
+                        f"{fill}: take the value from slot.fill_value, not a constant (SGLang "
+                        "asks the attention backend for it: usually 1, not always)")
+            return msg + " The sentinel policy fills every tail row with the slot's sentinel" \
+                + along
         return (msg + " head_only leaves the tail as it is: any stale token id is valid and "
                 "padded rows' outputs are thrown away, so clearing it costs a launch for "
-                "nothing (and for a token id, no value is 'safer' than another)")
+                "nothing (and for a token id, no value is 'safer' than another)" + along)
 
     return check(
         run(fn), run(_fill_reference), make_inputs, trials=trials, name="fill_slot",
