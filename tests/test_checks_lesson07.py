@@ -256,7 +256,25 @@ def run_short_circuit(it, warmup_steps, ops):
     return ops.eager()
 
 
-@pytest.mark.parametrize("fn", [run_keyed_on_equality, run_short_circuit])
+def run_clones_the_loss(it, warmup_steps, ops):
+    """A right answer: the static loss is cloned, as a real tensor allows."""
+    if it < warmup_steps:
+        return ops.eager()
+    if not ops.captured:
+        ops.capture()
+    return ops.replay().clone()
+
+
+def run_item(it, warmup_steps, ops):
+    if it < warmup_steps:
+        return ops.eager().item()
+    if not ops.captured:
+        ops.capture()
+    return ops.replay().item()
+
+
+@pytest.mark.parametrize("fn", [run_keyed_on_equality, run_short_circuit,
+                                run_clones_the_loss])
 def test_run_iteration_testers_answers_pass(fn):
     assert L.check_run_iteration(fn)
 
@@ -273,6 +291,7 @@ def test_run_iteration_reference_passes():
     (run_forgets_return, "did you forget `return`?"),
     (run_capture_too_early, "Too early"),
     (run_capture_then_eager, "Replay the graph you just captured"),
+    (run_item, ".item()"),
 ])
 def test_run_iteration_wrong_answers(fn, words):
     res = L.check_run_iteration(fn)
@@ -517,6 +536,59 @@ def step_fill_false_and_loop_zero(model, opt, found_inf, static_batch):
         opt.step()
         return loss
     return step
+
+
+def step_returns_nothing(model, opt, found_inf, static_batch):   # the fix, minus `return`
+    grads = FS.ensure_grads(model.parameters())
+
+    def step():
+        torch._foreach_zero_(grads)
+        found_inf.zero_()
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        found_inf.logical_or_(~torch.isfinite(loss))
+        opt.step()
+    return step
+
+
+def step_host_if(model, opt, found_inf, static_batch):   # a host read inside the step
+    grads = FS.ensure_grads(model.parameters())
+
+    def step():
+        torch._foreach_zero_(grads)
+        found_inf.zero_()
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        if not torch.isfinite(loss):
+            found_inf.fill_(True)
+        opt.step()
+        return loss
+    return step
+
+
+def test_make_step_rejects_a_step_that_returns_nothing():
+    res = L.check_make_step(step_returns_nothing, trials=1)
+    assert not res
+    assert "step() returned None" in res.message and "the loss" in res.message
+    assert res.more_hints and "return" in res.more_hints[0]
+
+
+def test_make_step_host_read_names_the_line_and_its_hint():
+    res = L.check_make_step(step_host_if, trials=1)
+    assert not res
+    assert "if not torch.isfinite(loss):" in res.message
+    assert "previous error during capture" not in res.message     # the cause, not its echo
+    assert "found_inf.zero_()" not in res.more_hints[0]
+    assert "host" in res.more_hints[0]
+    usable()
+
+
+@pytest.mark.parametrize("fn,first", [
+    (step_as_given, "found_inf.zero_() belong to"),
+    (step_grads_not_zeroed, "gradients"),
+    (step_flag_after_optimizer, "opt.step()"),
+])
+def test_make_step_first_hint_is_about_the_mistake_seen(fn, first):
+    res = L.check_make_step(fn, trials=1)
+    assert res.more_hints and first in res.more_hints[0], res.more_hints
 
 
 def test_make_step_reference_and_a_variant_pass():

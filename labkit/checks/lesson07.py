@@ -10,7 +10,8 @@ Three exercises, each checked against :mod:`labkit.full_step`:
 * ``run_iteration(it, warmup_steps, ops)``: the capture-at-warmup-step logic of a
   whole-step wrapper: eager while ``it < warmup_steps``, capture once at the first
   iteration after that *and replay in the same iteration*, replay from then on. Checked
-  by the sequence of calls it makes over a run of iterations.
+  by the sequence of calls it makes over a run of iterations and the losses it returns
+  (tensors, as a real wrapper's: a clone of the static loss is fine, a float is not).
 * ``update_found_inf(found_inf, loss)``: set the flag when ``loss`` is inf, -inf or NaN,
   with tensor ops only, accumulating over the microbatches of a step. Checked by
   capturing it on labkit's emulator (a host read is refused there exactly as on a GPU)
@@ -30,7 +31,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit import full_step as FS
-from labkit.checks import CheckResult, check, compare_outputs
+from labkit.checks import (
+    CheckResult,
+    LearnerTimeout,
+    Reason,
+    check,
+    compare_outputs,
+    describe_exception,
+)
+from labkit.core.errors import exception_chain
 
 __all__ = ["check_fill_static_buffers", "check_run_iteration", "check_update_found_inf",
            "check_make_step"]
@@ -305,17 +314,24 @@ def check_fill_static_buffers(fn, *, device: torch.device | str | None = None,
 # ---- exercise 2: capture at the warm-up step ------------------------------------------------
 
 class _Ops:
-    """A stand-in for a whole-step wrapper's three actions, logging each call."""
+    """A stand-in for a whole-step wrapper's three actions, logging each call.
+
+    Losses are tensors, as a real wrapper's are: ``eager()`` returns a new scalar tensor
+    per call; ``replay()`` returns the graph's static loss, the SAME tensor every time,
+    holding the value of the latest replay (so ``.clone()``, ``.detach()`` or
+    ``.item()`` on it behave as on a real loss)."""
 
     def __init__(self):
         self.captured = False
         self.log: list[str] = []
         self._eager = 0
+        self._static = torch.zeros(())
+        self._replays = 0
 
     def eager(self):
         self.log.append("eager")
         self._eager += 1
-        return f"eager loss #{self._eager}"
+        return torch.tensor(float(self._eager))
 
     def capture(self):
         self.log.append("capture")
@@ -326,7 +342,20 @@ class _Ops:
             raise RuntimeError("Called CUDAGraph::replay without a preceding successful "
                                "capture.")
         self.log.append("replay")
-        return "static loss"
+        self._replays += 1
+        self._static.fill_(100.0 + self._replays)
+        return self._static
+
+
+def _loss_seen(x):
+    """What a returned loss holds now (the static loss is overwritten by later replays)."""
+    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+
+def _show_loss(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor holding {x.item():g}"
+    return repr(x)
 
 
 def _reference_run_iteration(it, warmup_steps, ops):
@@ -361,7 +390,7 @@ def check_run_iteration(fn, *, trials: int = 4) -> CheckResult:
             steps, results = [], []
             for it in range(n_iters):
                 start = len(ops.log)
-                results.append(step(it, warmup_steps, ops))
+                results.append(_loss_seen(step(it, warmup_steps, ops)))
                 steps.append(ops.log[start:])
             return {"calls": _per_iteration(steps), "returns": results}
         return run
@@ -393,10 +422,18 @@ def check_run_iteration(fn, *, trials: int = 4) -> CheckResult:
         if len(expected["calls"]) != len(actual["calls"]):
             return "your code stopped early"
         for it, (e, a) in enumerate(zip(expected["returns"], actual["returns"])):
-            if e != a:
-                hint = " (did you forget `return`?)" if a is None else ""
-                return (f"warmup_steps={w}, iteration {it}: returned {a!r}, expected {e!r}: "
-                        f"return the loss that ops.eager() / ops.replay() gives{hint}")
+            if isinstance(a, torch.Tensor) and a.shape == e.shape and torch.equal(a, e):
+                continue
+            if isinstance(a, float) and a == e.item():
+                return (f"warmup_steps={w}, iteration {it}: returned the float {a!r}, the "
+                        f"loss's value read on the host (.item()?). Return the loss tensor "
+                        f"itself: .item() makes the host wait for the GPU to finish the step, "
+                        f"at every iteration, which is the very sync a whole-step graph is "
+                        f"there to avoid (read it only when you log)")
+            hint = " (did you forget `return`?)" if a is None else ""
+            return (f"warmup_steps={w}, iteration {it}: returned {_show_loss(a)}, expected "
+                    f"{_show_loss(e)}: return the loss that ops.eager() / ops.replay() gives"
+                    f"{hint}")
         return None
 
     return check(
@@ -595,11 +632,11 @@ def _run_guarded(make_step, bad_at: int, n_steps: int, seed: int) -> dict:
     g = E.CUDAGraph()
     try:
         with E.graph(g, stream=s):
-            step()
+            static_loss = step()
     except BaseException:
         backend.recover(E)
         raise
-    flags, moved, params = [], [], list(model.parameters())
+    flags, moved, losses, params = [], [], [], list(model.parameters())
     for k in range(n_steps):
         for buf, mb in zip(static, batches[k + 1]):
             for b, t in zip(buf, mb):
@@ -616,8 +653,36 @@ def _run_guarded(make_step, bad_at: int, n_steps: int, seed: int) -> dict:
                 before[-2][0, 0] = keep                 # head.weight, for the comparison
         moved.append(any(not torch.equal(p, q) for p, q in zip(params, before)))
         flags.append(bool(flag))
-    return {"flags": flags, "moved": moved,
+        losses.append(static_loss.detach().clone() if isinstance(static_loss, torch.Tensor)
+                      else static_loss)
+    return {"flags": flags, "moved": moved, "losses": losses,
             "weights": [p.detach().clone() for p in params]}
+
+
+# hints for make_step, one list per kind of mistake (most general first)
+_MS_ONCE = ["Every tensor op inside step() is recorded and replayed; code in make_step "
+            "outside step() ran once, before the capture. Which of the two does "
+            "found_inf.zero_() belong to?",
+            "Move found_inf.zero_() into step(), before the forward-backward: each replay "
+            "then starts with a clean flag"]
+_MS_WHEN = ["The host reads found_inf after the replay: what must it hold then, and what "
+            "clears it before the host can read it?",
+            "Clear the flag at the start of step() (found_inf.zero_() before the "
+            "forward-backward), never after opt.step()"]
+_MS_ORDER = ["opt.step() reads the flag when it runs: the verdict must be in found_inf, the "
+             "very tensor the optimizer holds (skip_if), before that.",
+             "In step(): zero the grads and the flag, forward-backward, update the flag in "
+             "place from the loss, then opt.step()"]
+_MS_GRADS = ["backward() adds into .grad: which gradients does the next step start from, "
+             "if nothing clears them in place?",
+             "torch._foreach_zero_(grads) at the start of step(), inside the graph"]
+_MS_HOST = ["Inside a capture nothing may read a tensor's value on the host: decide with "
+            "tensor ops (lesson section 6.2), not with an `if` on a tensor.",
+            "found_inf.logical_or_(~torch.isfinite(loss)) sets the flag on the device"]
+_MS_RETURN = ["What did the broken make_step's step() return, and who reads it after a "
+              "replay?",
+              "End step() with `return loss`: the graph's static loss"]
+_MS_GENERAL = _MS_ONCE
 
 
 def check_make_step(fn, *, trials: int = 2) -> CheckResult:
@@ -625,7 +690,9 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
     capture skips a step with a non-finite loss (``opt`` is a ``CapturableAdamW`` with
     ``skip_if=found_inf``) and trains normally on the steps after it. When a replay ends,
     ``found_inf`` must hold that step's verdict: the host reads it after the replay (the
-    exercise text says so), so clearing it at the end of the step is rejected."""
+    exercise text says so), so clearing it at the end of the step is rejected. ``step()``
+    must return the loss (the graph's static loss), and each failure's first hint is about
+    the mistake seen."""
 
     def make_inputs(gen: torch.Generator):
         n = int(torch.randint(4, 6, (), generator=gen))
@@ -638,6 +705,10 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
             torch.set_num_threads(1)                # tiny tensors: one thread is faster
             try:
                 out = _run_guarded(make_step, bad_at, n, seed)
+            except (NotImplementedError, LearnerTimeout):
+                raise
+            except Exception as exc:                # named with its first cause below
+                return {"raised": exc}
             finally:
                 torch.set_num_threads(threads)
             out["bad_at"] = bad_at
@@ -645,42 +716,76 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
         return run
 
     def compare(expected, actual) -> str | None:
+        if "raised" in actual:
+            root = exception_chain(actual["raised"])[0]
+            host = isinstance(root, RuntimeError) and any(
+                w in str(root) for w in ("capture", "captur", "sync", "Boolean value"))
+            return Reason(
+                f"your code raised {describe_exception(root)}"
+                + ("\n   The step runs inside a capture: nothing there may read a tensor's "
+                   "value on the host (an `if` on a tensor, .item(), bool(), print)."
+                   if host else ""),
+                _MS_HOST if host else _MS_GENERAL)
         k = expected["bad_at"]
         ef, af, em, am = expected["flags"], actual["flags"], expected["moved"], actual["moved"]
         steps = f"(the bad step is replay {k} of {len(ef)})"
         if not af[k] and not am[k]:
-            return (f"the optimizer did skip the bad step {steps}, but when its replay ends "
-                    "found_inf is False again: you clear the flag after opt.step(), so the "
-                    "host, which reads the flag after the replay (lesson section 6.2), never "
-                    "sees a bad step. The flag must hold the step's verdict until the next "
-                    "step starts: clear it at the start of step(), not at the end")
+            return Reason(
+                f"the optimizer did skip the bad step {steps}, but when its replay ends "
+                "found_inf is False again: you clear the flag after opt.step(), so the "
+                "host, which reads the flag after the replay (lesson section 6.2), never "
+                "sees a bad step. The flag must hold the step's verdict until the next "
+                "step starts: clear it at the start of step(), not at the end", _MS_WHEN)
         if not af[k]:
-            return (f"the bad step was not flagged {steps}: after its replay found_inf is "
-                    "False and the weights moved, so the verdict never reached opt.step(). "
-                    "Is the flag set after the loss is known, is nothing clearing it between "
-                    "the verdict and opt.step(), and is it the very tensor the optimizer "
-                    "holds (skip_if)?")
+            return Reason(
+                f"the bad step was not flagged {steps}: after its replay found_inf is "
+                "False and the weights moved, so the verdict never reached opt.step(). "
+                "Is the flag set after the loss is known, is nothing clearing it between "
+                "the verdict and opt.step(), and is it the very tensor the optimizer "
+                "holds (skip_if)?", _MS_ORDER)
         if am[k]:
-            return (f"the bad step changed the weights {steps} although found_inf was set: "
-                    "the flag must be set before opt.step() reads it")
+            return Reason(
+                f"the bad step changed the weights {steps} although found_inf was set: "
+                "the flag must be set before opt.step() reads it", _MS_ORDER)
         if any(af[k + 1:]) and not any(am[k + 1:]):
-            return (f"after the bad step, found_inf stays True and the weights never move "
-                    f"again {steps}; flags per replay: {af}. Something that must happen at "
-                    "the start of every step happens only once. Which lines of make_step run "
-                    "at every replay, and which ran only once, before the capture?")
+            return Reason(
+                f"after the bad step, found_inf stays True and the weights never move "
+                f"again {steps}; flags per replay: {af}. Something that must happen at "
+                "the start of every step happens only once. Which lines of make_step run "
+                "at every replay, and which ran only once, before the capture?", _MS_ONCE)
         if any(af[k + 1:]):
-            return (f"found_inf is True again on a step after the bad one, whose data is "
-                    f"finite {steps}; flags per replay: {af}, expected {ef}. Something of the "
-                    "bad step leaks into later ones: backward accumulates into .grad, so "
-                    "are the gradients zeroed in place at every step?")
+            return Reason(
+                f"found_inf is True again on a step after the bad one, whose data is "
+                f"finite {steps}; flags per replay: {af}, expected {ef}. Something of the "
+                "bad step leaks into later ones: backward accumulates into .grad, so "
+                "are the gradients zeroed in place at every step?", _MS_GRADS)
         if af != ef or am != em:
-            return f"flags per replay {af} (expected {ef}), weights moved {am} (expected {em})"
+            return Reason(f"flags per replay {af} (expected {ef}), weights moved {am} "
+                          f"(expected {em})", _MS_ONCE)
         problem = compare_outputs(expected["weights"], actual["weights"], rtol=1e-4,
                                   atol=1e-5)
         if problem:
-            return ("flags and skips are right, but the weights end up different from the "
-                    f"reference: {problem}. Are the gradients zeroed in place at every step "
-                    "(backward accumulates into .grad)?")
+            return Reason(
+                "flags and skips are right, but the weights end up different from the "
+                f"reference: {problem}. Are the gradients zeroed in place at every step "
+                "(backward accumulates into .grad)?", _MS_GRADS)
+        el, al = expected["losses"], actual["losses"]
+        if not all(isinstance(x, torch.Tensor) for x in al):
+            got = next(x for x in al if not isinstance(x, torch.Tensor))
+            return Reason(
+                f"flags, skips and weights are right, but step() returned "
+                f"{'None' if got is None else type(got).__name__}: the exercise's step "
+                "returns the loss, the graph's static loss: after each replay the host "
+                "reads it there (to log it, as it reads found_inf)", _MS_RETURN)
+        wrong = [i for i, (e, a) in enumerate(zip(el, al))
+                 if a.shape != e.shape or not torch.allclose(a, e, equal_nan=True)]
+        if wrong:
+            i = wrong[0]
+            return Reason(
+                f"step() returned a tensor, but after replay {i} it holds {al[i].tolist()} "
+                f"where that step's loss is {el[i].tolist()}: return the loss that "
+                "forward_backward gives inside step(), the graph's static loss",
+                _MS_RETURN)
         return None
 
     return check(
