@@ -339,3 +339,194 @@ def test_failed_capture_leaves_default_generator_in_capture_mode(B):
     backend.recover(B)
     assert B.current_stream() == B.default_stream()
     assert torch.randn(2, device=B.device).shape == (2,)
+
+
+# ---- data-dependent output sizes -------------------------------------------------------
+# An op whose output size depends on the values must learn that size before it allocates
+# its output: on a GPU it copies a count to the host and waits (nonzero_cuda_out_impl's
+# memcpy_and_sync, repeat_interleave_common's .item()), which capture refuses. Its
+# fixed-size relatives need no count and capture.
+
+def _dd_inputs(B):
+    x = torch.randn(8, device=B.device)
+    reps = torch.tensor([2, 0, 1, 1], device=B.device)
+    return x, x > 0, reps, torch.zeros((), device=B.device)
+
+
+def _assign(x, mask, value):
+    y = x.clone()
+    y[mask] = value
+    return y
+
+
+DATA_DEPENDENT_SIZE = {         # op, and the root cause a GPU reports (H200, torch 2.11)
+    "nonzero": (lambda x, m, r, z: torch.nonzero(m), SYNC_MSG),
+    "where_one_argument": (lambda x, m, r, z: torch.where(m), SYNC_MSG),
+    "boolean_mask_read": (lambda x, m, r, z: x[m], SYNC_MSG),
+    "masked_select": (lambda x, m, r, z: torch.masked_select(x, m), SYNC_MSG),
+    "boolean_mask_assign_device_tensor": (lambda x, m, r, z: _assign(x, m, z), SYNC_MSG),
+    "unique": (lambda x, m, r, z: torch.unique(x), SYNC_MSG),
+    "unique_consecutive": (lambda x, m, r, z: torch.unique_consecutive(x), SYNC_MSG),
+    "repeat_interleave_tensor_repeats": (lambda x, m, r, z: x[:4].repeat_interleave(r), SYNC_MSG),
+    "repeat_interleave_repeats_only": (lambda x, m, r, z: torch.repeat_interleave(r), SYNC_MSG),
+    # _bincount_cuda_template copies the smallest value to the host with .cpu(): torch's
+    # own host-copy check refuses it first (and the capture itself is not invalidated)
+    "bincount": (lambda x, m, r, z: torch.bincount(r), HOST_COPY_MSG),
+    # histc with min == max (the default) copies the data's range to the host
+    "histc_without_range": (lambda x, m, r, z: torch.histc(x), HOST_COPY_MSG),
+    # not a size, but the same wait: a device tensor as masked_fill's value is read with
+    # .item() (masked_fill__cuda)
+    "masked_fill_device_tensor_value": (lambda x, m, r, z: x.masked_fill(m, z), SYNC_MSG),
+}
+
+FIXED_SIZE = {
+    "where_three_arguments": lambda x, m, r, z: torch.where(m, x, 0),
+    "where_device_tensor_value": lambda x, m, r, z: torch.where(m, z, x),
+    "masked_fill_number": lambda x, m, r, z: x.masked_fill(m, 0.0),
+    "boolean_mask_assign_number": lambda x, m, r, z: _assign(x, m, 0.0),  # -> masked_fill_
+    "nonzero_static": lambda x, m, r, z: torch.nonzero_static(m, size=8),
+    "repeat_interleave_output_size": lambda x, m, r, z: x[:4].repeat_interleave(r, output_size=4),
+    "repeat_interleave_int": lambda x, m, r, z: x.repeat_interleave(2),
+    "histc_with_range": lambda x, m, r, z: torch.histc(x, bins=4, min=-3, max=3),
+}
+
+
+@pytest.mark.parametrize("what", sorted(DATA_DEPENDENT_SIZE))
+def test_data_dependent_size_fails_capture(B, what):
+    (op, message), inputs = DATA_DEPENDENT_SIZE[what], _dd_inputs(B)
+    op(*inputs)                                 # eagerly it works (and is warmed up)
+    B.synchronize()
+    with pytest.raises(RuntimeError) as info:
+        capture(B, lambda: op(*inputs))
+    assert message in error_text(info.value)
+    assert_usable(B)
+
+
+@pytest.mark.parametrize("what", sorted(FIXED_SIZE))
+def test_fixed_size_relatives_capture_and_replay(B, what):
+    op, inputs = FIXED_SIZE[what], _dd_inputs(B)
+    x, mask, _, _ = inputs
+    op(*inputs)
+    B.synchronize()
+    g, out = capture(B, lambda: op(*inputs))
+    for _ in range(2):                          # new data, same memory: replay follows it
+        x.copy_(torch.randn(8, device=B.device))
+        mask.copy_(x > 0)
+        g.replay()
+        torch.testing.assert_close(out, op(*inputs), rtol=0, atol=0)
+
+
+# ---- other threads during a capture ----------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_another_threads_kernels_are_not_captured(B, mode):
+    """Another thread's kernels run for real during a capture and are not in the graph.
+
+    An in-place kernel needs no allocation, so no mode refuses it (modes decide about
+    potentially unsafe API calls such as cudaMalloc, below)."""
+    import threading
+
+    counter = torch.zeros(1, device=B.device)
+    x = torch.ones(2, device=B.device)
+    capturing, done = threading.Event(), threading.Event()
+
+    def other():
+        capturing.wait()
+        counter.add_(1)                         # on this thread's own (default) stream
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    g = B.CUDAGraph()
+    with B.graph(g, capture_error_mode=mode):
+        y = x * 3
+        capturing.set()
+        assert done.wait(timeout=60)
+    t.join()
+    B.synchronize()
+    assert counter.item() == 1.0                # it ran once, for real
+    for _ in range(3):
+        g.replay()
+    B.synchronize()
+    assert counter.item() == 1.0 and y.tolist() == [3.0, 3.0]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_capture_error_mode_and_another_threads_cudamalloc(mode):
+    """Under "global" another thread's cudaMalloc is refused and the capture invalidated;
+    "thread_local" and "relaxed" let it through (observed on an H200, torch 2.11). The
+    other thread asks for more than the allocator has reserved, so no cached block can
+    serve it and it must call cudaMalloc. The emulator has no allocator outside graph
+    pools, so this runs on a GPU only."""
+    import threading
+
+    B = backend.get("cuda")
+    x = torch.ones(4, device=B.device)
+    capturing, done, seen = threading.Event(), threading.Event(), {}
+    nbytes = torch.cuda.memory_reserved() + 256 * 2**20
+
+    def other():
+        capturing.wait()
+        try:
+            torch.empty(nbytes, dtype=torch.uint8, device=B.device)
+            seen["other"] = None
+        except RuntimeError as e:
+            seen["other"] = e
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    g = B.CUDAGraph()
+    try:
+        with B.graph(g, capture_error_mode=mode):
+            y = x * 2
+            capturing.set()
+            assert done.wait(timeout=60)
+        captured = None
+    except RuntimeError as e:
+        captured = e
+    finally:
+        t.join()
+        backend.recover(B)
+    if mode == "global":
+        assert seen["other"] is not None and SYNC_MSG in error_text(seen["other"])
+        assert captured is not None
+        assert "operation failed due to a previous error during capture" in error_text(captured)
+    else:
+        assert seen["other"] is None and captured is None
+        g.replay()
+        assert y.tolist() == [2.0] * 4
+
+
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_synchronize_from_another_thread_invalidates_the_capture(B, mode):
+    """No capture_error_mode lets another thread synchronize the device: it would wait for
+    the capturing stream. The call is refused and the capture invalidated (H200, torch
+    2.11); the emulator does the same."""
+    import threading
+
+    x = torch.ones(2, device=B.device)
+    capturing, done, seen = threading.Event(), threading.Event(), {}
+
+    def other():
+        capturing.wait()
+        try:
+            B.synchronize()
+            seen["other"] = None
+        except RuntimeError as e:
+            seen["other"] = e
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with pytest.raises(RuntimeError) as info:
+        with B.graph(B.CUDAGraph(), capture_error_mode=mode):
+            x * 2
+            capturing.set()
+            assert done.wait(timeout=60)
+    t.join()
+    assert seen["other"] is not None and SYNC_MSG in error_text(seen["other"])
+    assert "operation failed due to a previous error during capture" in error_text(info.value)
+    assert_usable(B)

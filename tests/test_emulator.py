@@ -200,3 +200,42 @@ def test_replay_vs_eager_measurement_runs_and_agrees():
     r = replay_vs_eager(d_model=16, nhead=2, batch=2, seq=4, iters=3)
     assert r["results_equal"] and r["ops_recorded"] > 20
     assert r["eager_us"] > 0 and r["replay_us"] > 0
+
+
+def test_captures_underway_are_tracked_per_thread_and_cleared(E):
+    """Every thread's capture is known process-wide (a device-wide synchronize() from
+    another thread must see it), and a capture that ends, well or not, leaves the list."""
+    import threading
+
+    from labkit.emulator.state import captures_underway
+
+    x = torch.ones(2)
+    seen = []
+    g = E.CUDAGraph()
+    with E.graph(g):
+        t = threading.Thread(target=lambda: seen.append(len(captures_underway())))
+        t.start()
+        t.join()
+        x * 2
+    assert seen == [1] and captures_underway() == []
+    with pytest.raises(RuntimeError):
+        with E.graph(E.CUDAGraph()):
+            x.sum().item()
+    assert captures_underway() == []
+
+
+def test_bincount_and_histc_refuse_like_torchs_host_copy_check(E):
+    """On a GPU these copy values to the host: torch's host-copy check refuses them, and
+    the capture itself stays valid (H200, torch 2.11)."""
+    r = torch.tensor([2, 0, 1, 1])
+    x = torch.randn(8)
+    g = E.CUDAGraph()
+    with E.graph(g):
+        y = x * 2
+        for op in (lambda: torch.bincount(r), lambda: torch.histc(x)):
+            with pytest.raises(RuntimeError, match="unless the CPU tensor is pinned"):
+                op()
+        h = torch.histc(x, bins=4, min=-3, max=3)          # a given range: no copy
+    g.replay()
+    torch.testing.assert_close(y, x * 2)
+    torch.testing.assert_close(h, torch.histc(x, bins=4, min=-3, max=3))

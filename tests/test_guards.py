@@ -345,3 +345,27 @@ def test_error_text_joins_the_chain_root_cause_first():
             raise RuntimeError("capture invalidated")
     except RuntimeError as e:
         assert error_text(e) == "refused\nsecond line\ncapture invalidated"
+
+
+def test_lint_boolean_mask_assignment_goes_by_the_value(B):
+    """``x[mask] = 0.0`` becomes masked_fill_ on a GPU (canDispatchToMaskedFill); with a
+    device tensor as value it goes through nonzero, and masked_fill reads a device tensor
+    value with .item(). The linter says what a real capture does (test_backend_behaviour)."""
+    x = torch.randn(8, device=B.device)
+    mask, zero = x > 0, torch.zeros((), device=B.device)
+
+    def number(x, mask):
+        y = x.clone()
+        y[mask] = 0.0
+        return y.masked_fill(mask, 1.0), torch.where(mask, zero, y)
+
+    def tensor_value(x, mask):
+        y = x.clone()
+        y[mask] = zero
+        return y
+
+    assert lint_capture(number, x, mask, B=B).kinds == []
+    assert lint_capture(tensor_value, x, mask, B=B).kinds == ["dynamic_shape"]
+    assert lint_capture(lambda x, m: x.masked_fill(m, zero), x, mask, B=B).kinds == ["cpu_sync"]
+    assert lint_capture(lambda x: torch.histc(x), x, B=B).kinds == ["cpu_sync"]
+    assert lint_capture(lambda x: torch.histc(x, 4, -3, 3), x, B=B).kinds == []

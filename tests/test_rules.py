@@ -17,7 +17,13 @@ GEN = torch.Generator()
 
 def _clone_set(x):
     y = x.clone()
-    y[x > 0] = 0
+    y[x > 0] = torch.zeros(())        # a tensor value: nonzero on a GPU
+    return y
+
+
+def _clone_set_number(x):
+    y = x.clone()
+    y[x > 0] = 0                      # a Python number: masked_fill_ on a GPU, no sync
     return y
 
 
@@ -63,6 +69,8 @@ TRIGGERS = {
     "repeat_interleave (tensor repeats)": lambda x: x.repeat_interleave(REPEATS),
     "unregistered generator": lambda x: x + torch.rand(4, generator=GEN),
     "synchronize": lambda x: (B.synchronize(), x * 2)[1],
+    "histc (no range)": lambda x: torch.histc(x),
+    "masked_fill (tensor value)": lambda x: x.masked_fill(x > 0, torch.zeros(())),
 }
 
 # What the linter does not flag, the emulator does not refuse.
@@ -73,6 +81,9 @@ CLEAN = {
     "torch.where instead of a mask": lambda x: torch.where(x > 0, x, 0),
     "torch.as_tensor of a tensor": lambda x: torch.as_tensor(x) * 2,
     "the default generator": lambda x: x + torch.rand(4, generator=torch.default_generator),
+    "a boolean mask assigned a Python number": _clone_set_number,
+    "masked_fill with a number": lambda x: x.masked_fill(x > 0, 0.0),
+    "histc with a range": lambda x: torch.histc(x, bins=4, min=-1, max=2),
 }
 
 # ATen table entries no trigger reaches on torch 2.13 (decompositions and aliases of others:

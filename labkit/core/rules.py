@@ -13,7 +13,8 @@ import torch
 
 __all__ = ["Rule", "HAZARDS", "SEVERITIES", "FUNCTION_RULES", "ATEN_RULES", "MASK_INDEX_OPS",
            "REFUSE", "HOST_COPY", "AT_ATEN", "function_rule", "aten_rule", "HOST_COPY_MESSAGE",
-           "RNG_MESSAGE", "GENERATOR_RULE", "unregistered_generators"]
+           "RNG_MESSAGE", "GENERATOR_RULE", "unregistered_generators", "sets_from_host_number",
+           "masked_fill_fast_path"]
 
 #: kind -> (title, severity, default fix). Severities: "fails capture" (capture raises on
 #: a GPU), "silently wrong" (capture works, replays compute something else), "check".
@@ -148,8 +149,10 @@ ATEN_RULES: dict[str, Rule] = {
     "unique_dim": Rule("dynamic_shape", "aten.unique_dim", _DATA_SHAPE),
     "unique_consecutive": Rule("dynamic_shape", "aten.unique_consecutive", _DATA_SHAPE),
     "unique_dim_consecutive": Rule("dynamic_shape", "aten.unique_dim_consecutive", _DATA_SHAPE),
-    "bincount": Rule("dynamic_shape", "aten.bincount",
-                     "its output length depends on the largest value"),
+    # on a GPU the refusal is torch's host-copy check, not CUDA's: _bincount_cuda_template
+    # copies the smallest value to the host (.cpu()) before it reads the largest
+    "bincount": Rule("dynamic_shape", "aten.bincount", "its output length depends on the "
+                     "largest value, so it copies values to the host", HOST_COPY),
 }
 
 #: Indexing ops that refuse a boolean (or uint8) mask among their indices.
@@ -157,8 +160,17 @@ MASK_INDEX_OPS = frozenset({"index", "index_put", "index_put_", "_index_put_impl
 
 _MASK_RULE = Rule("dynamic_shape", "with a boolean mask", "indexing with a boolean mask "
                   "selects as many elements as are True: the shape depends on the data")
+_MASK_ASSIGN_RULE = Rule("dynamic_shape", "with a boolean mask", "assigning through a boolean "
+                         "mask turns it into indices with nonzero, whose count depends on the "
+                         "data (t[mask] = a Python number takes masked_fill_ instead)")
 _REPEAT_RULE = Rule("dynamic_shape", "aten.repeat_interleave", "with tensor repeats the output "
                     "length depends on the data (pass output_size=...)")
+_HISTC_RULE = Rule("cpu_sync", "aten.histc without min/max", "with min == max (the default) "
+                   "it copies the data's smallest and largest values to the host to choose "
+                   "the bins; pass min= and max=", HOST_COPY)
+_MASKED_FILL_RULE = Rule("cpu_sync", "masked_fill with a tensor value", "a 0-dim value tensor "
+                         "on the device is read on the host with .item() (masked_fill__cuda); "
+                         "pass a Python number, or use torch.where(mask, value, x)")
 
 
 GENERATOR_RULE = Rule("unregistered_generator", "generator=...", "draws from a custom "
@@ -198,13 +210,54 @@ def function_rule(name: str, args: tuple = (), kwargs: dict | None = None) -> Ru
     return rule
 
 
-def aten_rule(name: str, args: tuple = (), kwargs: dict | None = None) -> Rule | None:
+def sets_from_host_number(name: str, args: tuple) -> bool:
+    """True for ``t[index] = number`` (``Tensor.__setitem__`` with a Python number).
+
+    For a CUDA tensor, ``THPVariable_setitem`` turns the number into a CPU tensor, which
+    lets ATen's ``_index_put_impl_`` take its ``masked_fill_`` path for a boolean mask
+    (see :func:`masked_fill_fast_path`). Both the emulator and the linter watch Python
+    calls for it, because below the dispatcher the number is just a 0-dim tensor.
+    """
+    return (name == "__setitem__" and len(args) >= 3
+            and isinstance(args[2], (bool, int, float, complex)))
+
+
+def masked_fill_fast_path(args: tuple, kwargs: dict | None = None,
+                          host_value: bool = False) -> bool:
+    """Whether ``index_put_(self, indices, values, accumulate)`` becomes ``masked_fill_``.
+
+    Mirrors ``canDispatchToMaskedFill`` in ATen's ``_index_put_impl_``: no accumulation,
+    one value on the host (a CPU tensor with one element next to a device tensor, or
+    ``host_value``: the value was a Python number), and exactly one index, a boolean (or
+    uint8) mask on ``self``'s device. That path needs no ``nonzero``, so it does not sync.
+    """
+    kwargs = kwargs or {}
+    self = args[0] if args else kwargs.get("self")
+    indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+    values = args[2] if len(args) > 2 else kwargs.get("values")
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    if accumulate or not isinstance(self, torch.Tensor) or not isinstance(values, torch.Tensor) \
+            or values.numel() != 1:
+        return False
+    if not (host_value or (values.device.type == "cpu" and self.device.type != "cpu")):
+        return False
+    defined = [i for i in (indices or ()) if i is not None]
+    return (len(defined) == 1 and isinstance(defined[0], torch.Tensor)
+            and defined[0].dtype in (torch.bool, torch.uint8)
+            and defined[0].device == self.device)
+
+
+def aten_rule(name: str, args: tuple = (), kwargs: dict | None = None,
+              host_value: bool = False) -> Rule | None:
     """The rule an ATen op breaks, or None.
 
     Args:
         name: the op's overload packet name (``func.overloadpacket.__name__``).
-        args, kwargs: its arguments: a boolean mask index and ``repeat_interleave`` without
-            ``output_size`` are refused by what they are given, not by name alone.
+        args, kwargs: its arguments: a boolean mask index, ``repeat_interleave`` without
+            ``output_size`` and ``masked_fill`` with a tensor value are refused by what they
+            are given, not by name alone.
+        host_value: the op runs inside ``t[mask] = number``
+            (:func:`sets_from_host_number`), whose value stays on the host on a GPU.
     """
     kwargs = kwargs or {}
     rule = ATEN_RULES.get(name)
@@ -214,9 +267,25 @@ def aten_rule(name: str, args: tuple = (), kwargs: dict | None = None) -> Rule |
         idx = args[1] if len(args) > 1 else kwargs.get("indices", ())
         if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
                for i in (idx or ())):
-            return _MASK_RULE._replace(shown=f"aten.{name} with a boolean mask")
+            if name != "index" and masked_fill_fast_path(args, kwargs, host_value):
+                return None
+            if name == "index":
+                return _MASK_RULE._replace(shown=f"aten.{name} with a boolean mask")
+            return _MASK_ASSIGN_RULE._replace(shown=f"aten.{name} with a boolean mask")
         return None
     if name == "repeat_interleave" and kwargs.get("output_size") is None and any(
             isinstance(a, torch.Tensor) for a in args):
         return _REPEAT_RULE
+    if name == "histc":
+        lo = args[2] if len(args) > 2 else kwargs.get("min", 0)
+        hi = args[3] if len(args) > 3 else kwargs.get("max", 0)
+        if lo == hi:
+            return _HISTC_RULE
+        return None
+    if name in ("masked_fill", "masked_fill_"):
+        self = args[0] if args else kwargs.get("self")
+        value = args[2] if len(args) > 2 else kwargs.get("value")
+        if isinstance(value, torch.Tensor) and isinstance(self, torch.Tensor) and not (
+                value.device.type == "cpu" and self.device.type != "cpu"):
+            return _MASKED_FILL_RULE
     return None

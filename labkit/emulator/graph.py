@@ -64,7 +64,12 @@ class CUDAGraph:
     What it cannot show: the host/device split (on a CPU the "kernels" run when replay
     is called, on the calling thread) and GPU timing: ``python -m
     labkit.bench.emulator_cost`` measures what a replay costs on the CPU, which is no
-    GPU's figure.
+    GPU's figure. Nor other threads: a capture here watches its own thread only, and
+    ``capture_error_mode`` is checked but changes nothing. On a GPU the default
+    ``"global"`` mode also refuses another thread's potentially unsafe CUDA call (a
+    ``cudaMalloc`` when its caching allocator has no block to reuse); the emulator has no
+    allocator outside graph pools, so it cannot know when that would happen (lesson 03
+    shows a GPU's output).
 
     .. warning::
         As on a GPU, a graph keeps writing to the memory it captured. Keep static inputs
@@ -82,7 +87,11 @@ class CUDAGraph:
 
     # ---- capture ----------------------------------------------------------------------
     def capture_begin(self, pool=None, capture_error_mode: str = "global", **kwargs) -> None:
-        """Begin capturing on the current stream (prefer the ``graph`` context manager)."""
+        """Begin capturing on the current stream (prefer the ``graph`` context manager).
+
+        ``capture_error_mode`` is checked as torch checks it; what it decides on a GPU
+        (whether other threads' unsafe CUDA calls are refused) has no counterpart here.
+        """
         if self._has_graph or self._capture is not None:
             raise RuntimeError("This CUDAGraph instance already owns a captured graph. "
                                "To capture a new graph, create a new instance.")

@@ -130,13 +130,14 @@ class Capture:
         self.steps: list[Callable[[], None]] = []
         self.ops: list[str] = []
         self.invalid: str | None = None
+        self.host_value = False      # inside `t[mask] = number` (rules.sets_from_host_number)
         self._aliases: dict[tuple, torch.Tensor] = {}
         self._modes = (_CaptureFunctionMode(self), _CaptureDispatchMode(self))
 
     # lifecycle
     def start(self) -> None:
         if active_capture() is not None:
-            raise RuntimeError("Another capture is already underway in this process: "
+            raise RuntimeError("Another capture is already underway on this thread: "
                                "finish it (capture_end) before starting a new one.")
         set_active_capture(self)
         for m in self._modes:
@@ -187,9 +188,11 @@ class Capture:
     def record(self, func, args, kwargs):
         kind = _kind(func)
         name = func.overloadpacket.__name__
-        rule = rules.aten_rule(name, args, kwargs)
+        rule = rules.aten_rule(name, args, kwargs, host_value=self.host_value)
         if rule is not None and rule.emulator == rules.REFUSE:
             self.refuse(rule)
+        if rule is not None and rule.emulator == rules.HOST_COPY:
+            self.refuse_host_copy(rule)
 
         if kind in ("view", "meta_inplace"):
             return func(*args, **kwargs)
@@ -297,9 +300,11 @@ class Capture:
                             f"{rule.shown}: {rule.why}. Nothing inside a captured region "
                             "may wait for the GPU.")
 
-    def refuse_host_copy(self):
-        raise RuntimeError(HOST_COPY_MESSAGE + "\n[labkit emulator] this copies a captured "
-                           "tensor to host memory; read results after replay() instead.")
+    def refuse_host_copy(self, rule: rules.Rule | None = None):
+        why = (f"{rule.shown}: {rule.why}." if rule is not None else
+               "this copies a captured tensor to host memory; read results after replay() "
+               "instead.")
+        raise RuntimeError(HOST_COPY_MESSAGE + f"\n[labkit emulator] {why}")
 
 
 class _CaptureDispatchMode(TorchDispatchMode):
@@ -331,6 +336,13 @@ class _CaptureFunctionMode(TorchFunctionMode):
             raise RuntimeError(RNG_MESSAGE + "\n[labkit emulator] this op draws from a "
                                "custom torch.Generator: call "
                                "g.register_generator_state(generator) before capture.")
+        if rules.sets_from_host_number(name, args):
+            # on a GPU the number stays a CPU scalar: a boolean mask takes masked_fill_
+            self.cap.host_value = True
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.cap.host_value = False
         return func(*args, **kwargs)
 
 

@@ -2,6 +2,12 @@
 
 The bottom of the emulator: the recorder sets the active capture, the streams refuse a
 synchronisation while there is one, and both raise CUDA's errors, made here.
+
+A capture watches its own thread, with one exception that does not depend on the
+capture's ``capture_error_mode``: a device-wide ``synchronize()`` from *another* thread
+waits for the capturing stream too. On an H200 (torch 2.11) it raised "operation not
+permitted when stream is capturing" in the calling thread and invalidated the capture, in
+the "global", "thread_local" and "relaxed" modes alike (:func:`refuse_device_sync`).
 """
 
 from __future__ import annotations
@@ -10,8 +16,8 @@ import threading
 
 import torch
 
-__all__ = ["active_capture", "set_active_capture", "capture_error", "refuse_sync",
-           "CAPTURE_UNSUPPORTED", "CAPTURE_INVALIDATED"]
+__all__ = ["active_capture", "set_active_capture", "captures_underway", "capture_error",
+           "refuse_sync", "refuse_device_sync", "CAPTURE_UNSUPPORTED", "CAPTURE_INVALIDATED"]
 
 _CUDA_TAIL = (
     "\nSearch for `{code}' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
@@ -25,6 +31,8 @@ CAPTURE_INVALIDATED = "CUDA error: operation failed due to a previous error duri
 _Accel = getattr(torch, "AcceleratorError", RuntimeError)
 
 _state = threading.local()
+_lock = threading.Lock()
+_underway: dict[int, object] = {}      # thread id -> its capture, for every thread
 
 
 def active_capture():
@@ -35,6 +43,17 @@ def active_capture():
 def set_active_capture(capture) -> None:
     """Make ``capture`` (or None) the one underway on this thread."""
     _state.capture = capture
+    with _lock:
+        if capture is None:
+            _underway.pop(threading.get_ident(), None)
+        else:
+            _underway[threading.get_ident()] = capture
+
+
+def captures_underway() -> list:
+    """Every capture underway in the process, on any thread."""
+    with _lock:
+        return list(_underway.values())
 
 
 def capture_error(message: str, code: str, why: str = "") -> RuntimeError:
@@ -63,4 +82,23 @@ def refuse_sync(what: str) -> None:
             CAPTURE_UNSUPPORTED, "cudaErrorStreamCaptureUnsupported",
             f"{what} waits for the GPU to finish, but during capture nothing runs: "
             "move it out of the captured region.",
+        )
+
+
+def refuse_device_sync(what: str) -> None:
+    """A device-wide synchronisation: refused during a capture on *any* thread.
+
+    On this thread it is :func:`refuse_sync`. From another thread, CUDA refuses it as
+    well (the device includes the capturing stream) and invalidates that capture,
+    whatever its ``capture_error_mode``: observed on an H200 with torch 2.11.
+    """
+    refuse_sync(what)
+    others = captures_underway()
+    if others:
+        for cap in others:
+            cap.invalidate(f"{what} on another thread")
+        raise capture_error(
+            CAPTURE_UNSUPPORTED, "cudaErrorStreamCaptureUnsupported",
+            f"{what} waits for the whole device, and another thread is capturing on it: "
+            "in every capture_error_mode this is refused and that capture invalidated.",
         )

@@ -18,6 +18,7 @@ from labkit.emulator.state import (  # noqa: F401  (old names)
     CAPTURE_INVALIDATED,
     CAPTURE_UNSUPPORTED,
     capture_error,
+    refuse_device_sync,
     refuse_sync,
 )
 
@@ -111,8 +112,13 @@ class stream:
 
 
 def synchronize(device=None) -> None:
-    """Wait for all work (a no-op on a CPU), but an error during capture, as on a GPU."""
-    refuse_sync("synchronize()")
+    """Wait for all work (a no-op on a CPU), but an error during capture, as on a GPU.
+
+    Also from another thread while some thread captures: the device includes the
+    capturing stream, so CUDA refuses it and invalidates that capture, in every
+    ``capture_error_mode``.
+    """
+    refuse_device_sync("synchronize()")
 
 
 class Event:

@@ -20,6 +20,7 @@ from labkit.core.rules import (
     SEVERITIES,
     aten_rule,
     function_rule,
+    sets_from_host_number,
     unregistered_generators,
 )
 from labkit.core.signature import _short
@@ -172,6 +173,7 @@ class _Linter:
         self.registered = list(generators)
         self.defaults = _default_generators()
         self.quiet = 0                       # >0 inside a Python-level hazard we reported
+        self.host_value = False              # inside `t[mask] = number` (masked_fill_ on a GPU)
         self.records: list[list[_OpRecord]] = []
         self.produced: set[int] = set()
         self.diverged = False
@@ -219,7 +221,7 @@ class _Linter:
         name = func.overloadpacket.__name__
         aten = f"aten.{name}"
         if not self.quiet:
-            rule = aten_rule(name, args, kwargs)
+            rule = aten_rule(name, args, kwargs, host_value=self.host_value)
             if rule is not None:
                 self.add(rule.kind, rule.shown, rule.why)
             elif name in _COPIES:
@@ -311,6 +313,12 @@ class _LintFunctionMode(TorchFunctionMode):
                 return func(*args, **kwargs)
             finally:
                 self.lint.quiet -= 1
+        if sets_from_host_number(name, args):      # t[mask] = number: masked_fill_ on a GPU
+            self.lint.host_value = True
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.lint.host_value = False
         return func(*args, **kwargs)
 
 
@@ -372,10 +380,11 @@ def lint_capture(fn: Callable, *args, kwargs: dict | None = None, B=None,
     of your code (the first frame outside torch and labkit), why it breaks and the fix:
 
     * **CPU sync**: ``.item()``, ``float(t)``, ``int(t)``, a tensor as an index or size,
-      printing, ``torch.equal``, ``synchronize()``;
+      printing, ``torch.equal``, ``synchronize()``, ``masked_fill`` with a tensor value;
     * **Python branch on a tensor value**: ``if t:``, ``while t > 0:``, ``t and ...``;
-    * **data-dependent shapes**: ``nonzero``, ``x[mask]``, ``masked_select``, ``unique``,
-      ``bincount``, ``repeat_interleave`` with tensor repeats;
+    * **data-dependent shapes**: ``nonzero``, ``x[mask]``, ``x[mask] = t`` with a tensor
+      ``t`` (a Python number is fine), ``masked_select``, ``unique``, ``bincount``,
+      ``repeat_interleave`` with tensor repeats and no ``output_size``;
     * **host tensors**: ``.cpu()``, ``.tolist()``, ``.numpy()``, ``torch.tensor(data)``,
       and on a GPU any host<->device copy;
     * **unregistered generators**: an op with ``generator=g`` where ``g`` is neither the
