@@ -48,7 +48,8 @@ help:
 	@echo "make lab          open JupyterLab at $(LESSON00) (LAB_ARGS=... passed on)"
 	@echo "make test         unit tests + notebooks (nbval), creating/refreshing .venv first"
 	@echo "make test-browser lesson 01 in JupyterLab and its slides, in headless Chromium"
-	@echo "make exercises    regenerate exercises/*.ipynb from solutions/*.ipynb (keeps your edits)"
+	@echo "make exercises    regenerate exercises/*.ipynb from solutions/*.ipynb (keeps your edits;"
+	@echo "                  installs nbgrader, an authors' tool, into .venv if it is missing)"
 	@echo "make doctor       print what this machine has (python -m labkit doctor)"
 	@echo "make execute-notebooks  re-run notebooks/ and solutions/ in place (refresh outputs)"
 	@echo "make lint         ruff check"
@@ -150,7 +151,13 @@ test-browser: $(TEST_STAMP)
 
 # --- authoring ----------------------------------------------------------------------
 
-exercises: $(TEST_STAMP)
+# Generating exercises needs nbgrader (its ClearSolutions), an authors' tool: this target
+# installs nbgrader alone into .venv when it is missing, not the whole test extra.
+exercises: $(STAMP)
+	@$(VPY) -c 'import nbgrader' >/dev/null 2>&1 || { \
+	  echo ">> make exercises needs nbgrader (an authors' tool, not part of make lab):" \
+	       "installing it into $(VENV)"; \
+	  $(PIP) install -c $(VENV)/torch-constraint.txt nbgrader; }
 	$(VPY) -m labkit exercises
 
 exercises-check: $(TEST_STAMP)
