@@ -256,7 +256,8 @@ def recording_sweep(make_fn: Callable[[], Callable], make_args: Callable[[int], 
     ``make_fn()`` returns the compiled function (called once, before the sweep);
     ``make_args(n)`` the arguments for size ``n``. Each size is called ``calls`` times
     (warm-up, record, replay), in order. A row per size: the seconds of each call, what
-    :func:`call_kind` saw, and the device memory reserved by then.
+    :func:`call_kind` saw, the bytes reserved in the tree's memory pool by then (every
+    warm-up and recording allocates there) and the graphs recorded so far.
     """
     B = ensure(B)
     if B.name != "cuda":
@@ -276,7 +277,8 @@ def recording_sweep(make_fn: Callable[[], Callable], make_args: Callable[[int], 
             torch.cuda.synchronize()
             seconds.append(time.perf_counter() - t0)
             kinds.append(kind)
+        m = _manager(B)
+        pool = B.pool_stats(m.cuda_graphs_thread_pool)["reserved_bytes"] if m else 0
         rows.append({"size": n, "seconds": seconds, "kinds": kinds,
-                     "reserved_bytes": torch.cuda.memory_reserved(),
-                     "graphs": tree_summary(B).graphs})
+                     "pool_reserved_bytes": pool, "graphs": tree_summary(B).graphs})
     return rows

@@ -20,7 +20,7 @@ import torch
 from labkit import demo
 
 ROOT = Path(__file__).resolve().parent.parent
-NUMBERS = [f"{i:02d}" for i in range(8)]
+NUMBERS = [f"{i:02d}" for i in range(9)]
 
 # What each demo must print on the emulator: its key figures, measured in that run.
 KEY_FIGURES = {
@@ -54,6 +54,10 @@ KEY_FIGURES = {
     "07": [r"2  capture \+ replay\s+(\d+\.\d+)\s+\1", r"5  replay\s+(\d+\.\d+)\s+\1",
            r"weights after 6 steps equal eager training's: True",
            r"eager step\s+\d+\.\d+ ms \| whole-step graphs\s+\d+\.\d+ ms"],
+    "08": [r"call 1: warm-up\s+equals eager: True", r"call 2: record\s+equals eager: True",
+           r"call 5: replay\s+equals eager: True",
+           r"for a CPU-only function torch counted cudagraph_skips \+1 and logged 0 line",
+           r"by hand: copy x \+ replay\s+\d+\.\d µs per call"],
 }
 
 
@@ -125,7 +129,7 @@ def test_demo_prints_its_key_figures(ran, nn):
     assert not missing, f"demo {nn} did not print {missing}:\n{r.stdout}"
 
 
-@pytest.mark.parametrize("nn", ["01", "02", "06", "07"])
+@pytest.mark.parametrize("nn", ["01", "02", "06", "07", "08"])
 def test_timings_on_the_emulator_are_labelled_as_not_a_gpu(ran, nn):
     r, _ = ran(nn)
     body = r.stdout.split("\n\n", 1)[1]                # after the header's general note
@@ -158,8 +162,8 @@ def test_list_names_every_demo_and_what_it_shows():
 
 
 @pytest.mark.parametrize("args, given, expected", [
-    (["99"], "'99'", "00, 01, 02, 03, 04, 05, 06, 07"),
-    (["abc"], "'abc'", "00, 01, 02, 03, 04, 05, 06, 07"),
+    (["99"], "'99'", "00, 01, 02, 03, 04, 05, 06, 07, 08"),
+    (["abc"], "'abc'", "00, 01, 02, 03, 04, 05, 06, 07, 08"),
     (["1.5"], "'1.5'", "--list"),
     (["01", "--backend", "gpu"], "'gpu'", "'auto', 'cuda', 'emulated'"),
     ([], "give a demo number", "--list"),

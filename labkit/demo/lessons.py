@@ -1,4 +1,4 @@
-"""The eight demos, one per lesson: each runs that lesson's key demonstration with
+"""The demos, one per lesson: each runs that lesson's key demonstration with
 labkit's own engines, prints what it measured and returns its picture."""
 
 from __future__ import annotations
@@ -495,6 +495,95 @@ def _demo_07(B, small):
     return fig
 
 
+# --------------------------------------------------------------------------- 08
+
+def _demo_08(B, small):
+    import matplotlib.pyplot as plt
+    import torch
+
+    from labkit import compiled as C
+
+    gen = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(64, 64, generator=gen) / 8).to(B.device) for _ in range(8)]
+
+    def mlp(x, *ws):
+        for w in ws:
+            x = torch.relu(x @ w)
+        return x
+
+    static = tuple(range(1, 1 + len(weights)))           # the weights: static inputs
+    by_hand = C.ReduceOverhead(mlp, static=static, B=B)
+    xs = [torch.randn(16, 64, generator=gen).to(B.device) for _ in range(5)]
+    print("reduce-overhead's life cycle by hand (labkit.compiled.ReduceOverhead, on "
+          f"{B.name}):")
+    right = True
+    for i, x in enumerate(xs):
+        ok = torch.allclose(by_hand(x, *weights), mlp(x, *weights), atol=1e-5)
+        right &= ok
+        print(f"  call {i + 1}: {by_hand.kinds[-1]:8s} equals eager: {ok}")
+    hand_kinds = list(by_hand.kinds)                     # before the timed calls add more
+    rows = {"eager": _measure_us(lambda: mlp(xs[0], *weights), B, small),
+            "by hand: copy x + replay": _measure_us(lambda: by_hand(xs[0], *weights), B, small)}
+    torch_kinds = []
+    if B.name == "cuda":
+        torch._dynamo.reset()
+        compiled = torch.compile(mlp, mode="reduce-overhead")
+        torch_kinds = [C.call_kind(compiled, x, *weights, B=B)[1] for x in xs]
+        print("torch.compile(mode='reduce-overhead'), the same five calls:",
+              ", ".join(torch_kinds))
+        rows["torch reduce-overhead"] = _measure_us(lambda: compiled(xs[0], *weights), B, small)
+
+        def writes_arg(x, cache):
+            cache.add_(x)                                # a mutated input, not static
+            return cache.sum()
+
+        torch._dynamo.reset()
+        with C.watch_skips() as skips:
+            f = torch.compile(writes_arg, mode="reduce-overhead")
+            for x in xs[:3]:
+                f(x, torch.zeros_like(x))
+        first = skips.messages[0].splitlines()[0] if skips.messages else "(nothing logged)"
+        print(f"a function that writes its argument: cudagraph_skips +{skips.count}: {first}")
+    else:
+        torch._dynamo.reset()
+        with C.watch_skips() as skips:
+            f = torch.compile(lambda t: t * 2 + 1, mode="reduce-overhead")
+            for _ in range(3):
+                f(torch.ones(4))
+        print(f"CPU: torch.compile(mode='reduce-overhead') records no CUDA graphs here; for a "
+              f"CPU-only function torch counted cudagraph_skips +{skips.count} and logged "
+              f"{len(skips.messages)} line(s)")
+    for name, us in rows.items():
+        print(f"{name:26s} {us:9.1f} µs per call [{_device(B)}]")
+    if B.is_emulated:
+        print("emulated: a replay here runs the recorded ops on the CPU; the times are this "
+              "CPU's, not what a GPU gains")
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"width_ratios": [3, 2]})
+    colors = {"warm-up": "#fdae6b", "record": "#de2d26", "replay": "#31a354", "eager": "#9e9ac8"}
+    lanes = [("by hand", hand_kinds)] + ([("torch", torch_kinds)] if torch_kinds else [])
+    for row, (label, kinds) in enumerate(lanes):
+        for i, k in enumerate(kinds):
+            ax1.barh(row, 0.9, left=i, color=colors.get(k, "0.7"))
+            ax1.text(i + 0.45, row, k, ha="center", va="center", fontsize=9)
+    ax1.set_yticks(range(len(lanes)), [lbl for lbl, _ in lanes])
+    ax1.set_xticks([i + 0.45 for i in range(len(xs))], [f"call {i + 1}" for i in range(len(xs))])
+    ax1.invert_yaxis()
+    ax1.set_title(f"what each call did (all equal eager: {right})", fontsize=10)
+    bars = ax2.bar([n.replace(": ", ":\n") for n in rows], list(rows.values()),
+                   color=["#3182bd", "#31a354", "#756bb1"][:len(rows)])
+    for b in bars:
+        ax2.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{b.get_height():.0f} µs",
+                 ha="center", va="bottom", fontsize=9)
+    ax2.set_ylabel("µs per call (median)")
+    ax2.set_ylim(0, max(rows.values()) * 1.2)
+    ax2.tick_params(axis="x", labelsize=8)
+    ax2.set_title(f"8 matmul+relu layers on {_device(B)}"
+                  + ("\n(emulator: not a GPU's gain)" if B.is_emulated else ""), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 DEMOS: dict[str, Demo] = {d.number: d for d in (
     Demo("00", "start here",
          "which backend runs; a first graph: copy_ new data in, replay(), read the static "
@@ -523,6 +612,9 @@ DEMOS: dict[str, Demo] = {d.number: d for d in (
     Demo("07", "whole-step capture",
          "a training step as two graphs (fwd+bwd of every microbatch, optimizer): losses "
          "equal eager step by step, and ms per step eager vs graphs", _demo_07),
+    Demo("08", "torch.compile and CUDA graph trees",
+         "reduce-overhead's life cycle (warm-up, record, replay) by hand on any backend and, "
+         "on a GPU, torch's own, with a skip verdict; µs per call (bars)", _demo_08),
 )}
 
 

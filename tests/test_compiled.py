@@ -1,0 +1,138 @@
+"""labkit.compiled: reduce-overhead's life cycle by hand on both backends, and the probes
+that read torch's own CUDA graph trees (their GPU half is marked ``cuda``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labkit import backend
+from labkit import compiled as C
+
+E = backend.get("emulated")
+
+
+def layer(w, x):
+    return torch.relu(x @ w)
+
+
+def test_life_cycle_warm_up_record_replay():
+    w = torch.randn(4, 4)
+    f = C.ReduceOverhead(layer, static=(0,), B=E)
+    outs = []
+    for _ in range(4):
+        x = torch.randn(3, 4)
+        outs.append(f(w, x))
+        assert torch.allclose(outs[-1], layer(w, x))
+    assert f.kinds == ["warm-up", "record", "replay", "replay"]
+    assert outs[1] is outs[2] is outs[3]            # the graph's static output
+
+
+def test_static_input_in_place_is_read_and_a_new_tensor_records_again():
+    w = torch.randn(4, 4)
+    f = C.ReduceOverhead(layer, static=(0,), B=E)
+    x = torch.randn(3, 4)
+    f(w, x), f(w, x)
+    with torch.no_grad():
+        w.mul_(3)
+    assert torch.allclose(f(w, x), layer(w, x)) and f.kinds[-1] == "replay"
+    w2 = torch.randn(4, 4)
+    assert torch.allclose(f(w2, x), layer(w2, x)) and f.kinds[-1] == "record"
+    assert f.kinds[-1] == "record" and f(w2, x) is not None and f.kinds[-1] == "replay"
+
+
+def test_non_static_inputs_are_copied_not_aliased():
+    f = C.ReduceOverhead(lambda a, b: a + b, B=E)
+    a, b = torch.ones(3), torch.ones(3)
+    f(a, b), f(a, b)
+    assert f.buffers[0] is not a and f.buffers[0].data_ptr() != a.data_ptr()
+    a2 = torch.full((3,), 5.0)
+    assert f(a2, b).tolist() == [6.0, 6.0, 6.0]
+
+
+def test_tuple_outputs():
+    f = C.ReduceOverhead(lambda a, b: (a * b, a - b), B=E)
+    for _ in range(3):
+        a, b = torch.randn(2), torch.randn(2)
+        got = f(a, b)
+    assert torch.allclose(got[0], a * b) and torch.allclose(got[1], a - b)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(TypeError, match="fn must be callable, got int"):
+        C.ReduceOverhead(3, B=E)
+    f = C.ReduceOverhead(layer, static=(5,), B=E)
+    with pytest.raises(IndexError, match=r"static=\(5,\) names input 5, but the call passed 2"):
+        f(torch.ones(2, 2), torch.ones(2, 2))
+    with pytest.raises(TypeError, match="backend namespace"):
+        C.ReduceOverhead(layer, B="emulated")
+
+
+def test_probes_without_a_gpu():
+    s = C.tree_summary(E)
+    assert (s.graphs, s.warmups, s.roots, s.state) == (0, 0, 0, "NONE")
+    out, kind = C.call_kind(lambda t: t + 1, torch.ones(2), B=E)
+    assert kind == "eager" and out.tolist() == [2.0, 2.0]
+    with pytest.raises(RuntimeError, match="need a GPU; this backend is 'emulated'"):
+        C.recording_sweep(lambda: None, lambda n: (), [1], E)
+
+
+def test_peek_reads_a_counter_without_consuming_it():
+    import itertools
+    c = itertools.count(-1, -1)
+    next(c), next(c)
+    assert C._peek(c) == -3 and next(c) == -3
+
+
+def test_watch_skips_counts_a_cpu_only_function_and_logs_nothing():
+    """A CPU-only graph bumps torch's cudagraph_skips counter without a log line: the
+    lowering logs its verdict only for graphs with a CUDA device."""
+    torch._dynamo.reset()
+    with C.watch_skips() as skips:
+        f = torch.compile(lambda t: t * 2 + 1, mode="reduce-overhead")
+        for _ in range(3):
+            f(torch.ones(4))
+    assert skips.count == 1 and skips.messages == []
+
+
+# ---- on a GPU: torch's own tree -------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_torch_tree_kinds_and_mutation_skip_on_gpu():
+    B = backend.get("cuda")
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x * 2 + 1, mode="reduce-overhead")
+    x = torch.randn(64, device=B.device)
+    kinds = [C.call_kind(f, x, B=B)[1] for _ in range(4)]
+    assert kinds == ["warm-up", "record", "replay", "replay"]
+    s = C.tree_summary(B)
+    assert s.graphs == 1 and s.warmups == 1 and s.roots == 1 and s.state == "EXECUTION"
+
+    def step(x, cache):
+        cache.add_(x)
+        return cache.sum()
+
+    torch._dynamo.reset()
+    with C.watch_skips() as skips:
+        g = torch.compile(step, mode="reduce-overhead")
+        kinds = [C.call_kind(g, x, torch.zeros_like(x), B=B)[1] for _ in range(3)]
+    assert skips.count == 1 and "mutated inputs" in skips.messages[0]
+    assert kinds == ["eager"] * 3
+    torch._dynamo.reset()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_recording_sweep_on_gpu():
+    B = backend.get("cuda")
+    torch._dynamo.reset()
+
+    def make():
+        return torch.compile(lambda x: x.sin() * 2, mode="reduce-overhead", dynamic=False)
+
+    rows = C.recording_sweep(make, lambda n: (torch.randn(n, device=B.device),), [8, 16], B)
+    assert [r["kinds"] for r in rows] == [["warm-up", "record", "replay"]] * 2
+    assert [r["graphs"] for r in rows] == [1, 2] and rows[-1]["pool_reserved_bytes"] > 0
+    torch._dynamo.reset()
