@@ -9,6 +9,9 @@ from helpers import assert_usable
 
 from labkit.capture import capture
 from labkit.checks import lesson03 as L
+from labkit.checks.lesson03 import _common as LC
+from labkit.checks.lesson03 import arg_mismatches as LA
+from labkit.checks.lesson03 import capturable_clip as LCLIP
 from labkit.checks.lesson03 import check_arg_mismatches, check_build_server, check_capturable_clip
 
 
@@ -140,7 +143,7 @@ def test_capturable_clip_rejects_a_per_matrix_maximum(B):
 def test_capturable_clip_tries_every_rank_from_0_to_4():
     seen = set()
     for trial in range(1, 4):
-        for xs in L._clip_input_sets(L._generator(1000 * trial + 3), torch.device("cpu")):
+        for xs in LCLIP._clip_input_sets(LC._generator(1000 * trial + 3), torch.device("cpu")):
             assert len({tuple(x.shape) for x in xs}) == 1        # one shape per set
             seen.add(xs[0].dim())
             regimes = [bool(x.abs().max() > 1) for x in xs]
@@ -404,7 +407,7 @@ def _none_when_clean(captured, received):
 
 def test_arg_mismatches_accepts_the_reference(B, capsys):
     assert check_arg_mismatches(arg_mismatches, B=B)
-    assert check_arg_mismatches(L._arg_mismatches_reference, B=B)
+    assert check_arg_mismatches(LA._arg_mismatches_reference, B=B)
     assert check_arg_mismatches(lambda c, r: tuple(arg_mismatches(c, r)[::-1]), B=B)
     assert check_arg_mismatches(_newcomers_answer, B=B)
     assert capsys.readouterr().out.count("✅ arg_mismatches: passed 8 random trials") == 4
@@ -451,7 +454,7 @@ def test_arg_mismatches_reference_follows_the_exercise_text():
     """The answer key (labkit.core.signature.mismatches as tuples) on the rules the exercise
     states: count first, then each shared position; type only when the kinds differ; one
     tuple per differing tensor field; values of tensors never; 2 is not 2.0, 1 is not True."""
-    ref = L._arg_mismatches_reference
+    ref = LA._arg_mismatches_reference
     t = torch.zeros(2, 3)
     assert ref([t, 2, "gelu"], [torch.ones(2, 3), 2, "gelu"]) == []
     assert ref([t, 2], [t]) == [("args", "count", 2, 1)]
@@ -470,9 +473,9 @@ def test_arg_mismatches_cases_cover_every_rule():
     fields = set()
     equal_but_typed = clean = False
     for trial in range(1, 9):
-        captured, received = L._arg_case(trial, L._generator(1000 * trial + 3),
+        captured, received = LA._arg_case(trial, LC._generator(1000 * trial + 3),
                                          torch.device("cpu"))
-        ref = L._arg_mismatches_reference(captured, received)
+        ref = LA._arg_mismatches_reference(captured, received)
         fields |= {f for _, f, *_ in ref}
         clean |= not ref
         equal_but_typed |= any(f == "type" and captured[int(w[5:-1])] == received[int(w[5:-1])]

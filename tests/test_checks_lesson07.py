@@ -8,6 +8,7 @@ import torch
 
 from labkit import backend
 from labkit.checks import lesson07 as L
+from labkit.checks.lesson07 import make_step as LM
 
 E = backend.get("emulated")
 
@@ -592,7 +593,7 @@ def test_make_step_first_hint_is_about_the_mistake_seen(fn, first):
 
 
 def test_make_step_reference_and_a_variant_pass():
-    assert L.check_make_step(L._reference_make_step)
+    assert L.check_make_step(LM._reference_make_step)
     assert L.check_make_step(step_fixed, trials=1)
     assert L.check_make_step(step_fresh_flag_copied_in, trials=1)
     assert L.check_make_step(step_fill_false_and_loop_zero, trials=1)

@@ -1,4 +1,5 @@
-"""Checkers for lesson 00 (start here)."""
+"""Lesson 00, exercise ``scale_and_shift``: its checker.
+"""
 
 from __future__ import annotations
 
