@@ -16,8 +16,9 @@ The exercise keeps everything else and gets a stub instead of the marked lines::
 
 The replacement is nbgrader's own ``ClearSolutions`` preprocessor (a marked region in a
 Markdown cell becomes ``YOUR ANSWER HERE``); markers that do not pair up are reported first,
-with the file and cell. nbgrader is an authors' tool: ``make test`` installs it (the
-``test`` extra), ``make lab`` neither installs nor loads it. Outputs, execution counts and
+with the file and cell. nbgrader is an authors' tool: ``make exercises`` installs it when it is
+missing (``make test`` too, with the ``test`` extra); ``make lab`` neither installs nor
+loads it. Outputs, execution counts and
 run metadata are cleared, so the same solution always gives the same bytes.
 
 Every generated notebook records, in ``metadata.labkit.cells_sha256``, a hash of its cells
@@ -140,7 +141,8 @@ def _clear_solutions(nb):
         from nbgrader.preprocessors import ClearSolutions
     except ImportError:
         raise ExerciseError("generating exercises needs nbgrader (an authors' tool): run "
-                            "`make test` once, or `pip install nbgrader`") from None
+                            "`make exercises` (it installs nbgrader), or `pip install nbgrader`"
+                            ) from None
     from traitlets.config import Config
 
     config = Config()
