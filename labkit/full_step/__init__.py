@@ -1,6 +1,7 @@
 """Whole-step capture: the forward and backward of every microbatch as one graph, the
-optimizer step as a second graph in the same pool (lesson 07, Megatron-LM's
-``full_iteration`` CUDA graphs).
+optimizer step as a second graph in the same pool (lesson 07; Megatron-LM's
+``full_iteration`` CUDA graph, which excludes the optimizer step, plus its opt-in
+``--optimizer-cuda-graph`` for that step).
 
 Once captured, a training step is ``loader.load(batch)`` and two ``replay()`` calls.
 Everything takes a backend ``B`` (``labkit.backend.get(...)``), so the same code runs on a
