@@ -55,8 +55,9 @@ class CapturableAdamW(torch.optim.Optimizer):
     emulator).
 
     Args:
-        params, lr, betas, eps, weight_decay: as for ``torch.optim.AdamW``. ``lr`` and the
-            betas are Python floats, baked into a graph at capture.
+        params, lr, betas, eps, weight_decay: as for ``torch.optim.AdamW``. Floats are
+            baked into a graph at capture; for an LR schedule give ``lr`` as a 0-dim tensor
+            on the device and update it in place (``lr.fill_(new)``).
         skip_if: an optional bool scalar tensor (e.g. a trainer's ``found_inf``). When it
             is true at replay time, the step leaves parameters, moments and the step count
             unchanged, decided on the device with ``torch.where`` (GradScaler's "skip the
