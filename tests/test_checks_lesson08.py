@@ -29,38 +29,67 @@ def usable():
 
 def make_reduce_overhead(*, warm=True, copy=True, clone_static=False, rerecord=True,
                          by_value=False, clone_out=False, record_every=False, copy_after=False,
-                         warm_returns=True):
-    """The reference, with one mistake switched on by each flag."""
+                         warm_returns=True, by_identity=False, store_args=False,
+                         reverse_copy=False, warmup=0, replay_on_record=True, replays=1,
+                         eager_later=False, first_static_only=False, reuse_buffers=False,
+                         warm_again_on_move=False, first_output_only=False, pass_B=True,
+                         sync=False, as_list=False, copy_static_too=False):
+    """The reference, with one mistake (or a harmless variation) switched on by each flag."""
     def reduce_overhead(fn, static, B):
         st = {"calls": 0, "graph": None, "buffers": [], "out": None, "seen": None}
 
         def moved(args):
+            where = list(static)[:1] if first_static_only else static
             if by_value:
-                return any(not torch.equal(args[i], st["seen"][i]) for i in static)
-            return any(args[i].data_ptr() != st["buffers"][i].data_ptr() for i in static)
+                return any(not torch.equal(args[i], st["seen"][i]) for i in where)
+            if by_identity:
+                return any(args[i] is not st["buffers"][i] for i in where)
+            return any(args[i].data_ptr() != st["buffers"][i].data_ptr() for i in where)
+
+        def copy_in(args):
+            for i, (b, a) in enumerate(zip(st["buffers"], args)):
+                if i not in static or copy_static_too:
+                    a.copy_(b) if reverse_copy else b.copy_(a)
 
         def call(*args):
             st["calls"] += 1
             if warm and st["calls"] == 1:
                 out = fn(*args)
                 return out if warm_returns else None
+            if warm_again_on_move and st["graph"] is not None and moved(args):
+                st["graph"] = None
+                return fn(*args)
             if st["graph"] is None or record_every or (rerecord and moved(args)):
-                st["buffers"] = [a.clone() if (i not in static or clone_static) else a
-                                 for i, a in enumerate(args)]
+                if reuse_buffers and st["buffers"]:
+                    st["buffers"] = [a if i in static else st["buffers"][i]
+                                     for i, a in enumerate(args)]
+                elif store_args:
+                    st["buffers"] = list(args)
+                else:
+                    st["buffers"] = [a.clone() if (i not in static or clone_static) else a
+                                     for i, a in enumerate(args)]
                 st["seen"] = [a.clone() for a in args]
-                st["graph"], st["out"] = capture(fn, *st["buffers"], B=B, warmup=0)
+                kw = {"B": B} if pass_B else {}
+                st["graph"], st["out"] = capture(fn, *st["buffers"], warmup=warmup, **kw)
+                if not replay_on_record:
+                    return st["out"]
+            elif eager_later:
+                return fn(*args)
             elif copy and not copy_after:
-                for i, (b, a) in enumerate(zip(st["buffers"], args)):
-                    if i not in static:
-                        b.copy_(a)
-            st["graph"].replay()
+                copy_in(args)
+            for _ in range(replays):
+                st["graph"].replay()
             if copy_after:
-                for i, (b, a) in enumerate(zip(st["buffers"], args)):
-                    if i not in static:
-                        b.copy_(a)
+                copy_in(args)
+            if sync:
+                B.synchronize()
             out = st["out"]
             if clone_out:
                 return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
+            if isinstance(out, tuple) and first_output_only:
+                return out[0]
+            if isinstance(out, tuple) and as_list:
+                return list(out)
             return out
         return call
     return reduce_overhead
@@ -71,6 +100,15 @@ def test_reduce_overhead_reference_passes():
     usable()
 
 
+@pytest.mark.parametrize("flags", [
+    {"sync": True},                 # B.synchronize() after the replay: outside any capture
+    {"as_list": True},              # fn's tuple handed back as a list of the same tensors
+    {"copy_static_too": True},      # a static input copied into itself: a no-op
+])
+def test_reduce_overhead_harmless_variations_pass(flags):
+    assert check_reduce_overhead(make_reduce_overhead(**flags), trials=8, seed=3)
+
+
 @pytest.mark.parametrize("flags, words", [
     ({"warm": False}, "call 1 captured a graph"),
     ({"copy": False}, "stale result"),
@@ -79,14 +117,105 @@ def test_reduce_overhead_reference_passes():
     ({"clone_static": True, "rerecord": False}, "never copied into a buffer"),
     ({"rerecord": False}, "replayed the old graph"),
     ({"by_value": True}, "compare data_ptr(), not values"),
-    ({"clone_out": True}, "different tensor objects"),
+    ({"by_identity": True}, "compare data_ptr(), not the tensor objects"),
+    ({"clone_out": True}, "not the graph's outputs"),
     ({"record_every": True}, "captured a new graph although"),
     ({"warm_returns": False}, "call 1 returned None"),
+    # the caller's tensors: kept as buffers, or written by a copy the wrong way round
+    ({"store_args": True}, "you kept the argument, not a copy"),
+    ({"reverse_copy": True}, "copy each argument INTO its buffer"),
+    # capture()'s own warm-up on top of call 1's
+    ({"warmup": 3}, "call 2 ran fn eagerly 3 times besides capturing it"),
+    ({"warmup": 1}, "warmup=0"),
+    ({"replay_on_record": False}, "call 2 did not replay the graph"),
+    ({"replays": 2}, "replayed the graph twice"),
+    ({"eager_later": True}, "call 3 ran fn eagerly"),
+    ({"first_static_only": True}, "for every position in static"),
+    ({"reuse_buffers": True}, "copies of the non-static inputs made now"),
+    ({"warm_again_on_move": True}, "ran fn eagerly instead of recording"),
+    ({"first_output_only": True}, "returned one Tensor, but fn"),
+    ({"pass_B": False}, "not on the backend B"),
 ])
 def test_reduce_overhead_mistakes(flags, words):
     r = check_reduce_overhead(make_reduce_overhead(**flags), trials=8, seed=3)
     assert not r and words in r.message, r.message
     usable()
+
+
+def test_reduce_overhead_copied_static_with_no_static_inputs_says_so():
+    """With static=() nothing may send a call to a new recording: the message says that,
+    not that static inputs were copied."""
+    r = check_reduce_overhead(make_reduce_overhead(record_every=True))
+    assert not r and "static=(): no input can call for a new recording" in r.message
+
+
+_GLOBAL = {"calls": 0, "graph": None, "buffers": None, "out": None}
+
+
+def global_state(fn, static, B):
+    """The reference with its state in a module-level dict, shared by every function."""
+    def call(*args):
+        _GLOBAL["calls"] += 1
+        if _GLOBAL["calls"] == 1:
+            return fn(*args)
+        if _GLOBAL["graph"] is None or any(
+                args[i].data_ptr() != _GLOBAL["buffers"][i].data_ptr() for i in static):
+            _GLOBAL["buffers"] = [a if i in static else a.clone() for i, a in enumerate(args)]
+            _GLOBAL["graph"], _GLOBAL["out"] = capture(fn, *_GLOBAL["buffers"], B=B, warmup=0)
+        else:
+            for i, (b, a) in enumerate(zip(_GLOBAL["buffers"], args)):
+                if i not in static:
+                    b.copy_(a)
+        _GLOBAL["graph"].replay()
+        return _GLOBAL["out"]
+    return call
+
+
+def test_reduce_overhead_global_state_is_named():
+    r = check_reduce_overhead(global_state)
+    assert not r and "Keep the state inside, one per function" in r.message, r.message
+    usable()
+
+
+def test_reduce_overhead_sync_inside_capture_reports_the_sync():
+    """The capture's follow-on error ("a previous error during capture") is not the news:
+    the report names the refused synchronize()."""
+    def syncs(fn, static, B):
+        st = {"n": 0}
+
+        def call(*args):
+            st["n"] += 1
+            if st["n"] == 1:
+                return fn(*args)
+            if st["n"] == 2:
+                st["g"] = B.CUDAGraph()
+                with B.graph(st["g"]):
+                    st["o"] = fn(*[a.clone() for a in args])
+                    B.synchronize()
+            st["g"].replay()
+            return st["o"]
+        return call
+    r = check_reduce_overhead(syncs)
+    assert not r and r.kind == "exception" and "synchronize()" in r.message, r.message
+    assert "previous error during capture" not in r.message
+    usable()
+
+
+def test_reduce_overhead_torch_cuda_on_the_emulator_is_explained():
+    def cuda_graph(fn, static, B):
+        st = {"n": 0}
+
+        def call(*args):
+            st["n"] += 1
+            if st["n"] == 1:
+                return fn(*args)
+            st["g"] = torch.cuda.CUDAGraph()
+            return None
+        return call
+    if torch.cuda.is_available():
+        pytest.skip("torch.cuda.CUDAGraph works here")
+    r = check_reduce_overhead(cuda_graph)
+    assert not r and "not torch.cuda" in r.message, r.message
 
 
 def test_reduce_overhead_never_captures():
@@ -101,8 +230,17 @@ def test_reduce_overhead_calling_the_answer_is_refused(capsys):
 
     r = check_reduce_overhead(lambda fn, static, B: ReduceOverhead(fn, static, B=B))
     assert not r and "labkit.compiled.ReduceOverhead" in r.message
-    # the spy is gone afterwards
+    # the spies are gone afterwards
     assert ReduceOverhead.__init__.__name__ == "__init__"
+    assert ReduceOverhead.__call__.__name__ == "__call__"
+
+    def without_init(fn, static, B):      # the answer's methods, on an object built by hand
+        r = object.__new__(ReduceOverhead)
+        r.fn, r.static, r.B, r.kinds, r.graph, r.buffers, r.outputs = (
+            fn, tuple(static), B, [], None, [], None)
+        return r
+    r = check_reduce_overhead(without_init)
+    assert not r and "labkit.compiled.ReduceOverhead" in r.message
 
 
 def test_reduce_overhead_raising_inside_capture_leaves_a_usable_process():
@@ -204,6 +342,103 @@ class SharedCache(Right):
         self.register_buffer("cache", _SHARED[key])
 
 
+class NonPersistent(Right):
+    """persistent=False leaves the buffer out of state_dict(); it is still a buffer."""
+    def __init__(self, max_len, dim, device):
+        torch.nn.Module.__init__(self)
+        self.register_buffer("cache", torch.zeros(max_len, dim, device=device), persistent=False)
+
+
+class ReturnsClone(Right):
+    def forward(self, x, pos):
+        self.cache.index_copy_(0, pos, x)
+        return self.cache.sum(0).clone()
+
+
+class WritesPos(Right):
+    def forward(self, x, pos):
+        pos.clamp_(0, self.cache.size(0) - 1)
+        self.cache.index_copy_(0, pos, x)
+        return self.cache.sum(0)
+
+
+class SqueezesX(Right):
+    """Reshapes x in place: the report blames the write, not a crash in the reference."""
+    def forward(self, x, pos):
+        x.squeeze_(0)
+        self.cache[pos] = x
+        return self.cache.sum(0)
+
+
+class KeepDim(Right):
+    def forward(self, x, pos):
+        self.cache.index_copy_(0, pos, x)
+        return self.cache.sum(0, keepdim=True)
+
+
+class ReturnsBeforeWrite(Right):
+    def forward(self, x, pos):
+        out = self.cache.sum(0).clone()
+        self.cache.index_copy_(0, pos, x)
+        return out
+
+
+class Accumulates(Right):
+    def forward(self, x, pos):
+        self.cache[pos] += x
+        return self.cache.sum(0)
+
+
+class ZeroesEachStep(Right):
+    def forward(self, x, pos):
+        self.cache.zero_()
+        self.cache.index_copy_(0, pos, x)
+        return self.cache.sum(0)
+
+
+class Float64(RightSetitem):
+    def __init__(self, max_len, dim, device):
+        torch.nn.Module.__init__(self)
+        self.register_buffer("cache", torch.zeros(max_len, dim, device=device,
+                                                  dtype=torch.float64))
+
+
+class AsParameter(Right):
+    def __init__(self, max_len, dim, device):
+        torch.nn.Module.__init__(self)
+        self.cache = torch.nn.Parameter(torch.zeros(max_len, dim, device=device),
+                                        requires_grad=False)
+
+
+class ClassLevel(Right):
+    cache = None
+
+    def __init__(self, max_len, dim, device):
+        torch.nn.Module.__init__(self)
+        type(self).cache = torch.zeros(max_len, dim, device=device)
+
+
+class Lazy(Right):
+    def __init__(self, max_len, dim, device):
+        torch.nn.Module.__init__(self)
+        self.size_ = (max_len, dim)
+
+    def forward(self, x, pos):
+        if not hasattr(self, "cache"):
+            self.register_buffer("cache", torch.zeros(*self.size_, device=x.device))
+        return super().forward(x, pos)
+
+
+class Transposed(torch.nn.Module):
+    def __init__(self, max_len, dim, device):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(dim, max_len, device=device))
+
+    def forward(self, x, pos):
+        self.cache[:, pos] = x.T
+        return self.cache.sum(1)
+
+
 class ReturnsNothing(Right):
     def forward(self, x, pos):
         self.cache.index_copy_(0, pos, x)
@@ -221,16 +456,29 @@ class TakesCache(torch.nn.Module):
 def test_decoder_reference_passes():
     assert check_decoder(Right, trials=5)
     assert check_decoder(RightSetitem, trials=5)
+    assert check_decoder(NonPersistent, trials=5)
+    assert check_decoder(ReturnsClone, trials=5)
 
 
 @pytest.mark.parametrize("cls, words", [
     (PlainAttribute, "plain tensor attribute, not a registered buffer"),
     (Rebinds, "moved to a new address"),
     (WritesArgument, "wrote into its argument x"),
-    (WrongRow, "wrong rows"),
-    (WrongReturn, "returned the wrong value"),
-    (RandomStart, "start from zeros"),
+    (WrongRow, "but pos is"),
+    (WrongReturn, "forward returned a tensor of shape ("),
+    (RandomStart, "does not start as zeros"),
     (SharedCache, "share one cache"),
+    (WritesPos, "wrote into its argument pos"),
+    (SqueezesX, "wrote into its argument x"),
+    (KeepDim, "shape (1, "),
+    (ReturnsBeforeWrite, "after this step's write"),
+    (Accumulates, "forward added x"),
+    (ZeroesEachStep, "besides row pos="),
+    (Float64, "is torch.float64, but x"),
+    (AsParameter, "is an nn.Parameter"),
+    (ClassLevel, "class attribute (ClassLevel.cache)"),
+    (Lazy, "appears only when forward first runs"),
+    (Transposed, "its buffers are cache ("),
     (ReturnsNothing, "returned None"),
     (TakesCache, "no buffer of shape"),
 ])
@@ -242,3 +490,16 @@ def test_decoder_mistakes(cls, words):
 def test_decoder_not_a_class():
     r = check_decoder(lambda *a: None)
     assert not r and "expected your class Decoder" in r.message
+
+
+def test_decoder_cache_on_another_device():
+    """A cache made without device=device is refused by name (seen here with "meta")."""
+    from labkit.checks.lesson08.decoder import _one_trial
+
+    class IgnoresDevice(Right):
+        def __init__(self, max_len, dim, device):
+            torch.nn.Module.__init__(self)
+            self.register_buffer("cache", torch.zeros(max_len, dim))
+
+    msg = _one_trial(IgnoresDevice, 4, 3, torch.device("meta"), torch.Generator())
+    assert msg and "is on cpu, but Decoder was asked for meta" in msg

@@ -4,9 +4,13 @@ The broken step writes its KV cache through an argument (``cache.index_copy_``),
 input that is not static, so graph trees skip it. The fix the lesson teaches (§4) is
 gpt-fast's: the cache is a registered buffer of a module, written in place. The checker
 builds the learner's ``Decoder(max_len, dim, device)``, steps it against the reference,
-and checks that no argument is written, that the cache is a buffer, written in place at a
-fixed address, and one per instance. On a GPU it also compiles the module with
-``mode="reduce-overhead"`` and checks that torch records and replays a graph, no skip.
+and checks that no argument is written, that the cache is a buffer made in ``__init__``
+(zeros, x's dtype, on ``device``), written in place at a fixed address (row ``pos``
+replaced, a row written twice included, the others kept), and one per instance; a wrong
+cache is described by what it is (a plain or class attribute, a parameter, another shape,
+made lazily in ``forward``), a wrong row by where ``x`` went. On a GPU it also compiles
+the module with ``mode="reduce-overhead"`` and checks that torch records and replays a
+graph, no skip.
 """
 
 from __future__ import annotations
@@ -71,33 +75,93 @@ def _cache_buffer(mod, max_len, dim):
     return None, None
 
 
+def _shape(t) -> str:
+    return "(" + ", ".join(str(d) for d in t.shape) + (",)" if t.dim() == 1 else ")")
+
+
+def _no_buffer(mod, max_len, dim, device):
+    """Why ``mod`` has no (max_len, dim) buffer right after __init__: what it has instead."""
+    want = (max_len, dim)
+    for k, v in vars(mod).items():
+        if isinstance(v, torch.Tensor) and tuple(v.shape) == want:
+            return (f"the cache self.{k} is a plain tensor attribute, not a registered "
+                    f"buffer. Buffers (and parameters) are the inputs graph trees treat as "
+                    f"static (§3): self.register_buffer({k!r}, ...)")
+    for k, v in mod.named_parameters():
+        if tuple(v.shape) == want:
+            return (f"the cache self.{k} is an nn.Parameter: a parameter is a weight "
+                    f"(model.parameters() hands it to the optimizer, and with requires_grad "
+                    f"an in-place write into it fails). A cache is state: register it with "
+                    f"self.register_buffer({k!r}, torch.zeros(max_len, dim, device=device))")
+    for klass in type(mod).__mro__:
+        for k, v in vars(klass).items():
+            if isinstance(v, torch.Tensor) and tuple(v.shape) == want:
+                return (f"the cache self.{k} is a class attribute ({klass.__name__}.{k}): "
+                        f"one tensor shared by every instance, and not a registered buffer: "
+                        f"create it in __init__ with self.register_buffer({k!r}, "
+                        f"torch.zeros(max_len, dim, device=device))")
+    others = ", ".join(f"{k} {_shape(v)}" for k, v in mod.named_buffers())
+    if others:
+        return (f"no buffer of shape ({max_len}, {dim}) after Decoder({max_len}, {dim}, "
+                f"device): its buffers are {others}. The cache is torch.zeros(max_len, "
+                f"dim): one row per position, in that order")
+    # created lazily, in forward?
+    try:
+        dim_x = torch.zeros(1, dim, device=device)
+        call_learner(mod, dim_x, torch.zeros(1, dtype=torch.long, device=device))
+    except Exception:
+        pass
+    name, _ = _cache_buffer(mod, max_len, dim)
+    if name is not None:
+        return (f"the cache buffer self.{name} appears only when forward first runs. Create "
+                f"it in __init__ (self.register_buffer({name!r}, torch.zeros(max_len, dim, "
+                f"device=device))): each Decoder holds its zeroed cache from the start, and a "
+                f"forward that adds a buffer to its module changes what torch.compile traced, "
+                f"so the next call is compiled again")
+    return (f"no buffer of shape ({max_len}, {dim}) in named_buffers(): keep the cache in the "
+            f"module, created in __init__ with self.register_buffer")
+
+
 def _one_trial(cls, max_len, dim, device, gen):
     a = call_learner(cls, max_len, dim, device)
     b = call_learner(cls, max_len, dim, device)           # a second instance, stepped between
     name, buf = _cache_buffer(a, max_len, dim)
     if buf is None:
-        plain = [k for k, v in vars(a).items()
-                 if isinstance(v, torch.Tensor) and tuple(v.shape) == (max_len, dim)]
-        if plain:
-            return (f"the cache self.{plain[0]} is a plain tensor attribute, not a registered "
-                    f"buffer. Buffers (and parameters) are the inputs graph trees treat as "
-                    f"static (§3): self.register_buffer({plain[0]!r}, ...)")
-        return (f"no buffer of shape ({max_len}, {dim}) in named_buffers(): keep the cache "
-                f"in the module, registered with self.register_buffer")
+        return _no_buffer(a, max_len, dim, device)
+    want_dtype = torch.zeros(0).dtype
+    if buf.dtype != want_dtype:
+        return (f"the cache self.{name} is {buf.dtype}, but x and the broken step's cache "
+                f"(torch.zeros(max_len, dim)) are {want_dtype}: leave out dtype= (writing x "
+                f"into it must not convert, and the sums must come back as {want_dtype})")
+    if buf.device.type != torch.device(device).type:
+        return (f"the cache self.{name} is on {buf.device}, but Decoder was asked for "
+                f"{torch.device(device)}: torch.zeros(max_len, dim, device=device)")
+    if bool((buf != 0).any()):
+        return (f"the cache self.{name} does not start as zeros (right after __init__ it "
+                f"holds nonzero values): torch.zeros(max_len, dim, device=device), as in the "
+                f"broken step")
     ref_cache = torch.zeros(max_len, dim, device=device)
     ref_other = torch.zeros(max_len, dim, device=device)
     ptr = buf.data_ptr()
+    first_pos = None
     for step in range(4):
         x = torch.randn(1, dim, generator=gen).to(device)
-        pos = torch.randint(0, max_len, (1,), generator=gen).to(device)
+        if step == 3:       # a row written before: a write replaces it
+            pos = first_pos
+        else:
+            pos = torch.randint(0, max_len, (1,), generator=gen).to(device)
+            first_pos = pos if first_pos is None else first_pos
+        x0, pos0 = x.clone(), pos.clone()
         versions = (x._version, pos._version)
+        prev = ref_cache.clone()
         got = call_learner(a, x, pos)
-        want = reference_step(x.clone(), ref_cache, pos)
-        if (x._version, pos._version) != versions:
-            which = "x" if x._version != versions[0] else "pos"
-            return (f"forward wrote into its argument {which} (its version counter moved). "
-                    f"An argument that is written is a mutated input: the very skip this "
-                    f"exercise removes. Write only into the module's buffer")
+        for arg, arg0, v, label in ((x, x0, versions[0], "x"), (pos, pos0, versions[1], "pos")):
+            if (arg._version != v or arg.shape != arg0.shape
+                    or not torch.equal(arg, arg0)):
+                return (f"forward wrote into its argument {label} (its version counter "
+                        f"moved). An argument that is written is a mutated input: the very "
+                        f"skip this exercise removes. Write only into the module's buffer")
+        want = reference_step(x0, ref_cache, pos0)
         if got is None:
             return f"step {step + 1}: forward returned None; return the cache's column sums"
         _, now = _cache_buffer(a, max_len, dim)
@@ -107,20 +171,52 @@ def _one_trial(cls, max_len, dim, device, gen):
                     f"reads the buffer at the address it recorded: write in place "
                     f"(index_copy_, or self.{name}[pos] = x)")
         if not torch.allclose(now, ref_cache, atol=1e-6):
-            return (f"step {step + 1}: the cache holds the wrong rows: write x at row pos "
-                    f"(and start from zeros)")
-        if not (isinstance(got, torch.Tensor) and got.shape == want.shape
-                and torch.allclose(got, want, atol=1e-5)):
-            return (f"step {step + 1}: forward returned the wrong value: the broken step "
-                    f"returns cache.sum(0), shape ({dim},)")
+            return f"step {step + 1}: " + _wrong_rows(now, prev, x0, int(pos0), name)
+        if not isinstance(got, torch.Tensor):
+            return (f"step {step + 1}: forward returned {type(got).__name__}, expected a "
+                    f"tensor: the broken step returns cache.sum(0), shape ({dim},)")
+        if got.shape != want.shape:
+            return (f"step {step + 1}: forward returned a tensor of shape {_shape(got)}, "
+                    f"expected shape ({dim},): the broken step returns cache.sum(0), the sum "
+                    f"over the positions (rows), one value per column")
+        if got.dtype != want.dtype:
+            return (f"step {step + 1}: forward returned {got.dtype}, expected {want.dtype} "
+                    f"(the broken step's cache.sum(0))")
+        if not torch.allclose(got, want, atol=1e-5):
+            return (f"step {step + 1}: forward returned the right shape ({dim},) but wrong "
+                    f"values: the broken step returns cache.sum(0) of the cache after this "
+                    f"step's write")
         other = torch.randn(1, dim, generator=gen).to(device)
-        call_learner(b, other, pos)
-        reference_step(other, ref_other, pos)
+        call_learner(b, other, pos0.clone())
+        reference_step(other, ref_other, pos0)
         _, a_now = _cache_buffer(a, max_len, dim)
         if not torch.allclose(a_now, ref_cache, atol=1e-6):
             return ("two Decoder instances share one cache (stepping the second changed the "
                     "first's): create the buffer in __init__, one per instance")
     return None
+
+
+def _wrong_rows(now, prev, x, pos, name):
+    """Say how the cache after a step differs from the broken step's (prev + x at row pos)."""
+    row = x.reshape(-1)
+    if torch.equal(now, prev):
+        return (f"forward left the cache unchanged: write x into row pos of self.{name}, in "
+                f"place (self.{name}.index_copy_(0, pos, x))")
+    if torch.allclose(now[pos], prev[pos] + row, atol=1e-5) and not torch.allclose(
+            now[pos], row, atol=1e-5):
+        return (f"row {pos} holds its old values plus x: forward added x (index_add_, +=) "
+                f"where the broken step writes it. Replace the row: index_copy_(0, pos, x) "
+                f"or self.{name}[pos] = x")
+    others = [r for r in range(now.shape[0]) if r != pos and not torch.equal(now[r], prev[r])]
+    hits = [r for r in others if torch.allclose(now[r], row, atol=1e-5)]
+    if hits and not torch.allclose(now[pos], row, atol=1e-5):
+        return (f"x went to row {hits[0]}, but pos is {pos}: write x at row pos "
+                f"(index_copy_(0, pos, x) or self.{name}[pos] = x)")
+    if others:
+        return (f"forward changed row(s) {others} besides row pos={pos} (the broken step "
+                f"writes row pos only, and the other rows keep what earlier steps wrote)")
+    return (f"row pos={pos} of the cache does not hold x after the step: write x at row pos "
+            f"(index_copy_(0, pos, x) or self.{name}[pos] = x)")
 
 
 def _compiled_on_gpu(cls, B):

@@ -4,7 +4,12 @@ The learner's factory returns a callable that runs ``fn`` eagerly on call 1 (the
 records a graph on call 2 on static copies of the non-static inputs (static inputs used as
 given) and replays it, and on later calls copies the non-static inputs into their buffers
 and replays; a static input at a new address records again. The checker runs it on the
-emulator with a backend whose ``CUDAGraph`` counts captures, and probes every rule.
+emulator with a backend whose ``CUDAGraph`` counts captures and replays, hands it an
+``fn`` that counts its eager runs and keeps what it returned inside the capture, and
+probes every rule: one eager run (call 1), one capture and one replay (call 2), one replay
+and no run of ``fn`` later, the graph's own outputs returned, no argument of the caller
+written (now or later), re-recording on a new address only (not on a new object at the
+same address, not on new values), for every static position.
 """
 
 from __future__ import annotations
@@ -30,16 +35,36 @@ HINTS = [
 
 
 def _counting_backend():
-    """The emulated backend, with a CUDAGraph that counts its captures."""
+    """The emulated backend, with a CUDAGraph that counts its captures and replays."""
     B = backend.get("emulated")
-    counter = {"captures": 0}
+    counter = {"captures": 0, "replays": 0}
 
     class CountingGraph(B.CUDAGraph):
         def capture_begin(self, *a, **k):
             counter["captures"] += 1
             return super().capture_begin(*a, **k)
 
+        def replay(self, *a, **k):
+            counter["replays"] += 1
+            return super().replay(*a, **k)
+
     return types.SimpleNamespace(**{**vars(B), "CUDAGraph": CountingGraph}), counter
+
+
+def _probe(f, B, counter):
+    """``f`` as the learner gets it: counts eager runs, keeps what a captured run returned."""
+    counter.update(eager=0, captured=0, capture_out=None)
+
+    def fn(*args):
+        out = f(*args)
+        if B.is_current_stream_capturing() or (       # on a GPU: captured with torch.cuda
+                torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            counter["captured"] += 1
+            counter["capture_out"] = out
+        else:
+            counter["eager"] += 1
+        return out
+    return fn
 
 
 def _functions(gen):
@@ -72,6 +97,12 @@ def _leaves(out):
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
+def _kind(out) -> str:
+    if isinstance(out, (tuple, list)):
+        return f"a {type(out).__name__} of {len(out)}"
+    return "one Tensor" if isinstance(out, torch.Tensor) else type(out).__name__
+
+
 def _static_sets(gen, arity):
     """Which positions are static, per trial: none, all, one at random, a random subset."""
     subset = [i for i in range(arity) if bool(torch.rand((), generator=gen) < 0.5)]
@@ -81,18 +112,22 @@ def _static_sets(gen, arity):
 
 @contextlib.contextmanager
 def _watch_answer_used():
-    """Notice a call of labkit.compiled.ReduceOverhead, the lesson's own answer."""
-    used, init = [], ReduceOverhead.__init__
+    """Notice a use of labkit.compiled.ReduceOverhead, the lesson's own answer."""
+    used, init, call = [], ReduceOverhead.__init__, ReduceOverhead.__call__
 
-    def spy(self, *a, **k):
+    def spy_init(self, *a, **k):
         used.append(True)
         init(self, *a, **k)
 
-    ReduceOverhead.__init__ = spy
+    def spy_call(self, *a, **k):
+        used.append(True)
+        return call(self, *a, **k)
+
+    ReduceOverhead.__init__, ReduceOverhead.__call__ = spy_init, spy_call
     try:
         yield used
     finally:
-        ReduceOverhead.__init__ = init
+        ReduceOverhead.__init__, ReduceOverhead.__call__ = init, call
 
 
 def check_reduce_overhead(fn, *, trials: int = 4, seed: int = 0):
@@ -119,94 +154,256 @@ def _run_trials(fn, trials, seed):
         static = _static_sets(gen, arity)[trial % 4]
         where = f"trial {trial + 1} (fn = {label}, static={static})"
         try:
-            msg = _one_trial(fn, f, arity, label, static, gen)
+            msg = _Trial(fn, f, arity, label, static, gen, trial).run()
         except NotImplementedError:
             return NOT_DONE, "not_implemented"
         except LearnerTimeout as e:
             return str(e), "timeout"
         except Exception as e:      # the learner's code raised
             backend.recover(backend.get("emulated"))    # e.g. a capture left half-open
-            return f"{where}: your code raised {describe_exception(e)}", "exception"
+            cause = _first_cause(e)
+            tip = ("\n   Exercise 1 runs on labkit's CPU emulator: capture with the backend B "
+                   "you are given (capture(..., B=B), B.CUDAGraph, B.graph), not torch.cuda"
+                   if any(t in str(cause) for t in _TORCH_CUDA) else "")
+            return f"{where}: your code raised {describe_exception(cause)}{tip}", "exception"
         if msg:
             return f"{where}: {msg}", "mismatch"
     return None
 
 
-def _one_trial(learner, f, arity, label, static, gen):
-    B, counter = _counting_backend()
-    call = call_learner(learner, f, static, B)
-    if not callable(call):
-        return (f"reduce_overhead returned {type(call).__name__}, expected a function to call "
-                f"with the inputs (define call(*args) inside and return it)")
-    args = _args(gen, arity, label, B)
-    outs = []
-    for n in range(1, 5):
-        new = [a if i in static else torch.randn(a.shape, generator=gen)
-               for i, a in enumerate(args)]
-        if n > 1:
-            args = new
-        before = counter["captures"]
-        got = call_learner(call, *args)
-        want = f(*args)
-        captured = counter["captures"] - before
-        if n == 1 and captured:
-            return ("call 1 captured a graph. The first call is the warm-up: run fn eagerly "
-                    "and return its result; record on call 2 (§1)")
-        if n == 2 and not captured:
-            return ("call 2 captured no graph (B.CUDAGraph was never captured into). Call 2 "
-                    "records: capture fn on the buffers, then replay")
-        if n > 2 and captured:
-            return (f"call {n} captured a new graph although every static input is the same "
-                    f"tensor at the same address. Record once; later calls copy the "
-                    f"non-static inputs and replay (if your buffers hold copies of the static "
-                    f"inputs, their addresses never match the caller's: use static inputs as "
-                    f"given)")
+def _first_cause(exc: BaseException) -> BaseException:
+    """The error a failed capture started with, not the follow-on one that the capture's
+    ``__exit__`` raises ("operation failed due to a previous error during capture")."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        nxt = exc.__cause__ or exc.__context__
+        if nxt is None or not ("previous error during capture" in str(exc)
+                               or "StreamCaptureInvalidated" in str(exc)):
+            break
+        exc = nxt
+    return exc
+
+
+def _times(k: int) -> str:
+    return {1: "once", 2: "twice"}.get(k, f"{k} times")
+
+
+_NOT_ON_B = ("call {n} captured fn, but not on the backend B that reduce_overhead(fn, static, "
+             "B) was given: pass it on, labkit.capture.capture(fn, *buffers, B=B, warmup=0) "
+             "(or use B.CUDAGraph and B.graph)")
+_TORCH_CUDA = ("Tried to instantiate dummy base class", "Torch not compiled with CUDA",
+               "Found no NVIDIA driver", "No CUDA GPUs are available")
+
+_GLOBAL_STATE = (" (this is a new function from a new reduce_overhead(...) call: if your "
+                 "counter or graph lives outside reduce_overhead, e.g. in a global, it "
+                 "carries over from the last one. Keep the state inside, one per function)")
+
+
+class _Trial:
+    """One trial: a fresh ``reduce_overhead(fn, static, B)`` called through its life."""
+
+    def __init__(self, learner, f, arity, label, static, gen, trial):
+        self.learner, self.f, self.arity, self.label = learner, f, arity, label
+        self.static, self.gen, self.trial = static, gen, trial
+        self.copied = [i for i in range(arity) if i not in static]
+        self.kept = []          # (call, position, tensor, its value) of the caller's inputs
+        self.n = 0              # calls made so far
+
+    def fresh(self, args):
+        """args with new values at the copied (non-static) positions."""
+        return [a if i in self.static else torch.randn(a.shape, generator=self.gen)
+                for i, a in enumerate(args)]
+
+    def step(self, args):
+        """Call the learner once: its number, what it returned, what fn gives, what it did
+        (captures, replays, eager runs of fn) and which input of the caller it wrote, if any."""
+        self.n += 1
+        n, c = self.n, self.counter
+        was = dict(c)
+        before = [a.clone() for a in args]
+        got = call_learner(self.call, *args)
+        did = {k: c[k] - was[k] for k in ("captures", "replays", "eager", "captured")}
+        want = self.f(*before)
+        wrote = None
+        for i, (a, b) in enumerate(zip(args, before)):
+            if not torch.equal(a, b):
+                wrote = (f"call {n} wrote into its argument {i}, the caller's tensor"
+                         + (": a static input is read where it is, never written"
+                            if i in self.static else
+                            " (arg.copy_(buf) copies the wrong way?): copy each argument "
+                            "INTO its buffer, buf.copy_(arg)"))
+                break
+        for m, i, t, value in self.kept if wrote is None else ():
+            if not torch.equal(t, value):
+                wrote = (f"call {n} overwrote the tensor the caller passed as input {i} on "
+                         f"call {m}: your graph reads the caller's own tensor there (you "
+                         f"kept the argument, not a copy), so copy_ writes into it. Make "
+                         f"each non-static buffer a copy, a.detach().clone(): torch copies "
+                         f"those inputs into memory of its own")
+                break
+        self.kept += [(n, i, a, a.clone()) for i, a in enumerate(args) if i not in self.static]
+        return n, got, want, did, wrote
+
+    def run(self):
+        B, self.counter = _counting_backend()
+        fn = _probe(self.f, B, self.counter)
+        self.call = call_learner(self.learner, fn, self.static, B)
+        if not callable(self.call):
+            return (f"reduce_overhead returned {type(self.call).__name__}, expected a "
+                    f"function to call with the inputs (define call(*args) inside and "
+                    f"return it)")
+        args = _args(self.gen, self.arity, self.label, B)
+        for n in range(1, 5):
+            if n > 1:
+                args = self.fresh(args)
+            n, got, want, did, wrote = self.step(args)
+            msg = self.judge_call(n, got, want, did, wrote)
+            if msg:
+                return msg
+        return self.static_rules(args) if self.static else None
+
+    def judge_call(self, n, got, want, did, wrote):
+        caps, reps, eager = did["captures"], did["replays"], did["eager"]
+        if n == 1:
+            extra = _GLOBAL_STATE if self.trial else ""
+            if caps:
+                return ("call 1 captured a graph. The first call is the warm-up: run fn "
+                        "eagerly and return its result; record on call 2 (§1)" + extra)
+            if reps:
+                return ("call 1 replayed a graph, but nothing is recorded at call 1: the "
+                        "first call is the warm-up, run fn eagerly and return its result"
+                        + extra)
+        elif n == 2:
+            if not caps and did["captured"]:
+                return _NOT_ON_B.format(n=n)
+            if not caps:
+                ran = (f" (it ran fn eagerly {_times(eager)}: only call 1 is the warm-up)"
+                       if eager else " (B.CUDAGraph was never captured into)")
+                return (f"call 2 captured no graph{ran}. Call 2 records: capture fn on the "
+                        f"buffers, then replay")
+            if eager:
+                return (f"call 2 ran fn eagerly {_times(eager)} besides capturing it. Call 1 "
+                        f"was the warm-up, so no further one: capture(fn, *buffers, B=B, "
+                        f"warmup=0) (its default, warmup=3, runs fn three more times), and "
+                        f"return the graph's outputs, not an eager result")
+        else:
+            if caps:
+                static = (f" (static={self.static}: no input can call for a new recording "
+                          f"here)" if not self.static else
+                          " (if your buffers hold copies of the static inputs, their "
+                          "addresses never match the caller's: use static inputs as given)")
+                return (f"call {n} captured a new graph although every static input is the "
+                        f"same tensor at the same address. Record once; later calls copy "
+                        f"the non-static inputs and replay; compare data_ptr() only at the "
+                        f"positions in static{static}")
+            if eager:
+                return (f"call {n} ran fn eagerly. After the recording, every call copies "
+                        f"the non-static inputs into their buffers and replays the graph")
+        return self.judge_result(n, got, want, did, wrote)
+
+    def judge_result(self, n, got, want, did, wrote):
+        """What every call must get right: one replay (from call 2), no input written, the
+        right values in fn's structure, and (from call 2) the graph's own outputs."""
+        reps = did["replays"]
+        if n > 1 and reps != 1:
+            if not reps:
+                why = (": capturing records the kernels without running them, so the "
+                       "graph's outputs hold no result until graph.replay()" if n == 2 else "")
+                return f"call {n} did not replay the graph{why}. Replay it, then return its outputs"
+            return (f"call {n} replayed the graph {_times(reps)}. Replay once per call: each "
+                    f"replay runs every kernel again")
+        if wrote:
+            return wrote
         if got is None:
             return f"call {n} returned None: return fn's result (call 1) or the graph's outputs"
+        if _kind(want) != _kind(got) and not (isinstance(want, tuple) and isinstance(got, list)
+                                              and len(want) == len(got)):
+            return (f"call {n} returned {_kind(got)}, but fn = {self.label} returns "
+                    f"{_kind(want)}: return fn's result (call 1) or the graph's outputs as "
+                    f"fn returned them")
         if not _same(want, got):
-            copied = [i for i in range(arity) if i not in static]
-            if n > 2 and copied:
-                return (f"call {n} returned a stale result: the replay did not see this call's "
-                        f"values of input(s) {copied}. Before each replay, copy_ every "
-                        f"non-static input into its buffer")
-            return f"call {n} returned a wrong result for fn = {label}"
-        outs.append(got)
-    # the outputs of calls 2.. are the graph's static outputs, the same tensors
-    if any(a is not b for a, b in zip(_leaves(outs[1]), _leaves(outs[2]))):
-        return ("calls 2 and 3 returned different tensor objects. Return the graph's static "
-                "outputs, as torch does (no clone: the caller clones what it keeps, §5)")
-    # a static input changed in place is read by the replay, not copied away
-    if static:
-        i = static[0]
+            if n > 2 and self.copied:
+                return (f"call {n} returned a stale result: the replay did not see this "
+                        f"call's values of input(s) {self.copied}. Before each replay, copy_ "
+                        f"every non-static input into its buffer")
+            if n == 2:
+                return (f"call 2 (the recording) returned a wrong result for fn = "
+                        f"{self.label}: the graph reads its buffers, so they must hold this "
+                        f"call's values: copies of the non-static inputs (a.detach().clone()), "
+                        f"the static ones as given")
+            return f"call {n} returned a wrong result for fn = {self.label}"
+        if n > 1 and any(a is not b for a, b in zip(_leaves(self.counter["capture_out"]),
+                                                    _leaves(got))):
+            return (f"call {n} returned the right values in new tensors, not the graph's "
+                    f"outputs (the tensors fn returned inside the capture). Return those, "
+                    f"the same tensors every call, as torch does (no clone: the caller "
+                    f"clones what it keeps, §5)")
+        return None
+
+    def static_rules(self, args):
+        """Static inputs: a new object at the same address, an in-place change, a new tensor."""
+        # the same memory in new tensor objects (detach(): same storage, same data_ptr())
+        args = [a.detach() if i in self.static else a for i, a in enumerate(self.fresh(args))]
+        n, got, want, did, wrote = self.step(args)
+        if did["captures"]:
+            return (f"call {n}: static input(s) {self.static} arrived as new tensor objects at "
+                    f"the same addresses (x.detach(): the same memory) and your code recorded "
+                    f"again. torch's check_invariants compares addresses: compare data_ptr(), "
+                    f"not the tensor objects")
+        msg = self.judge_call(n, got, want, did, wrote)
+        if msg:
+            return msg
+        # a static input changed in place is read by the replay, not copied away
+        i = self.static[0]
         with torch.no_grad():
             args[i].mul_(2)
-        before = counter["captures"]
-        got = call_learner(call, *args)
-        if counter["captures"] != before:
+        n, got, want, did, wrote = self.step(args)
+        if did["captures"]:
             return (f"static input {i} changed in place (same tensor, same address) and your "
                     f"code recorded again. A static input is re-recorded only when its "
                     f"address changes: compare data_ptr(), not values")
-        if not _same(f(*args), got):
+        if wrote is None and did["replays"] == 1 and not did["eager"] and not _same(want, got):
             return (f"static input {i} changed in place, but the replay computed on its old "
                     f"value: a static input is used where it is, never copied into a buffer "
                     f"of your own (torch never copies parameters)")
-        # the same static position, a new tensor: record again, then replay that one
-        args = list(args)
-        args[i] = torch.randn(args[i].shape, generator=gen)
-        before = counter["captures"]
-        got = call_learner(call, *args)
-        if counter["captures"] == before:
-            hint = (" (it computed on the old tensor)" if not _same(f(*args), got) else "")
-            return (f"static input {i} arrived as another tensor (a new address) and your code "
-                    f"replayed the old graph{hint}. torch's check_invariants fails there and "
-                    f"the manager records again: do the same")
-        if not _same(f(*args), got):
-            return f"after re-recording for a new static input {i}, the result is wrong"
-        before = counter["captures"]
-        got = call_learner(call, *args)
-        if counter["captures"] != before:
-            return ("after re-recording for a new static tensor, the next call with the same "
-                    "tensors recorded yet again: replay the new graph")
-        if not _same(f(*args), got):
-            return "the replay after a re-recording returned a wrong result"
-    return None
+        msg = self.judge_call(n, got, want, did, wrote)
+        if msg:
+            return msg
+        # each static position in turn: a new tensor records again, then that graph replays
+        for i in self.static:
+            args = self.fresh(args)
+            args[i] = torch.randn(args[i].shape, generator=self.gen)
+            n, got, want, did, wrote = self.step(args)
+            if not did["captures"] and did["captured"]:
+                return _NOT_ON_B.format(n=n)
+            if not did["captures"]:
+                if did["eager"]:
+                    return (f"static input {i} arrived as another tensor (a new address) and "
+                            f"your code ran fn eagerly instead of recording. fn is warmed up "
+                            f"already (call 1): torch records the new graph at once")
+                hint = " (it computed on the old tensor)" if not _same(want, got) else ""
+                return (f"static input {i} arrived as another tensor (a new address) and your "
+                        f"code replayed the old graph{hint}. torch's check_invariants fails "
+                        f"there and the manager records again: do the same, for every "
+                        f"position in static")
+            if did["eager"]:
+                return (f"static input {i} arrived as another tensor: your code recorded, but "
+                        f"also ran fn eagerly {_times(did['eager'])}. fn is warmed up already: "
+                        f"capture with warmup=0")
+            if (did["replays"] == 1 and wrote is None and got is not None
+                    and _kind(got) == _kind(want) and not _same(want, got)):
+                return (f"the recording for a new static input {i} returned a wrong result: "
+                        f"its buffers must hold this call's values, copies of the non-static "
+                        f"inputs made now (a.detach().clone()), static inputs as given")
+            msg = self.judge_result(n, got, want, did, wrote)
+            if msg:
+                return f"after re-recording for a new static input {i}: {msg}"
+            n, got, want, did, wrote = self.step(self.fresh(args))
+            if did["captures"]:
+                return (f"after re-recording for a new static input {i}, the next call with "
+                        f"the same static tensors recorded yet again: replay the new graph")
+            msg = self.judge_call(n, got, want, did, wrote)
+            if msg:
+                return f"after re-recording for a new static input {i}: {msg}"
+        return None
