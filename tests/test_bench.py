@@ -364,3 +364,97 @@ def test_the_bench_offers_the_compile_modes_the_runner_takes():
     from labkit.decode.runner import _COMPILE_MODES
 
     assert set(COMPILE_MODES) == set(_COMPILE_MODES)
+
+
+# ---- the committed results, shipped with the package ---------------------------------------
+
+def test_the_packaged_results_are_the_committed_ones():
+    docs, packaged = report.checkout_results_path(), report.packaged_results_path()
+    assert packaged.parent.name == "data" and packaged.parent.parent.name == "bench"
+    assert docs.read_bytes() == packaged.read_bytes(), (
+        f"{packaged} differs from {docs}: every install without a checkout (a wheel, Colab) "
+        f"reads the packaged copy. `python -m labkit.bench` rewrites both when it appends; "
+        f"after editing {docs} by hand, copy it over the packaged one")
+    assert report.load_results(packaged) == report.load_results(docs)
+    assert any(r["device"] == "NVIDIA H200" for r in report.load_results(packaged))
+
+
+def test_the_default_is_docs_in_a_checkout_and_the_packaged_copy_elsewhere(tmp_path,
+                                                                            monkeypatch):
+    assert report.default_results_path() == report.checkout_results_path()   # this checkout
+    monkeypatch.setattr(report, "_checkout_root", lambda: tmp_path)   # e.g. site-packages
+    assert report.default_results_path() == report.packaged_results_path()
+    assert report.load_results() == report.load_results(report.packaged_results_path())
+    (tmp_path / "docs" / "benchmarks").mkdir(parents=True)             # docs/ alone: not one
+    assert report.default_results_path() == report.packaged_results_path()
+    (tmp_path / "pyproject.toml").write_text("")
+    assert report.default_results_path() == tmp_path / "docs" / "benchmarks" / "results.json"
+
+
+def test_appending_to_the_checkout_file_rewrites_the_packaged_copy(tmp_path, monkeypatch):
+    docs = tmp_path / "docs" / "benchmarks" / "results.json"
+    packaged = tmp_path / "labkit" / "bench" / "data" / "results.json"
+    monkeypatch.setattr(report, "checkout_results_path", lambda: docs)
+    monkeypatch.setattr(report, "packaged_results_path", lambda: packaged)
+    report.append_results(synthetic_rows()[:2], docs)
+    assert packaged.read_bytes() == docs.read_bytes()
+    report.append_results(synthetic_rows()[2:4], docs)
+    assert packaged.read_bytes() == docs.read_bytes() and len(report.load_results(packaged)) == 4
+    other = tmp_path / "mine.json"                 # any other file: the copy is left alone
+    report.append_results(synthetic_rows()[4:5], other)
+    assert len(report.load_results(packaged)) == 4
+
+
+def test_the_cli_appending_to_the_default_keeps_the_copy_in_sync(tmp_path, monkeypatch):
+    """``python -m labkit.bench`` appends to ``default_results_path()`` (GPU only, so here
+    the same call it makes, on a checkout in a tmp dir)."""
+    (tmp_path / "docs" / "benchmarks").mkdir(parents=True)
+    (tmp_path / "pyproject.toml").write_text("")
+    packaged = tmp_path / "labkit" / "bench" / "data" / "results.json"
+    monkeypatch.setattr(report, "_checkout_root", lambda: tmp_path)
+    monkeypatch.setattr(report, "packaged_results_path", lambda: packaged)
+    path = report.append_results(synthetic_rows()[:3], report.default_results_path())
+    assert path == tmp_path / "docs" / "benchmarks" / "results.json"
+    assert packaged.read_bytes() == path.read_bytes()
+
+
+def test_a_wheel_install_reads_the_committed_results_from_an_empty_folder(tmp_path):
+    """Build a wheel of the checkout (as tests/test_walkthrough_colab.py does: offline, from a
+    copy), install it into a folder of its own and call ``load_results()`` with no path
+    from an empty folder, with that folder first on ``sys.path``."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("_wt", root / "tests" /
+                                                  "test_walkthrough_colab.py")
+    wt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wt)
+    wheel = wt.build_wheel(tmp_path / "build")
+    target, empty = tmp_path / "site", tmp_path / "empty"
+    empty.mkdir()
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                        str(target), str(wheel)], capture_output=True, text=True,
+                       env=wt._pip_env())
+    assert p.returncode == 0, p.stderr
+    probe = ("import json, labkit, labkit.bench.report as r\n"
+             "rows = r.load_results()\n"
+             "print(json.dumps({'labkit': labkit.__file__, 'path': str(r.default_results_path()),"
+             " 'rows': len(rows), 'h200': sorted({x['suite'] for x in rows"
+             " if x['device'] == 'NVIDIA H200'})}))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONSTARTUP")}
+    env["PYTHONPATH"] = str(target)
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
+                       cwd=empty)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout.splitlines()[-1])
+    assert Path(got["labkit"]).parent == target / "labkit", got   # the wheel's, not the checkout
+    assert got["path"] == str(target / "labkit" / "bench" / "data" / "results.json")
+    assert got["rows"] == len(report.load_results(report.checkout_results_path()))
+    committed = report.load_results(report.checkout_results_path())
+    assert "decode" in got["h200"] and got["h200"] == sorted(
+        {x["suite"] for x in committed if x["device"] == "NVIDIA H200"})
+    assert list(empty.iterdir()) == []

@@ -173,11 +173,22 @@ def build_wheel(dest: Path, root: Path = ROOT) -> Path:
     return wheels[0]
 
 
+def _package_data(root: Path) -> dict:
+    """``[tool.setuptools.package-data]`` of ``pyproject.toml``: ``{package: [glob, ...]}``."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    with open(root / "pyproject.toml", "rb") as f:
+        return tomllib.load(f).get("tool", {}).get("setuptools", {}).get("package-data", {})
+
+
 def zip_wheel(out: Path, root: Path = ROOT) -> Path:
     """A pure-Python wheel (PEP 427) of what ``[tool.setuptools.packages.find]`` includes:
     ``labkit`` and every ``labkit.*`` package (a folder with ``__init__.py`` whose parents
-    are packages), their ``.py`` files. The setup cell installs it with ``--no-deps``, so
-    the metadata holds name and version only."""
+    are packages), their ``.py`` files, and the files ``[tool.setuptools.package-data]``
+    names (the committed benchmark results). The setup cell installs it with
+    ``--no-deps``, so the metadata holds name and version only."""
     import base64
     import hashlib
     import zipfile
@@ -193,6 +204,12 @@ def zip_wheel(out: Path, root: Path = ROOT) -> Path:
                for i in range(1, len(rel.parts) + 1)):
             for f in sorted(pkg.glob("*.py")):
                 files[f.relative_to(root).as_posix()] = f.read_bytes()
+    for package, patterns in _package_data(root).items():
+        pkg = root / Path(*package.split("."))
+        for pattern in patterns:
+            for f in sorted(pkg.glob(pattern)):
+                if f.is_file():
+                    files[f.relative_to(root).as_posix()] = f.read_bytes()
     files[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\nName: labkit\nVersion: {version}\n"
                                  ).encode()
     files[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: tests/test_walkthrough_colab.py"

@@ -12,6 +12,15 @@ suite-specific numbers such as pool memory.) Rows are only ever appended, so the
 the history; :func:`latest` picks the newest row per (suite, config, batch size, variant,
 device) for the tables.
 
+labkit ships the committed rows as package data, ``labkit/bench/data/results.json``, a
+byte-for-byte copy of ``docs/benchmarks/results.json``: an install from a wheel (Colab, a
+plain ``pip install``) has no ``docs/``, and the lessons that read the tables
+(``load_results()`` with no path, lessons 06 to 08) must read the same rows everywhere.
+:func:`default_results_path` is the ``docs/`` file in a checkout and the packaged copy
+elsewhere; :func:`append_results` to the checkout's file rewrites the copy with it
+(``python -m labkit.bench`` appends there), and ``tests/test_bench.py`` checks that the
+two are identical.
+
 :func:`render` turns the file into ``README.md`` (one table per suite) and one PNG per
 suite and device beside it. It reads nothing but the JSON file, so
 ``python -m labkit.bench --render`` works on any machine, and tests render synthetic rows
@@ -27,7 +36,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 __all__ = ["REQUIRED_KEYS", "SUITE_ORDER", "ResultsError", "default_results_path",
-           "load_results",
+           "checkout_results_path", "packaged_results_path", "load_results",
            "append_results", "validate_row", "latest", "speedups", "markdown_table",
            "render", "format_us"]
 
@@ -113,9 +122,43 @@ TARGETS = {
 }
 
 
+def _checkout_root() -> Path:
+    """The folder above the ``labkit`` package: the checkout, when labkit runs from one."""
+    return Path(__file__).resolve().parents[2]
+
+
+def checkout_results_path() -> Path:
+    """``docs/benchmarks/results.json`` of the checkout labkit runs from (whether or not
+    there is one: see :func:`default_results_path`)."""
+    return _checkout_root() / "docs" / "benchmarks" / "results.json"
+
+
+def packaged_results_path() -> Path:
+    """The copy of the committed results shipped inside the package (package data)."""
+    return Path(__file__).resolve().parent / "data" / "results.json"
+
+
+def _in_checkout() -> bool:
+    root = _checkout_root()
+    return (root / "pyproject.toml").is_file() and checkout_results_path().parent.is_dir()
+
+
 def default_results_path() -> Path:
-    """``docs/benchmarks/results.json`` of this checkout."""
-    return Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "results.json"
+    """The results file read and appended to when no path is given.
+
+    In a checkout (``pyproject.toml`` and ``docs/benchmarks/`` beside the ``labkit``
+    package): ``docs/benchmarks/results.json``, the history ``python -m labkit.bench``
+    appends to. Anywhere else (labkit installed from a wheel, e.g. on Colab): the copy
+    shipped with the package, ``labkit/bench/data/results.json``, the same rows.
+    """
+    return checkout_results_path() if _in_checkout() else packaged_results_path()
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 class ResultsError(ValueError):
@@ -126,7 +169,9 @@ def load_results(path: str | Path | None = None, *, missing_ok: bool = True) -> 
     """All rows of a results file, each checked by :func:`validate_row`.
 
     Args:
-        path: the results file (default: ``docs/benchmarks/results.json``).
+        path: the results file (default: :func:`default_results_path`, i.e.
+            ``docs/benchmarks/results.json`` in a checkout, the copy shipped with the
+            package in an install without one).
         missing_ok: return ``[]`` for a file that does not exist yet (appending creates
             it); with ``False`` a missing file raises :class:`ResultsError`.
 
@@ -188,14 +233,24 @@ def validate_row(row: dict) -> None:
 
 
 def append_results(rows: Iterable[dict], path: str | Path | None = None) -> Path:
-    """Validate ``rows`` and append them to the results file (created if missing)."""
+    """Validate ``rows`` and append them to the results file (created if missing).
+
+    Appending to the checkout's ``docs/benchmarks/results.json`` also writes the same bytes
+    to the copy shipped with the package (:func:`packaged_results_path`), so that a wheel
+    built afterwards carries the new rows; commit both files.
+    """
     rows = list(rows)
     for r in rows:
         validate_row(r)
     path = Path(path) if path is not None else default_results_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     allrows = load_results(path) + rows
-    path.write_text(json.dumps(allrows, indent=1, sort_keys=False) + "\n", encoding="utf-8")
+    text = json.dumps(allrows, indent=1, sort_keys=False) + "\n"
+    path.write_text(text, encoding="utf-8")
+    if _same_file(path, checkout_results_path()):
+        packaged = packaged_results_path()
+        packaged.parent.mkdir(parents=True, exist_ok=True)
+        packaged.write_text(text, encoding="utf-8")
     return path
 
 
