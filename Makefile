@@ -170,10 +170,15 @@ colab-cells: $(TEST_STAMP)
 	$(VPY) tools/colab_cells.py
 	$(VPY) -m labkit exercises
 
-# Slides from the stored outputs (no kernel): build/slides/NN_name.slides.html, reveal.js
-# copied once into build/slides/vendor/ by npm so they work offline (without npm they load
-# it from a CDN). Cells carry slide tags from `tools/slides.py tag`.
-slides: $(TEST_STAMP)
+# Slides from the stored outputs (no kernel): build/slides/NAME.slides.html for every lesson
+# and the walkthrough, reveal.js copied once into build/slides/vendor/ by npm so they work
+# offline (without npm they load it from a CDN). Cells carry slide tags from
+# `tools/slides.py tag`. The build needs nbconvert alone (no torch, no labkit): this target
+# installs it into .venv when it is missing, not the test environment.
+slides: | $(VPY)
+	@$(VPY) -c 'import nbconvert' >/dev/null 2>&1 || { \
+	  echo ">> make slides needs nbconvert (an authors' tool): installing it into $(VENV)"; \
+	  $(PIP) install nbconvert; }
 	$(VPY) tools/slides.py build
 
 doctor: $(STAMP)
