@@ -54,7 +54,7 @@ help:
 	@echo "make execute-notebooks  re-run notebooks/ and solutions/ in place (refresh outputs)"
 	@echo "make lint         ruff check"
 	@echo "make colab-cells  restamp every notebook's Colab badge + setup cell from [tool.labkit] in pyproject.toml"
-	@echo "make slides       reveal.js slides of every lesson in build/slides/ (stored outputs, no kernel)"
+	@echo "make slides       reveal.js slides of every lesson and the walkthrough in build/slides/ (stored outputs, no kernel)"
 	@echo "vars: PYTHON=$(PYTHON) TORCH_VERSION=$(TORCH_VERSION) TORCH_INDEX=$(TORCH_INDEX) VENV=$(VENV)"
 
 # --- environment --------------------------------------------------------------------
