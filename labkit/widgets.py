@@ -10,6 +10,15 @@ in a ``VBox`` is stretched to the box's full width by default (flexbox), so an 8
 figure showed blurred at the cell's ~1150 px. :func:`image_widget` pins the image to its
 pixel width (shrinking with ``max-width: 100%`` in a narrower cell) and :func:`column`
 stacks widgets without stretching them.
+
+A panel redraws from whatever thread delivers a control's change. With ipykernel 7 and
+JupyterLab 4.6 that is not always the main thread: comm messages go to a subshell, and a
+comm's messages go to the thread that last published on it, so right after Run All one
+control's change runs on the main thread while another's runs on the subshell's (issue 19:
+a burst of input left lesson 06's picture broken). Panels therefore draw each picture on a
+figure of their own, outside pyplot (:func:`new_figure`), render it under one lock
+(:func:`draw_png`), and let :class:`Redraw` run one redraw at a time, a burst coalesced to
+the controls' latest values.
 """
 
 from __future__ import annotations
@@ -17,8 +26,14 @@ from __future__ import annotations
 import io
 import os
 import struct
+import threading
 
-FIGURE_DPI = 100  # a 10-inch figure is 1000 px: about a JupyterLab cell's width
+FIGURE_DPI = 100  # a 9-inch figure is 900 px: fits a JupyterLab cell (about 1000 px and up)
+MAX_FIGURE_INCHES = 9.0  # the widest figure labkit draws for a notebook (900 px at FIGURE_DPI)
+
+# Every panel picture is built and rendered holding this lock: matplotlib is not thread-safe
+# (shared font and text caches), and redraws may arrive on two threads (see above).
+_DRAW_LOCK = threading.RLock()
 
 # What LABKIT_WIDGETS may say (case-insensitive); anything else is refused, not guessed.
 _ENV_ON = ("1", "true", "yes", "on", "")
@@ -66,17 +81,88 @@ def widgets_wanted(widgets: bool | None) -> bool:
                      "(0/false/no/off turn widgets off)")
 
 
-def figure_png(fig) -> bytes:
-    """The PNG bytes of a matplotlib figure, which is then closed (it is shown as an image)."""
-    import matplotlib.pyplot as plt
+def new_figure(figsize: tuple[float, float]):
+    """A matplotlib ``Figure`` on its own Agg canvas, outside pyplot.
 
+    No pyplot state is touched (no figure number, no current figure, nothing the inline
+    backend shows or closes after a cell), so two threads can each build one. Draw on it
+    with ``fig.subplots(...)`` and render it with :func:`figure_png`.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    w, h = figsize
+    if not (0 < w <= MAX_FIGURE_INCHES and 0 < h):
+        raise ValueError(f"figsize must be (width, height) in inches with 0 < width <= "
+                         f"{MAX_FIGURE_INCHES} (the notebook's width), got {figsize!r}")
+    fig = Figure(figsize=(w, h))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def figure_png(fig) -> bytes:
+    """The PNG bytes of a matplotlib figure; a pyplot figure is then closed (it is shown as
+    an image), a :func:`new_figure` one is simply dropped."""
     if not hasattr(fig, "savefig"):
         raise TypeError(f"figure_png needs a matplotlib Figure, got {type(fig).__name__}; "
                         "for an Axes pass ax.figure")
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=FIGURE_DPI)
-    plt.close(fig)
+    with _DRAW_LOCK:
+        fig.savefig(buf, format="png", dpi=FIGURE_DPI)
+    if getattr(fig.canvas, "manager", None) is not None:  # made through pyplot
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
     return buf.getvalue()
+
+
+def draw_png(make_figure) -> bytes:
+    """``figure_png(make_figure())``, building and rendering under the lock all panels share.
+
+    ``make_figure`` should draw on a :func:`new_figure`, never through pyplot.
+    """
+    if not callable(make_figure):
+        raise TypeError(f"draw_png takes a function that returns a Figure (such as "
+                        f"panel.figure), got {type(make_figure).__name__}")
+    with _DRAW_LOCK:
+        return figure_png(make_figure())
+
+
+class Redraw:
+    """Call ``draw()`` for each change of a panel's controls, one call at a time.
+
+    Use an instance as the controls' observer. ``draw`` must read the controls' values when
+    it runs. A call that arrives while another thread is drawing returns at once, and the
+    drawing thread draws again when it is done: a burst of changes ends with one drawing of
+    the latest values, and no two drawings of one panel ever overlap.
+    """
+
+    def __init__(self, draw):
+        if not callable(draw):
+            raise TypeError(f"Redraw takes the function that redraws, got {type(draw).__name__}")
+        self._draw = draw
+        self._drawing = threading.Lock()   # held by the one thread drawing now
+        self._state = threading.Lock()     # guards _pending
+        self._pending = False
+
+    def __call__(self, _change=None) -> None:
+        with self._state:
+            self._pending = True
+        while True:
+            # read after the drawing thread let go: a change that came meanwhile is seen
+            with self._state:
+                if not self._pending:
+                    return
+            if not self._drawing.acquire(blocking=False):
+                return  # the thread drawing now sees _pending and draws again
+            try:
+                with self._state:
+                    if not self._pending:
+                        continue
+                    self._pending = False
+                self._draw()
+            finally:
+                self._drawing.release()
 
 
 def png_size(png: bytes) -> tuple[int, int]:

@@ -25,7 +25,16 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from labkit.widgets import column, figure_png, image_widget, mimebundle, set_image, widgets_wanted
+from labkit.widgets import (
+    Redraw,
+    column,
+    draw_png,
+    image_widget,
+    mimebundle,
+    new_figure,
+    set_image,
+    widgets_wanted,
+)
 
 from .buckets import BatchTooLargeError, BucketReport, explore_buckets, make_buckets, pad_to_bucket
 
@@ -43,19 +52,49 @@ def _color(name: str, i: int) -> str:
 
 # --------------------------------------------------------------------------- serving
 
+def _plain_log_labels(axis) -> None:
+    """Label a log axis with plain numbers (0.6, 1, 2, 3), not 6×10⁻¹, 10⁰, 2×10⁰.
+
+    Which ticks get a label stays matplotlib's choice for a log axis (minor ticks too when
+    it spans about a decade); only the way the numbers are written changes.
+    """
+    from matplotlib.ticker import Formatter, LogFormatter
+
+    class Plain(Formatter):
+        def __init__(self, minor: bool):
+            self.choice = LogFormatter(labelOnlyBase=False,
+                                       minor_thresholds=(2, 0.4) if minor else (1, 0.4))
+
+        def set_axis(self, ax):
+            super().set_axis(ax)
+            self.choice.set_axis(ax)
+
+        def set_locs(self, locs):
+            self.choice.set_locs(locs)
+
+        def __call__(self, x, pos=None):
+            return f"{x:g}" if self.choice(x, pos) else ""
+
+    axis.set_major_formatter(Plain(minor=False))
+    axis.set_minor_formatter(Plain(minor=True))
+
+
 def plot_serving(results: Mapping[str, object], note: str = "", axes=None):
     """Per-step decode latency (left) and decode tokens/s (right) of several
     :class:`~labkit.decode.serving.ServeResult` runs, e.g. ``{"eager": e, "graphed": g}``.
 
     The left panel also draws the decode batch size of every step (grey, right axis): the
     batch size changes from step to step, which is why the runner needs buckets. ``note``
-    goes into the title (say where the timings come from).
+    goes into the title (say where the timings come from). The figure is 9 inches wide
+    (900 px at :data:`labkit.widgets.FIGURE_DPI`): it fits a notebook's column without
+    being scaled down, so its 9-point legend stays readable; the latency axis is a log
+    axis labelled with plain numbers (ms).
     """
     import matplotlib.pyplot as plt
 
     if axes is None:
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.2),
-                                 gridspec_kw={"width_ratios": [2.2, 1]})
+        fig, axes = plt.subplots(1, 2, figsize=(9, 4.4),
+                                 gridspec_kw={"width_ratios": [2.3, 1]})
     else:
         fig = axes[0].figure
     ax, bx = axes
@@ -77,6 +116,7 @@ def plot_serving(results: Mapping[str, object], note: str = "", axes=None):
                 label=f"{name} (p50 {np.median(r.decode_latency_s) * 1e3:.2f} ms, "
                       f"max {ms.max():.2f} ms)" if len(ms) else name)
     ax.set_yscale("log")
+    _plain_log_labels(ax.yaxis)
     ms = np.concatenate(all_ms) if all_ms else np.array([])
     ms = ms[ms > 0]
     if len(ms):
@@ -86,7 +126,7 @@ def plot_serving(results: Mapping[str, object], note: str = "", axes=None):
     ax.set_xlabel("decode step")
     ax.set_ylabel("step latency (ms, log)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.2), ncol=len(names),
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(0, -0.17), ncol=1,
               frameon=False, borderaxespad=0)
     ax.set_title("per-step decode latency", fontsize=10)
 
@@ -94,13 +134,13 @@ def plot_serving(results: Mapping[str, object], note: str = "", axes=None):
     bars = bx.bar(names, tps, color=[_color(n, i) for i, n in enumerate(names)])
     for b, v in zip(bars, tps):
         bx.annotate(f"{v:,.0f}", (b.get_x() + b.get_width() / 2, v), ha="center",
-                    va="bottom", fontsize=8)
+                    va="bottom", fontsize=9)
     bx.set_ylabel("decode tokens / s")
     bx.set_title("decode throughput", fontsize=10)
     bx.margins(y=0.15)
     if note:
         fig.suptitle(note, fontsize=10)
-    fig.tight_layout(w_pad=3)
+    fig.tight_layout(w_pad=2)
     return fig
 
 
@@ -140,10 +180,11 @@ def plot_buckets(max_bs: int, workload: Iterable[int] = (), schemes=SCHEMES, ax=
                  show_max: int | None = None):
     """Which bucket every raw batch size replays (a staircase per scheme), over the
     histogram of the batch sizes a workload produced. Sizes above the largest bucket
-    have no graph (no staircase there): error or eager fallback."""
-    import matplotlib.pyplot as plt
-
+    have no graph (no staircase there): error or eager fallback. Given ``ax``, pyplot is
+    not touched (a panel's redraw may run on another thread)."""
     if ax is None:
+        import matplotlib.pyplot as plt
+
         _, ax = plt.subplots(figsize=(8, 3.6))
     counts = Counter(int(b) for b in workload)
     top = max([max_bs, show_max or 0] + list(counts))
@@ -192,6 +233,10 @@ class BucketPanel:
     missing, ``LABKIT_WIDGETS=0``) the display falls back to a picture and a table of
     the initial settings: the display bundle carries both, and a frontend that cannot
     render widgets picks the picture.
+
+    Redraws run one at a time on a figure of their own (no pyplot), a burst of changes
+    ending on one drawing of the controls' latest values: with ipykernel 7 the changes of
+    two controls can arrive on two threads at once (issue 19, see :mod:`labkit.widgets`).
     """
 
     def __init__(self, workload: Iterable[int], max_bs: int = 16, scheme: str = "sglang",
@@ -230,13 +275,17 @@ class BucketPanel:
                 f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
 
     def figure(self):
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(8, 3.4))
+        """The current settings' picture, on a Figure of its own (not through pyplot)."""
+        fig = new_figure((8, 3.4))
+        ax = fig.subplots()
         plot_buckets(self.max_bs, self.workload, schemes=self.scheme, ax=ax)
         ax.set_title(self.text().split(" · pool")[0], fontsize=9)
         fig.tight_layout()
         return fig
+
+    def png(self) -> bytes:
+        """The current settings' picture as PNG bytes."""
+        return draw_png(self.figure)
 
     def _build(self):
         try:
@@ -249,19 +298,25 @@ class BucketPanel:
                                    layout=w.Layout(width="420px"))
         self._dropdown = w.Dropdown(options=list(SCHEMES), value=self.scheme,
                                     description="buckets", style=style)
-        self._image = image_widget(figure_png(self.figure()))  # at its own size, not stretched
+        self._image = image_widget(self.png())  # at its own size, not stretched
         self._label = w.HTML(self.table_html())
+        self._redraw = Redraw(self._draw_latest)
         self._slider.observe(self._redraw, names="value")
         self._dropdown.observe(self._redraw, names="value")
         return column([w.HBox([self._slider, self._dropdown]), self._label, self._image])
 
-    def _redraw(self, _change=None):
-        self.max_bs, self.scheme = self._slider.value, self._dropdown.value
-        set_image(self._image, figure_png(self.figure()))
-        self._label.value = self.table_html()
+    def _draw_latest(self):
+        """Show the controls' values now (run by :class:`~labkit.widgets.Redraw`)."""
+        new = (self._slider.value, self._dropdown.value)
+        if new == (self.max_bs, self.scheme):
+            return
+        self.max_bs, self.scheme = new
+        png, table = self.png(), self.table_html()
+        set_image(self._image, png)
+        self._label.value = table
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        png = base64.b64encode(figure_png(self.figure())).decode("ascii")
+        png = base64.b64encode(self.png()).decode("ascii")
         # The static views: a frontend without widgets picks text/html (table + picture)
         # or image/png; the widget view, when present, wins where widgets render.
         page = f'{self.table_html()}<img src="data:image/png;base64,{png}"/>'

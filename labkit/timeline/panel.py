@@ -7,10 +7,19 @@ import math
 
 from labkit.core.validate import check_int
 from labkit.timeline.model import Timeline, _check_us, gpu_idle_fraction
-from labkit.timeline.plots import plot_timelines
+from labkit.timeline.plots import plot_timeline
 from labkit.timeline.presets import GPUPreset, get_preset
 from labkit.timeline.simulate import simulate_pair
-from labkit.widgets import column, figure_png, image_widget, mimebundle, set_image, widgets_wanted
+from labkit.widgets import (
+    Redraw,
+    column,
+    draw_png,
+    image_widget,
+    mimebundle,
+    new_figure,
+    set_image,
+    widgets_wanted,
+)
 
 __all__ = ["TimelinePanel", "timeline_panel"]
 
@@ -52,7 +61,10 @@ class TimelinePanel:
     graphed timelines on each change. Everywhere else (nbconvert HTML, GitHub, a terminal,
     ipywidgets missing, ``LABKIT_WIDGETS=0``) it falls back to a plain PNG of the initial
     settings: the display bundle carries both, and a frontend that cannot render widgets
-    picks the image. ``figure()`` draws the current settings as a matplotlib Figure.
+    picks the image. ``figure()`` draws the current settings as a matplotlib Figure (of its
+    own, not through pyplot), ``png()`` as PNG bytes. Redraws run one at a time, a burst of
+    slider moves ending on one drawing of the latest values: with ipykernel 7 two sliders'
+    moves can arrive on two threads at once (issue 19, see :mod:`labkit.widgets`).
 
     .. warning::
         Start values must lie within the sliders' ranges (launch 0.1–100 µs, kernel
@@ -71,8 +83,21 @@ class TimelinePanel:
         return simulate_pair(self.n_kernels, self.launch_us, self.kernel_us, preset=self.preset)
 
     def figure(self):
-        eager, graphed = self.timelines()
-        return plot_timelines([eager, graphed])
+        """Eager over graphed on one time axis (what ``plot_timelines`` draws), 900 px wide."""
+        timelines = self.timelines()
+        heights = [0.6 + 0.55 * max(2, len(t.lanes)) for t in timelines]
+        fig = new_figure((9, sum(heights) + 0.4))
+        axes = fig.subplots(len(timelines), 1, gridspec_kw={"height_ratios": heights},
+                            squeeze=False)
+        xlim = max(t.makespan_us for t in timelines) * 1.02
+        for tl, ax in zip(timelines, axes[:, 0]):
+            plot_timeline(tl, ax=ax, xlim=xlim)
+        fig.tight_layout()
+        return fig
+
+    def png(self) -> bytes:
+        """The current settings' picture as PNG bytes."""
+        return draw_png(self.figure)
 
     def text(self) -> str:
         eager, graphed = self.timelines()
@@ -94,25 +119,28 @@ class TimelinePanel:
                                         description="kernel time µs", style=style, layout=layout)
         self._n = w.IntSlider(value=self.n_kernels, min=1, max=100, description="kernels",
                               style=style, layout=layout)
-        self._image = image_widget(figure_png(self.figure()))
+        self._image = image_widget(self.png())
         self._label = w.HTML(self.text())
+        self._redraw = Redraw(self._draw_latest)
         for s in (self._launch, self._kernel, self._n):
             s.observe(self._redraw, names="value")
         # flex "0 0 auto": beside the long label a shrinkable VBox clipped the sliders' readouts
         sliders = w.VBox([self._launch, self._kernel, self._n], layout=w.Layout(flex="0 0 auto"))
         return column([w.HBox([sliders, self._label]), self._image])
 
-    def _redraw(self, _change=None):
+    def _draw_latest(self):
+        """Show the sliders' values now (run by :class:`~labkit.widgets.Redraw`)."""
         new = (_kept(self._launch, self.launch_us), _kept(self._kernel, self.kernel_us),
                self._n.value)
         if new == (self.launch_us, self.kernel_us, self.n_kernels):
             return
         self.launch_us, self.kernel_us, self.n_kernels = new
-        set_image(self._image, figure_png(self.figure()))
-        self._label.value = self.text()
+        png, text = self.png(), self.text()
+        set_image(self._image, png)
+        self._label.value = text
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        png = base64.b64encode(figure_png(self.figure())).decode("ascii")
+        png = base64.b64encode(self.png()).decode("ascii")
         bundle = {"text/plain": f"TimelinePanel: {self.text()}", "image/png": png}
         return mimebundle(bundle, self.widget)
 

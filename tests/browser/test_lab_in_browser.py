@@ -1,4 +1,5 @@
-"""The lab as a learner sees it: lesson 01 in JupyterLab, and lesson 01's slides, in Chromium.
+"""The lab as a learner sees it: lessons 01 and 06 in JupyterLab, and lesson 01's slides, in
+Chromium.
 
 Run with ``make test-browser`` (not part of ``make test``: see tests/conftest.py). It needs
 the system's Chromium and chromedriver (Debian: ``apt-get install chromium chromium-driver``)
@@ -11,7 +12,14 @@ and selenium in .venv; nothing downloads a browser or a driver.
    decoded, the timeline panel is a live widget (three sliders and a picture, not its text
    fallback), showing it keeps the lesson's start values, its readouts are visible and it
    does not scroll sideways, and moving the ``kernels`` slider with the keyboard redraws the
-   picture and the label with exactly what ``TimelinePanel`` computes for the new value.
+   picture and the label with exactly what ``TimelinePanel`` computes for the new value; a
+   burst of moves over all three sliders ends on exactly the picture and label a fresh panel
+   draws for the sliders' values, no two pictures drawn at once (issue 19).
+1b. Lesson 06, Run All, then right away a burst of ``max_bs`` slider moves and bucket
+   dropdown choices: the bucket explorer ends on exactly the picture and table a fresh
+   panel draws for the controls' values, no two pictures drawn at once (issue 19: with
+   ipykernel 7 the redraws ran on the main thread and a subshell's at the same time, and the
+   picture came out broken).
 2. Lesson 01's reveal.js slides (``make slides`` where the Makefile has it, else
    ``jupyter nbconvert --to slides``), served over http://127.0.0.1 and opened as a file:
    every picture decodes, reveal.js starts, and the first picture slide shows its picture.
@@ -165,6 +173,8 @@ def lab(tmp_path_factory):
 
 JS_NOTEBOOK = "const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
 
+JS_NOTEBOOK_PATH = JS_NOTEBOOK + "return w && w.context ? w.context.path : null;"
+
 JS_KERNEL_STATUS = JS_NOTEBOOK + """
 if (!w || !w.sessionContext || !w.content) return null;
 const s = w.sessionContext.session; const k = s && s.kernel;
@@ -189,13 +199,17 @@ future.onIOPub = (msg) => {
 future.done.then(() => done(text), (e) => done('FAILED ' + e));"""
 
 
-@pytest.fixture(scope="module")
-def lesson01(lab, browser):
-    """Lesson 01 opened in ``make lab``, outputs cleared, all cells run; yields the driver."""
+def open_and_run_all(lab, browser, lesson: str, shot: str, until=None) -> float:
+    """Open ``lesson`` in ``make lab``, clear its outputs and Run > Run All Cells.
+
+    Returns the seconds it took. ``until`` (driver -> bool) ends the wait early: the run
+    is then still going (a learner who starts using a panel before the last cell ran).
+    """
     t0 = time.monotonic()
-    browser.get(f"{lab['base']}/lab/tree/{LESSON}?token={lab['token']}")
-    wait_for("JupyterLab to open the lesson with an idle kernel",
-             lambda: browser.execute_script(JS_KERNEL_STATUS) == "idle", timeout=120)
+    browser.get(f"{lab['base']}/lab/tree/{lesson}?token={lab['token']}")
+    wait_for(f"JupyterLab to open {lesson} with an idle kernel",
+             lambda: (browser.execute_script(JS_NOTEBOOK_PATH) == lesson
+                      and browser.execute_script(JS_KERNEL_STATUS) == "idle"), timeout=120)
     app = browser.execute_script("return !!window.jupyterapp")
     assert app, "window.jupyterapp missing: LabApp.expose_app_in_browser had no effect"
     # cleared first, so every output checked below comes from this run, not from the file
@@ -206,16 +220,29 @@ def lesson01(lab, browser):
     assert browser.execute_script("return window.jupyterapp.commands.hasCommand('runmenu:run-all')")
     browser.execute_script("return window.jupyterapp.commands.execute('runmenu:run-all')")
     wait_for("Run > Run All Cells to finish (every code cell numbered, kernel idle)",
-             lambda: (all(c is not None for c in browser.execute_script(JS_COUNTS))
-                      and browser.execute_script(JS_KERNEL_STATUS) == "idle"),
-             timeout=300, every=1)
-    print(f"\nlesson 01: opened and ran all cells in {time.monotonic() - t0:.1f} s")
-    browser.save_screenshot(str(SHOTS / "lesson01_after_run_all.png"))
-    yield browser
+             lambda: ((until is not None and until(browser))
+                      or (all(c is not None for c in browser.execute_script(JS_COUNTS))
+                          and browser.execute_script(JS_KERNEL_STATUS) == "idle")),
+             timeout=600, every=0.5)
+    took = time.monotonic() - t0
+    browser.save_screenshot(str(SHOTS / shot))
+    return took
+
+
+def no_saves(lab):
     # JupyterLab logs every save; the lesson file itself may change meanwhile (an author
     # committing), so the log, not the file's bytes, says whether this lab wrote it
     saves = [ln for ln in lab["log"].read_text().splitlines() if "Saving file at" in ln]
     assert not saves, f"JupyterLab saved a file while the test ran (autosave?): {saves}"
+
+
+@pytest.fixture(scope="module")
+def lesson01(lab, browser):
+    """Lesson 01 opened in ``make lab``, outputs cleared, all cells run; yields the driver."""
+    took = open_and_run_all(lab, browser, LESSON, "lesson01_after_run_all.png")
+    print(f"\nlesson 01: opened and ran all cells in {took:.1f} s")
+    yield browser
+    no_saves(lab)
 
 
 def notebook_json(driver) -> dict:
@@ -298,6 +325,8 @@ def panel_state(driver, index: int) -> dict:
               s => [s.querySelector('.widget-label').textContent,
                     s.querySelector('.widget-readout').textContent]),
           label: (out.querySelector('.widget-html-content') || {}).textContent,
+          para: (out.querySelector('.widget-html-content p') || {}).textContent,
+          dropdowns: [...out.querySelectorAll('.widget-dropdown select')].map(s => s.value),
           img: img && [img.complete, img.naturalWidth, img.naturalHeight, img.src.slice(0, 5)],
           src: img && img.src, bytes: null,
         };
@@ -318,14 +347,14 @@ del _p
 """
 
 
-def panel_index(driver) -> int:
+def panel_index(driver, prefix: str = PANEL_SOURCE) -> int:
     nb = notebook_json(driver)
     return next(i for i, c in enumerate(nb["cells"])
-                if c["cell_type"] == "code" and source(c).startswith(PANEL_SOURCE))
+                if c["cell_type"] == "code" and source(c).startswith(prefix))
 
 
-def shown_panel(driver) -> tuple[int, dict]:
-    index = panel_index(driver)
+def shown_panel(driver, prefix: str = PANEL_SOURCE) -> tuple[int, dict]:
+    index = panel_index(driver, prefix)
     end = time.monotonic() + 30
     while True:
         state = panel_state(driver, index)
@@ -335,7 +364,7 @@ def shown_panel(driver) -> tuple[int, dict]:
             kinds = driver.execute_script(cell_node_script(index) + """
                 return [...n.querySelectorAll('.jp-OutputArea-output')].map(
                     e => e.getAttribute('data-mime-type'));""")
-            pytest.fail(f"the timeline panel did not render as a widget within 30 s: its "
+            pytest.fail(f"the panel ({prefix}...) did not render as a widget within 30 s: its "
                         f"outputs are {kinds}, {len(state['sliders'])} sliders, widget image "
                         f"{state['img']}; it shows {state['text'][:300]!r}")
         time.sleep(0.5)
@@ -451,6 +480,266 @@ def test_timeline_panel_fits_its_cell(lesson01):
     assert not layout["clipped"], (
         f"parts of the panel scroll sideways (class, visible width, content width): "
         f"{layout['clipped']}; picture {layout['img']}, output area {layout['output']}")
+
+
+# --- a burst of input: the picture shown is the picture of the last value -------------
+#
+# Issue 19: right after Run All, a quick burst of slider and dropdown changes left lesson
+# 06's bucket explorer showing a broken picture (grey bars and a stray 0..1 axis; no
+# staircase, axes, title or legend), 3 of 3 tries. JupyterLab 4.6 sends comm messages on a
+# subshell and ipykernel 7 routes a comm's messages to the thread that last published on it,
+# so right after Run All one control's change is handled on the main thread while the
+# other's is handled on the subshell's: two redraws at once, through pyplot's global state.
+# After a burst the panel must show exactly what a fresh panel draws for the values its
+# controls show, and no two pictures may have been drawn at the same time (a probe on
+# matplotlib in the kernel times each figure from its creation to its PNG): a collision
+# that corrupts a picture is rare, drawing two at once is what lets it happen.
+
+PROBE_ON = """
+class _LabkitDrawProbe:
+    def __init__(self):
+        import functools, threading, time
+        import matplotlib.figure as mf
+        from matplotlib.backends import backend_agg as ba
+        self.mf, self.ba, self.born, self.spans = mf, ba, {}, []
+        self.init, self.png = mf.Figure.__init__, ba.FigureCanvasAgg.print_png
+        probe = self
+        @functools.wraps(self.init)   # matplotlib reads the print method's module and signature
+        def init(fig, *a, **k):
+            probe.born[id(fig)] = (threading.current_thread().name, time.perf_counter())
+            return probe.init(fig, *a, **k)
+        @functools.wraps(self.png)
+        def png(canvas, *a, **k):
+            try:
+                return probe.png(canvas, *a, **k)
+            finally:
+                who, t0 = probe.born.pop(id(canvas.figure), ("?", None))
+                if t0 is not None:
+                    probe.spans.append((who, t0, time.perf_counter()))
+        mf.Figure.__init__, ba.FigureCanvasAgg.print_png = init, png
+    def off(self):
+        self.mf.Figure.__init__, self.ba.FigureCanvasAgg.print_png = self.init, self.png
+        return self.spans
+_labkit_probe = _LabkitDrawProbe()
+del _LabkitDrawProbe
+print("on")
+"""
+
+PROBE_OFF = """
+import json as _j
+print(_j.dumps(_labkit_probe.off()))
+del _j, _labkit_probe
+"""
+
+
+def probe_on(driver):
+    assert driver.execute_async_script(JS_RUN_IN_KERNEL, PROBE_ON).strip() == "on"
+
+
+def drawn_at_once(driver) -> tuple[int, list]:
+    """(pictures drawn since probe_on, the pairs of them drawn at the same time)."""
+    spans = sorted(json.loads(driver.execute_async_script(JS_RUN_IN_KERNEL, PROBE_OFF)),
+                   key=lambda s: s[1])
+    at_once = [(a[0], b[0], round(a[2] - b[1], 3)) for i, a in enumerate(spans)
+               for b in spans[i + 1:] if b[1] < a[2]]
+    return len(spans), at_once
+
+
+FRESH_TIMELINE = """
+import hashlib as _h, json as _j
+from labkit.timeline import TimelinePanel as _TP
+from labkit.widgets import figure_png as _fp
+_p = [o for o in Out.values() if type(o).__name__ == "TimelinePanel"][-1]
+_f = _TP(_p.launch_us, _p.kernel_us, _p.n_kernels, preset=_p.preset, widgets=False)
+print(_j.dumps({"kernel": [_p.launch_us, _p.kernel_us, _p.n_kernels], "text": _f.text(),
+                "sha": _h.sha256(_fp(_f.figure())).hexdigest()}))
+del _h, _j, _TP, _fp, _p, _f
+"""
+
+FRESH_BUCKETS = """
+import hashlib as _h, json as _j
+from labkit.decode.plots import BucketPanel as _BP
+from labkit.widgets import figure_png as _fp
+_p = [o for o in Out.values() if type(o).__name__ == "BucketPanel"][-1]
+_f = _BP(_p.workload, max_bs={max_bs}, scheme={scheme!r}, slider_max=_p.slider_max,
+         widgets=False, **_p.explore_kwargs)
+print(_j.dumps({{"kernel": [_p.max_bs, _p.scheme], "text": _f.text(),
+                 "sha": _h.sha256(_fp(_f.figure())).hexdigest()}}))
+del _h, _j, _BP, _fp, _p, _f
+"""
+
+
+# A burst within one frame: key presses on slider handles and dropdown choices dispatched
+# in one script, as fast as input can come (Selenium's round trips, 50-100 ms each, spread
+# it over half a second and made the two threads' redraws overlap only some of the time).
+JS_BURST = JS_NOTEBOOK + """
+const n = w.content.widgets[arguments[0]].node;
+const handles = [...n.querySelectorAll('.widget-slider .noUi-handle')];
+const selects = [...n.querySelectorAll('.widget-dropdown select')];
+for (const [kind, i, what, times] of arguments[1]) {
+  for (let k = 0; k < times; k++) {
+    if (kind === 'key') {
+      handles[i].focus();
+      handles[i].dispatchEvent(new KeyboardEvent('keydown', {key: what, bubbles: true}));
+    } else {
+      selects[i].selectedIndex = [...selects[i].options].findIndex(o => o.textContent === what);
+      selects[i].dispatchEvent(new Event('change', {bubbles: true}));
+    }
+  }
+}
+return [handles.length, selects.length];"""
+
+
+def burst(driver, index: int, steps) -> float:
+    """Fire ``steps`` ((``"key"``, handle, key, times) or (``"choose"``, dropdown, option,
+    1)) in one go; returns the seconds it took the browser."""
+    t0 = time.monotonic()
+    found = driver.execute_script(JS_BURST, index, [list(x) for x in steps])
+    used = max(i for _, i, _, _ in steps) + 1
+    assert found[0] >= used or found[1] >= used, f"controls found: {found}"
+    return time.monotonic() - t0
+
+
+def settled(driver, index: int, ready, what: str, timeout: float = 120) -> dict:
+    """The panel's state once ``ready(state)`` holds, the kernel is idle and the picture and
+    text have not changed for 3 s (a burst's last redraw has landed)."""
+    end, last, since = time.monotonic() + timeout, None, None
+    while True:
+        state = panel_state(driver, index)
+        key = (state["bytes"], state["label"], tuple(map(tuple, state["sliders"])),
+               tuple(state["dropdowns"]))
+        if key != last:
+            last, since = key, time.monotonic()
+        elif (ready(state) and driver.execute_script(JS_KERNEL_STATUS) == "idle"
+              and time.monotonic() - since >= 3):
+            return state
+        if time.monotonic() > end:
+            pytest.fail(f"{what}: the panel did not settle within {timeout:.0f} s; it shows "
+                        f"sliders {state['sliders']}, dropdowns {state['dropdowns']}, "
+                        f"label {(state['label'] or '')[:200]!r}")
+        time.sleep(0.5)
+
+
+def png_summary(png: bytes) -> str:
+    """Size and colours of a PNG, for a failure message (Pillow comes with matplotlib)."""
+    try:
+        import io
+
+        from PIL import Image
+        im = Image.open(io.BytesIO(png)).convert("RGB")
+        px = list(im.get_flattened_data() if hasattr(im, "get_flattened_data")
+                  else im.getdata())
+        ink = [p for p in px if p != (255, 255, 255)]
+        grey = sum(1 for p in ink if max(p) - min(p) < 8)
+        return (f"{im.size[0]}×{im.size[1]} px, {len(ink) / len(px):.0%} not white, "
+                f"{grey / max(1, len(ink)):.0%} of that grey")
+    except Exception as e:  # only ever a message
+        return f"{len(png)} bytes ({e})"
+
+
+def check_shows_fresh_picture(driver, state: dict, fresh: dict, what: str, shot: str):
+    png = base64.b64decode(state["bytes"])
+    (SHOTS / shot).write_bytes(png)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", f"{what}: the picture shown is not a PNG"
+    assert state["img"][0] and state["img"][1] > 0, f"{what}: picture did not decode {state['img']}"
+    got = hashlib.sha256(png).hexdigest()
+    assert got == fresh["sha"], (
+        f"{what}: the picture shown ({png_summary(png)}; saved to {SHOTS / shot}) is not the "
+        f"picture a fresh panel draws for the values the controls show")
+
+
+def test_timeline_panel_survives_a_burst_of_input(lesson01):
+    """Lesson 01's panel: a quick burst over all three sliders ends on the right picture."""
+    index, _ = shown_panel(lesson01)
+    lesson01.execute_script(cell_node_script(index) + "n.scrollIntoView({block: 'center'});")
+    panel = lesson01.execute_script(cell_node_script(index)
+                                    + "return n.querySelector('.jp-Cell-outputArea');")
+    handles = panel.find_elements(By.CSS_SELECTOR, ".widget-slider .noUi-handle")
+    assert len(handles) == 3, f"expected 3 slider handles, found {len(handles)}"
+    before = panel_state(lesson01, index)
+    n0 = int(dict(before["sliders"])["kernels"])
+    probe_on(lesson01)
+    # a slider's first change is handled on the main thread, its later ones on the subshell:
+    # one move of `launch` first, then moves of all three while that thread switch is fresh
+    handles[0].click()
+    handles[0].send_keys(Keys.ARROW_RIGHT)
+    wait_for("the first slider move to redraw the panel",
+             lambda: panel_state(lesson01, index)["label"] != before["label"], timeout=30,
+             every=0.1)
+    steps = (("key", 0, "ArrowRight", 2), ("key", 1, "ArrowRight", 3),
+             ("key", 2, "ArrowLeft", 4), ("key", 0, "ArrowRight", 1),
+             ("key", 2, "ArrowLeft", 2), ("key", 1, "ArrowRight", 1))
+    fired = burst(lesson01, index, steps)
+    want_n = n0 - 6
+    state = settled(lesson01, index,
+                    lambda st: dict(st["sliders"])["kernels"] == str(want_n), "lesson 01 burst")
+    drawn, at_once = drawn_at_once(lesson01)
+    fresh = json.loads(lesson01.execute_async_script(JS_RUN_IN_KERNEL, FRESH_TIMELINE))
+    print(f"lesson 01 burst: 1 key press, then {sum(x[3] for x in steps)} in {fired:.2f} s, "
+          f"{drawn} pictures drawn, {len(at_once)} pairs at once; settled on {fresh['kernel']}")
+    assert fresh["kernel"][2] == want_n, (fresh["kernel"], state["sliders"])
+    assert state["label"] == fresh["text"], (state["label"], fresh["text"])
+    check_shows_fresh_picture(lesson01, state, fresh, "lesson 01's panel after a burst",
+                              "lesson01_panel_after_burst.png")
+    assert not at_once, (f"lesson 01's panel drew pictures at the same time (threads, "
+                         f"seconds of overlap): {at_once}")
+
+
+# --- 1b. lesson 06's bucket explorer -------------------------------------------------
+
+LESSON06 = "notebooks/06_decode_bucketing.ipynb"
+BUCKETS_SOURCE = "plots.bucket_panel("
+
+
+@pytest.fixture(scope="module")
+def lesson06(lab, browser):
+    """Lesson 06 opened in ``make lab``, outputs cleared, all cells run; yields the driver."""
+    took = open_and_run_all(lab, browser, LESSON06, "lesson06_after_run_all.png")
+    print(f"\nlesson 06: opened and ran all cells in {took:.1f} s")
+    yield browser
+    no_saves(lab)
+
+
+def test_bucket_explorer_survives_a_burst_right_after_run_all(lesson06):
+    """Right after Run All: slider and dropdown changes in quick succession, then the
+    picture and table shown are those of the last values (issue 19)."""
+    index, start = shown_panel(lesson06, BUCKETS_SOURCE)
+    lesson06.execute_script(cell_node_script(index) + "n.scrollIntoView({block: 'center'});")
+    panel = lesson06.execute_script(cell_node_script(index)
+                                    + "return n.querySelector('.jp-Cell-outputArea');")
+    handle = panel.find_element(By.CSS_SELECTOR, ".widget-slider .noUi-handle")
+    m0 = int(start["sliders"][0][1])
+    probe_on(lesson06)
+    # a control's first change is handled on the main thread, its later ones on the subshell:
+    # one slider move first, then slider and dropdown changes while that switch is fresh
+    handle.click()
+    handle.send_keys(Keys.ARROW_LEFT)
+    wait_for("the first slider move to redraw the panel",
+             lambda: f"max_bs {m0 - 1}," in (panel_state(lesson06, index)["para"] or ""),
+             timeout=30, every=0.1)
+    steps = (("key", 0, "ArrowLeft", 3), ("choose", 0, "pow2", 1), ("key", 0, "ArrowRight", 5),
+             ("choose", 0, "every", 1), ("key", 0, "ArrowLeft", 4))
+    fired = burst(lesson06, index, steps)
+    want = (m0 - 3, "every")
+    state = settled(lesson06, index,
+                    lambda st: (int(st["sliders"][0][1]), st["dropdowns"][0]) == want,
+                    "lesson 06 burst")
+    lesson06.execute_script(cell_node_script(index) + "n.scrollIntoView();")
+    panel.screenshot(str(SHOTS / "lesson06_bucket_panel_after_burst_screen.png"))
+    drawn, at_once = drawn_at_once(lesson06)
+    fresh = json.loads(lesson06.execute_async_script(
+        JS_RUN_IN_KERNEL, FRESH_BUCKETS.format(max_bs=want[0], scheme=want[1])))
+    print(f"lesson 06 burst: 1 key press, then 12 and 2 dropdown changes in {fired:.2f} s, "
+          f"{drawn} pictures drawn, {len(at_once)} pairs at once; max_bs {m0} -> {want[0]}, "
+          f"scheme {want[1]}")
+    assert tuple(fresh["kernel"]) == want, \
+        f"the kernel's panel holds {fresh['kernel']}, the controls show {want}"
+    assert state["para"] == fresh["text"], (state["para"], fresh["text"])
+    check_shows_fresh_picture(lesson06, state, fresh, "lesson 06's bucket explorer after a burst",
+                              "lesson06_bucket_panel_after_burst.png")
+    assert not at_once, (f"the bucket explorer drew pictures at the same time (threads, seconds "
+                         f"of overlap): {at_once}; two redraws at once through pyplot's global "
+                         f"state are what broke its picture (issue 19)")
 
 
 # --- 2. slides -----------------------------------------------------------------------
