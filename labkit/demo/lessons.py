@@ -367,26 +367,62 @@ def _demo_05(B, small):
 
     P, M = 4, 8
     orders = one_f_one_b(P, M)
+    in_flight = {"GPipe": [max_in_flight(o) for o in S.gpipe(P, M)],
+                 "1F1B": [max_in_flight(o) for o in orders]}
     print(f"schedule of {P} stages × {M} microbatches (a simulation: forward 1, backward 2 units)")
-    print("microbatches in flight per stage, 1F1B: ", [max_in_flight(o) for o in orders])
-    print("microbatches in flight per stage, GPipe:", [max_in_flight(o) for o in S.gpipe(P, M)])
+    print("microbatches in flight per stage, 1F1B: ", in_flight["1F1B"])
+    print("microbatches in flight per stage, GPipe:", in_flight["GPipe"])
 
     layers, micro = (2, 3) if small else (4, 4)             # small: the emulator's seconds
     eager = _run_05(B, 2, micro, graphs=False, layers=layers)
     print(f"real training of {layers} blocks, PP=2, {micro} microbatches, 2 steps; graphs "
           f"created after step 1 in one shared pool ({B.name}):")
+    tol, delta = 1e-4, {}
     for order in ("recorded", "grouped", "torch"):
         got = _run_05(B, 2, micro, create={"order": order}, layers=layers)
-        d = max((a - b).abs().max().item() for a, b in zip(got, eager))
+        d = delta[order] = max((a - b).abs().max().item() for a, b in zip(got, eager))
         print(f"  created in {order:9s} order: max |Δ weight| vs eager {d:9.2e}  "
-              f"{'== eager' if d < 1e-4 else 'WRONG'}")
+              f"{'== eager' if d < tol else 'WRONG'}")
 
-    fig, axes = plt.subplots(2, 1, figsize=(11, 5.2), sharex=True)
-    plot_schedule(simulate(S.gpipe(P, M)), ax=axes[0])
-    plot_schedule(simulate(orders), ax=axes[1])
-    axes[0].set_title("GPipe (simulated): " + axes[0].get_title(), fontsize=10)
-    axes[1].set_title("1F1B (simulated): " + axes[1].get_title(), fontsize=10)
-    fig.tight_layout()
+    # left: the two schedules (same bubble, different memory); right: what the creation
+    # order does to real training, the demo's point
+    fig = plt.figure(figsize=(13, 5.4))
+    grid = fig.add_gridspec(2, 2, width_ratios=[2.7, 1], wspace=0.06)
+    sched = [fig.add_subplot(grid[0, 0])]
+    sched.append(fig.add_subplot(grid[1, 0], sharex=sched[0]))
+    for ax, name, events in ((sched[0], "GPipe", S.gpipe(P, M)), (sched[1], "1F1B", orders)):
+        plot_schedule(simulate(events), ax=ax)
+        ax.set_title(f"{name} (simulated): {ax.get_title()}; microbatches in flight per stage "
+                     f"{in_flight[name]}", fontsize=10)
+    sched[0].tick_params(labelbottom=False)
+    sched[0].set_xlabel("")
+
+    ax = fig.add_subplot(grid[:, 1])
+    floor = 1e-9                                   # the log axis starts here; 0 sits on it
+    names = list(delta)
+    ys = range(len(names))[::-1]
+    for y, name in zip(ys, names):
+        d, ok = delta[name], delta[name] < tol
+        color = "#55A868" if ok else "#C44E52"
+        if d > floor:
+            ax.barh(y, d - floor, left=floor, color=color, height=0.45)
+        else:
+            ax.plot([floor], [y], marker="|", ms=16, mew=4, color=color, clip_on=False)
+        ax.text(floor * 1.6, y + 0.27, f"created in {name} order", fontsize=10, va="bottom")
+        ax.annotate(f"{'0' if d == 0 else f'{d:.1e}'}  {'== eager' if ok else 'WRONG'}",
+                    (max(d, floor), y), xytext=(6, 0), textcoords="offset points",
+                    va="center", fontsize=10, fontweight="bold", color=color)
+    ax.axvline(tol, color="0.4", ls=":", lw=1)
+    ax.text(tol, -0.55, f" == eager below {tol:g}", fontsize=8, color="0.35", va="bottom")
+    ax.set_xscale("log")
+    ax.set_xlim(floor, 1e3)
+    ax.set_ylim(-0.6, len(names) - 0.2)
+    ax.set_yticks([])
+    ax.set_xlabel("max |Δ weight| vs eager training (log)")
+    ax.set_title(f"real training, PP=2, {micro} microbatches ({B.name}):\n"
+                 "graphs created in which order?", fontsize=10)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.subplots_adjust(left=0.06, right=0.985, top=0.9, bottom=0.1)
     return fig
 
 
