@@ -91,6 +91,7 @@ def plot_serving(results: Mapping[str, object], note: str = "", axes=None):
     axis labelled with plain numbers (ms).
     """
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     if axes is None:
         fig, axes = plt.subplots(1, 2, figsize=(9, 4.4),
@@ -105,6 +106,7 @@ def plot_serving(results: Mapping[str, object], note: str = "", axes=None):
                       step="mid", color="0.85", zorder=0, label="batch size")
     twin.set_ylabel("requests in the step", color="0.45")
     twin.tick_params(axis="y", colors="0.45")
+    twin.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_zorder(twin.get_zorder() + 1)
     ax.patch.set_visible(False)
     all_ms = []
