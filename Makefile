@@ -47,7 +47,7 @@ NBGRADER_OFF := "nbgrader.server_extensions.formgrader": false, \
 help:
 	@echo "make lab          open JupyterLab at $(LESSON00) (LAB_ARGS=... passed on)"
 	@echo "make test         unit tests + notebooks (nbval), creating/refreshing .venv first"
-	@echo "make test-browser lesson 01 in JupyterLab and its slides, in headless Chromium"
+	@echo "make test-browser lessons 01 and 06 in JupyterLab (panels under a burst) and every slide of every deck, in headless Chromium"
 	@echo "make exercises    regenerate exercises/*.ipynb from solutions/*.ipynb (keeps your edits;"
 	@echo "                  installs nbgrader, an authors' tool, into .venv if it is missing)"
 	@echo "make doctor       print what this machine has (python -m labkit doctor)"
@@ -129,8 +129,9 @@ test-notebooks: $(TEST_STAMP)
 	$(VPY) -m pytest --nbval-lax --nbval-current-env notebooks solutions $(PYTEST_ARGS)
 
 # The real-browser test (tests/browser/, not part of `make test`): starts `make lab`, runs
-# lesson 01 in headless Chromium (widget panel, its redraw, figures), then opens lesson 01's
-# slides. It uses the system's Chromium and chromedriver and never downloads a browser; it
+# lessons 01 and 06 in headless Chromium (widget panels, their redraw under a burst of
+# input, figures), opens lesson 01's slides, then pages through every slide of every deck
+# at 1280x720 and 1920x1080. It uses the system's Chromium and chromedriver and never downloads a browser; it
 # does not apt-get them either (a test command should not change the system's packages):
 # it prints the line to run. Screenshots: build/browser/.
 CHROMIUM     ?= $(shell command -v chromium || command -v chromium-browser)
