@@ -239,3 +239,39 @@ def test_bincount_and_histc_refuse_like_torchs_host_copy_check(E):
     g.replay()
     torch.testing.assert_close(y, x * 2)
     torch.testing.assert_close(h, torch.histc(x, bins=4, min=-3, max=3))
+
+
+def test_item_and_nested_capture_are_named_by_what_the_learner_wrote():
+    """.item() is refused under the ATen op it reaches, and the message names both; a
+    capture begun inside another one is refused as a nested capture, not a bare sync."""
+    from labkit import backend
+
+    B = backend.get("emulated")
+    x = torch.ones(3)
+
+    def first_error(fn):
+        try:
+            fn()
+        except Exception as e:     # the first error of the chain is the one that explains
+            while e.__context__ is not None:
+                e = e.__context__
+            return str(e)
+        finally:
+            backend.recover(B)
+        raise AssertionError("not refused")
+
+    def item():
+        with B.graph(B.CUDAGraph()):
+            x.sum().item()
+
+    def nested():
+        with B.graph(B.CUDAGraph()):
+            x.mul(2)
+            with B.graph(B.CUDAGraph()):
+                x.add(1)
+
+    text = first_error(item)
+    assert "aten._local_scalar_dense" in text and ".item()" in text, text
+    text = first_error(nested)
+    assert "a capture is already underway on this thread" in text, text
+    assert "captures do not nest" in text, text

@@ -7,6 +7,7 @@ that the numbers are sane; the ``cuda`` ones record a real profiler trace on a G
 
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -342,7 +343,12 @@ def test_preset_for_device_names():
     assert T.preset_for("NVIDIA A100-SXM4-80GB").name == "A100"
     assert T.preset_for("Tesla T4").name == "T4"
     assert T.preset_for("NVIDIA L4").name == "L4"
-    assert T.preset_for("NVIDIA L40S").name == "H200"  # not an L4: falls back
+    with pytest.warns(UserWarning, match=r"no GPU preset matches 'NVIDIA L40S' \(presets: "
+                      r"H200, .*\), so simulations model the H200 \(default='H200'\)"):
+        assert T.preset_for("NVIDIA L40S").name == "H200"  # not an L4: falls back
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                    # a CPU: nothing to model, no word
+        assert T.preset_for("CPU (emulated CUDA graphs)").name == "H200"
     assert T.preset_for("something else", default="T4").name == "T4"
 
 

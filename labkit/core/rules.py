@@ -132,7 +132,8 @@ FUNCTION_RULES: dict[str, Rule] = {
 #: ATen ops (seen by a ``TorchDispatchMode``), by overload packet name.
 ATEN_RULES: dict[str, Rule] = {
     "_local_scalar_dense": Rule("cpu_sync", "aten._local_scalar_dense",
-                                "reads a tensor's value on the host (a scalar from a tensor)"),
+                                "reads a tensor's value on the host (the op behind .item(), "
+                                "float(t) and int(t))"),
     "is_nonzero": Rule("cpu_sync", "aten.is_nonzero",
                        "reads a tensor's value on the host to test it"),
     "equal": Rule("cpu_sync", "aten.equal", "torch.equal compares on the host"),

@@ -12,7 +12,12 @@ import torch
 import labkit.emulator.pool as _pool
 import labkit.emulator.streams as _streams
 from labkit.emulator.recorder import Capture, StuckGeneratorMode, run_steps
-from labkit.emulator.state import CAPTURE_INVALIDATED, active_capture, capture_error
+from labkit.emulator.state import (
+    CAPTURE_INVALIDATED,
+    active_capture,
+    capture_error,
+    refuse_device_sync,
+)
 from labkit.emulator.streams import Stream, current_stream, default_stream, synchronize
 
 __all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing"]
@@ -248,6 +253,10 @@ class graph:
         self.capture_error_mode = capture_error_mode
 
     def __enter__(self):
+        if active_capture() is not None:   # torch's graph() fails in its synchronize() too
+            refuse_device_sync("synchronize(), which graph(...) calls as it begins, while a "
+                               "capture is already underway on this thread (captures do not "
+                               "nest: end one, then begin the next)")
         synchronize()
         self.stream_ctx.__enter__()
         self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -112,16 +113,30 @@ def get_preset(preset: str | GPUPreset) -> GPUPreset:
     raise UnknownPresetError(f"no GPU preset {preset!r}; choose one of {', '.join(GPU_PRESETS)}")
 
 
+_GPU_NAME = re.compile(r"nvidia|tesla|geforce|quadro|rtx|amd|radeon|instinct|gpu", re.I)
+
+
 def preset_for(device_name: str, default: str = "H200") -> GPUPreset:
     """The preset whose name appears in a device name ("NVIDIA A100-SXM4-80GB" → A100),
-    else ``default``: a simulation next to a measurement should model the same GPU."""
+    else ``default``: a simulation next to a measurement should model the same GPU.
+
+    A GPU that has no preset gets ``default`` with a warning that names the GPU, the
+    preset chosen and why; a CPU (no GPU to model) gets ``default`` silently.
+    """
     if not isinstance(device_name, str):
         raise TypeError(f"device_name must be a str such as 'NVIDIA H200', got {device_name!r}")
-    get_preset(default)  # an unknown default fails here, naming the presets
+    chosen = get_preset(default)  # an unknown default fails here, naming the presets
     for name, p in GPU_PRESETS.items():
         if re.search(rf"(?<![A-Za-z0-9]){name}(?![0-9])", device_name, re.IGNORECASE):
             return p
-    return get_preset(default)
+    if _GPU_NAME.search(device_name):
+        warnings.warn(
+            f"preset_for: no GPU preset matches {device_name!r} (presets: "
+            f"{', '.join(GPU_PRESETS)}), so simulations model the {chosen.name} "
+            f"(default={default!r}) instead of this GPU. Pass default= to pick the closest "
+            f"preset, or add a GPUPreset for it to labkit.timeline.GPU_PRESETS.",
+            stacklevel=2)
+    return chosen
 
 
 def roofline_kernel_us(flops: float, bytes: float, preset: str | GPUPreset = "H200",
