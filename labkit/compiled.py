@@ -177,6 +177,11 @@ def call_kind(fn: Callable, *args, B=None):
     ``kind`` is ``"warm-up"`` (a new warm-up node), ``"record"`` (a new graph), ``"replay"``
     (neither, and the tree is executing a graph) or ``"eager"`` (no graph ran: the
     function's graphs were skipped, or there is no GPU).
+
+    .. warning::
+        A heuristic read from the tree's counters and state: a skipped function called
+        while another function's graph path is executing reads as ``"replay"``. It is
+        right for one compiled function at a time, as the lesson uses it.
     """
     B = ensure(B)
     before = tree_summary(B)
@@ -220,9 +225,14 @@ def watch_skips():
 
     Yields a :class:`SkipLog`: ``count`` is the rise of ``counters["inductor"]
     ["cudagraph_skips"]`` (torch's own counter), ``messages`` the "skipping cudagraphs due
-    to ..." lines torch logged (``log_cudagraph_skip_and_bump_counter``). Outside this
-    block the same lines appear with ``TORCH_LOGS=perf_hints`` (torch 2.11) or
-    ``TORCH_LOGS=cudagraphs`` (2.13), or as a warning.
+    to ..." lines torch logged (``log_cudagraph_skip_and_bump_counter``, through the
+    ``cudagraphs`` log artifact of ``torch._inductor.cudagraph_utils``). Outside this block
+    the same lines print as warnings, with or without ``TORCH_LOGS``.
+
+    .. warning::
+        Not every graph torch leaves ungraphed is counted: with graph partitioning on,
+        ``cudagraph_partition_post_compile`` turns graphs off for its fail reasons without
+        a log line or a count. Check the recorded graphs too (:func:`tree_summary`).
     """
     from torch._dynamo.utils import counters
 
