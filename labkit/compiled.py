@@ -123,7 +123,7 @@ class ReduceOverhead:
 
 def _manager(B):
     """The CUDA graph tree manager of B's device, or None (no GPU, or nothing recorded)."""
-    if getattr(ensure(B), "name", None) != "cuda":
+    if ensure(B).name != "cuda":
         return None
     from torch._inductor import cudagraph_trees
     return cudagraph_trees.get_manager(B.device.index or 0, create_if_none_exists=False)

@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_usable
 
 from labkit import backend
 from labkit.capture import capture
 from labkit.checks.lesson08 import check_decoder, check_reduce_overhead
 
 E = backend.get("emulated")
-
-
-def usable():
-    """After a check: default stream current, random ops allowed, a capture works."""
-    assert E.current_stream() == E.default_stream()
-    torch.rand(2)
-    x = torch.zeros(2)
-    g = E.CUDAGraph()
-    with E.graph(g):
-        x.add_(1)
-    g.replay()
-    assert x.tolist() == [1.0, 1.0]
 
 
 # ---- exercise 1: reduce_overhead ----------------------------------------------------------
@@ -97,7 +86,7 @@ def make_reduce_overhead(*, warm=True, copy=True, clone_static=False, rerecord=T
 
 def test_reduce_overhead_reference_passes():
     assert check_reduce_overhead(make_reduce_overhead(), trials=8, seed=3)
-    usable()
+    assert_usable(E)
 
 
 @pytest.mark.parametrize("flags", [
@@ -139,7 +128,7 @@ def test_reduce_overhead_harmless_variations_pass(flags):
 def test_reduce_overhead_mistakes(flags, words):
     r = check_reduce_overhead(make_reduce_overhead(**flags), trials=8, seed=3)
     assert not r and words in r.message, r.message
-    usable()
+    assert_usable(E)
 
 
 def test_reduce_overhead_copied_static_with_no_static_inputs_says_so():
@@ -174,7 +163,7 @@ def global_state(fn, static, B):
 def test_reduce_overhead_global_state_is_named():
     r = check_reduce_overhead(global_state)
     assert not r and "Keep the state inside, one per function" in r.message, r.message
-    usable()
+    assert_usable(E)
 
 
 def test_reduce_overhead_sync_inside_capture_reports_the_sync():
@@ -198,7 +187,7 @@ def test_reduce_overhead_sync_inside_capture_reports_the_sync():
     r = check_reduce_overhead(syncs)
     assert not r and r.kind == "exception" and "synchronize()" in r.message, r.message
     assert "previous error during capture" not in r.message
-    usable()
+    assert_usable(E)
 
 
 def test_reduce_overhead_torch_cuda_on_the_emulator_is_explained():
@@ -252,7 +241,7 @@ def test_reduce_overhead_raising_inside_capture_leaves_a_usable_process():
         return call
     r = check_reduce_overhead(syncs)
     assert not r and r.kind == "exception" and "capture" in r.message
-    usable()
+    assert_usable(E)
 
 
 def test_reduce_overhead_returns_not_callable_and_blank():

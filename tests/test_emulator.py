@@ -245,6 +245,7 @@ def test_item_and_nested_capture_are_named_by_what_the_learner_wrote():
     """.item() is refused under the ATen op it reaches, and the message names both; a
     capture begun inside another one is refused as a nested capture, not a bare sync."""
     from labkit import backend
+    from labkit.core.errors import capture_cause
 
     B = backend.get("emulated")
     x = torch.ones(3)
@@ -253,9 +254,10 @@ def test_item_and_nested_capture_are_named_by_what_the_learner_wrote():
         try:
             fn()
         except Exception as e:     # the first error of the chain is the one that explains
-            while e.__context__ is not None:
-                e = e.__context__
-            return str(e)
+            root = capture_cause(e)
+            assert root is not e and "previous error during capture" in str(e)
+            assert capture_cause(root) is root
+            return str(root)
         finally:
             backend.recover(B)
         raise AssertionError("not refused")

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-__all__ = ["exception_chain", "in_library"]
+__all__ = ["capture_cause", "exception_chain", "in_library"]
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,6 +25,23 @@ def exception_chain(exc: BaseException, limit: int = 8) -> list[BaseException]:
         out.append(exc)
         exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     return out[::-1]
+
+
+_FOLLOW_ON = ("previous error during capture", "StreamCaptureInvalidated")
+
+
+def capture_cause(exc: BaseException) -> BaseException:
+    """The error a failed capture started with, not the follow-on one its ``__exit__``
+    raises ("operation failed due to a previous error during capture"); ``exc`` itself
+    when it is not such a follow-on."""
+    seen = set()
+    while id(exc) not in seen and any(t in str(exc) for t in _FOLLOW_ON):
+        seen.add(id(exc))
+        nxt = exc.__cause__ or exc.__context__
+        if nxt is None:
+            break
+        exc = nxt
+    return exc
 
 
 def in_library(filename: str) -> bool:

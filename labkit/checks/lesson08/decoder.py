@@ -19,6 +19,7 @@ import torch
 
 from labkit import backend
 from labkit.checks import NOT_DONE, LearnerTimeout, call_learner, describe_exception, fail, passed
+from labkit.core.signature import fmt_shape
 
 NAME = "Decoder"
 HINTS = [
@@ -75,10 +76,6 @@ def _cache_buffer(mod, max_len, dim):
     return None, None
 
 
-def _shape(t) -> str:
-    return "(" + ", ".join(str(d) for d in t.shape) + (",)" if t.dim() == 1 else ")")
-
-
 def _no_buffer(mod, max_len, dim, device):
     """Why ``mod`` has no (max_len, dim) buffer right after __init__: what it has instead."""
     want = (max_len, dim)
@@ -100,7 +97,7 @@ def _no_buffer(mod, max_len, dim, device):
                         f"one tensor shared by every instance, and not a registered buffer: "
                         f"create it in __init__ with self.register_buffer({k!r}, "
                         f"torch.zeros(max_len, dim, device=device))")
-    others = ", ".join(f"{k} {_shape(v)}" for k, v in mod.named_buffers())
+    others = ", ".join(f"{k} {fmt_shape(v.shape)}" for k, v in mod.named_buffers())
     if others:
         return (f"no buffer of shape ({max_len}, {dim}) after Decoder({max_len}, {dim}, "
                 f"device): its buffers are {others}. The cache is torch.zeros(max_len, "
@@ -176,7 +173,7 @@ def _one_trial(cls, max_len, dim, device, gen):
             return (f"step {step + 1}: forward returned {type(got).__name__}, expected a "
                     f"tensor: the broken step returns cache.sum(0), shape ({dim},)")
         if got.shape != want.shape:
-            return (f"step {step + 1}: forward returned a tensor of shape {_shape(got)}, "
+            return (f"step {step + 1}: forward returned a tensor of shape {fmt_shape(got.shape)}, "
                     f"expected shape ({dim},): the broken step returns cache.sum(0), the sum "
                     f"over the positions (rows), one value per column")
         if got.dtype != want.dtype:

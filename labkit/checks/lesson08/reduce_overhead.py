@@ -20,8 +20,17 @@ import types
 import torch
 
 from labkit import backend
-from labkit.checks import NOT_DONE, LearnerTimeout, call_learner, describe_exception, fail, passed
+from labkit.checks import (
+    NOT_DONE,
+    LearnerTimeout,
+    call_learner,
+    compare_outputs,
+    describe_exception,
+    fail,
+    passed,
+)
 from labkit.compiled import ReduceOverhead
+from labkit.core.errors import capture_cause
 
 NAME = "reduce_overhead"
 HINTS = [
@@ -68,7 +77,7 @@ def _probe(f, B, counter):
 
 
 def _functions(gen):
-    """A random fn and its arity, from a small family (one or two outputs)."""
+    """A random fn, its arity and label, from a small family (one or two outputs)."""
     pick = int(torch.randint(0, 3, (), generator=gen))
     if pick == 0:
         return (lambda w, x: torch.relu(x @ w)), 2, "relu(x @ w)"
@@ -77,20 +86,14 @@ def _functions(gen):
     return (lambda a, b, c, d: a + b * 2 - c * d), 4, "a + b * 2 - c * d"
 
 
-def _args(gen, arity, fn_label, B):
-    rows, cols = (int(torch.randint(2, 6, (), generator=gen)) for _ in range(2))
-    if fn_label.startswith("relu"):
-        return [torch.randn(cols, cols, generator=gen), torch.randn(rows, cols, generator=gen)]
-    return [torch.randn(rows, cols, generator=gen) for _ in range(arity)]
+def _args(gen, arity):
+    """Random inputs for an fn of ``_functions``: square first ones, so ``x @ w`` fits."""
+    n = int(torch.randint(2, 6, (), generator=gen))
+    return [torch.randn(n, n, generator=gen) for _ in range(arity)]
 
 
 def _same(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return (isinstance(b, torch.Tensor) and a.shape == b.shape
-                and torch.allclose(a, b, atol=1e-5))
-    if isinstance(a, (tuple, list)):
-        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(map(_same, a, b))
-    return False
+    return compare_outputs(a, b, atol=1e-5) is None
 
 
 def _leaves(out):
@@ -161,7 +164,7 @@ def _run_trials(fn, trials, seed):
             return str(e), "timeout"
         except Exception as e:      # the learner's code raised
             backend.recover(backend.get("emulated"))    # e.g. a capture left half-open
-            cause = _first_cause(e)
+            cause = capture_cause(e)
             tip = ("\n   Exercise 1 runs on labkit's CPU emulator: capture with the backend B "
                    "you are given (capture(..., B=B), B.CUDAGraph, B.graph), not torch.cuda"
                    if any(t in str(cause) for t in _TORCH_CUDA) else "")
@@ -169,20 +172,6 @@ def _run_trials(fn, trials, seed):
         if msg:
             return f"{where}: {msg}", "mismatch"
     return None
-
-
-def _first_cause(exc: BaseException) -> BaseException:
-    """The error a failed capture started with, not the follow-on one that the capture's
-    ``__exit__`` raises ("operation failed due to a previous error during capture")."""
-    seen = set()
-    while id(exc) not in seen:
-        seen.add(id(exc))
-        nxt = exc.__cause__ or exc.__context__
-        if nxt is None or not ("previous error during capture" in str(exc)
-                               or "StreamCaptureInvalidated" in str(exc)):
-            break
-        exc = nxt
-    return exc
 
 
 def _times(k: int) -> str:
@@ -253,7 +242,7 @@ class _Trial:
             return (f"reduce_overhead returned {type(self.call).__name__}, expected a "
                     f"function to call with the inputs (define call(*args) inside and "
                     f"return it)")
-        args = _args(self.gen, self.arity, self.label, B)
+        args = _args(self.gen, self.arity)
         for n in range(1, 5):
             if n > 1:
                 args = self.fresh(args)
