@@ -129,12 +129,13 @@ def test_lab_installs_no_test_or_authoring_tools():
     assert installs and all(ln.rstrip().endswith("-e .") for ln in installs), installs
 
 
-# ---- the torch policy, with a stand-in python that records what pip is asked -------------
+# ---- install policies, with a stand-in python that records what it is asked -------------
 
 FAKE_PY = r"""#!/bin/sh
 echo "$*" >> "$FAKE_LOG"
 case "$*" in
   "-c import torch") [ -n "$FAKE_HAS_TORCH" ] && exit 0; exit 1 ;;
+  "-c import nbconvert") [ -n "$FAKE_HAS_NBCONVERT" ] && exit 0; exit 1 ;;
   *"m.version(\"torch\")"*) echo "torch==2.13.0+cpu"; exit 0 ;;
   "-m pip install -q torch=="*"+cpu") [ -n "$FAKE_LOCAL_WHEEL" ] && exit 0; exit 1 ;;
 esac
@@ -142,7 +143,10 @@ exit 0
 """
 
 
-def _install_with_fake_python(tmp_path, **env):
+def _make_with_fake_python(tmp_path, target: str, **env) -> tuple[list[str], str]:
+    """``make TARGET`` (``{venv}`` in it: the stand-in venv) with FAKE_PY as the venv's
+    python; returns the python's calls (its arguments, one a line) and make's stdout.
+    ``env``: FAKE_* go to the environment, upper-case others are make variables."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     py = venv / "bin" / "python"
@@ -152,12 +156,16 @@ def _install_with_fake_python(tmp_path, **env):
     log.write_text("")
     args = [f"{k}={v}" for k, v in env.items() if k.isupper() and not k.startswith("FAKE")]
     r = subprocess.run(["make", "--no-print-directory", f"VENV={venv}", *args,
-                        f"{venv}/.installed"], cwd=ROOT, capture_output=True, text=True,
+                        target.format(venv=venv)], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "FAKE_LOG": str(log),
                             **{k: v for k, v in env.items() if k.startswith("FAKE")}})
     assert r.returncode == 0, r.stdout + r.stderr
-    pip = [ln for ln in log.read_text().splitlines() if ln.startswith("-m pip install")]
-    return pip, r.stdout
+    return log.read_text().splitlines(), r.stdout
+
+
+def _install_with_fake_python(tmp_path, **env):
+    calls, out = _make_with_fake_python(tmp_path, "{venv}/.installed", **env)
+    return [ln for ln in calls if ln.startswith("-m pip install")], out
 
 
 @pytest.mark.skipif(shutil.which("make") is None or sys.platform == "darwin",
@@ -187,3 +195,14 @@ def test_torch_policy_keeps_an_installed_torch_and_honours_torch_spec(tmp_path):
     assert "keeping torch" in out and not any("torch==" in p for p in pip[:-1])
     pip, out = _install_with_fake_python(tmp_path / "b", TORCH_SPEC="torch==2.5.1")
     assert pip[0] == "-m pip install torch==2.5.1"
+
+
+# ---- make slides: nbconvert alone, not the test environment -----------------------------------
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.parametrize("has_nbconvert", [False, True])
+def test_make_slides_installs_nbconvert_alone_when_missing(tmp_path, has_nbconvert):
+    calls, _ = _make_with_fake_python(tmp_path, "slides",
+                                      FAKE_HAS_NBCONVERT="1" if has_nbconvert else "")
+    install = [] if has_nbconvert else ["-m pip install nbconvert"]
+    assert calls == ["-c import nbconvert", *install, "tools/slides.py build"], calls

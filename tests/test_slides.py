@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import base64
 import importlib.util
-import os
 import re
 import shutil
 import struct
-import subprocess
 from pathlib import Path
 
 import nbformat
@@ -61,12 +59,17 @@ def test_colab_cells_are_skipped():
             assert cell.metadata["slideshow"] == {"slide_type": "skip"}, p.name
 
 
-def test_build_renders_stored_pictures_without_a_kernel(tmp_path, monkeypatch):
+def _build_one(tmp_path, monkeypatch, name: str):
+    """``build`` of one lesson (copied into ``tmp_path``) in CDN mode: (its deck, the text)."""
     (tmp_path / "notebooks").mkdir()
-    shutil.copy(ROOT / "notebooks" / "05_1f1b_capture.ipynb", tmp_path / "notebooks")
+    shutil.copy(ROOT / "notebooks" / name, tmp_path / "notebooks")
     monkeypatch.setattr(sl, "vendor", lambda out: False)      # no npm here: CDN mode
     (html,) = sl.build(tmp_path, tmp_path / "out", cdn=True)
-    text = html.read_text()
+    return html, html.read_text()
+
+
+def test_build_renders_stored_pictures_without_a_kernel(tmp_path, monkeypatch):
+    html, text = _build_one(tmp_path, monkeypatch, "05_1f1b_capture.ipynb")
     assert html.name == "05_1f1b_capture.slides.html"
     assert text.count("<section") > 3
     assert re.search(r'<img[^>]+src="data:image/png;base64,', text)
@@ -83,15 +86,13 @@ def test_the_decks_are_the_lessons_then_the_walkthrough():
     assert names[:-1] == sorted(p.name for p in (ROOT / "notebooks").glob("0*.ipynb"))
 
 
-def _md(source, kind=None):
-    cell = nbformat.v4.new_markdown_cell(source)
-    cell.metadata["slideshow"] = {"slide_type": kind or sl.slide_tags(cell)[0]}
-    return cell
-
-
 def _tagged(cell):
     cell.metadata["slideshow"] = {"slide_type": sl.slide_tags(cell)[0]}
     return cell
+
+
+def _md(source):
+    return _tagged(nbformat.v4.new_markdown_cell(source))
 
 
 def _slides(cells):
@@ -179,11 +180,7 @@ def test_the_estimates_grow_with_the_text():
 
 
 def test_build_fits_slides_to_the_window_and_fetches_no_web_fonts(tmp_path, monkeypatch):
-    (tmp_path / "notebooks").mkdir()
-    shutil.copy(ROOT / "notebooks" / "04_fwd_bwd_bridge.ipynb", tmp_path / "notebooks")
-    monkeypatch.setattr(sl, "vendor", lambda out: False)      # no npm here: CDN mode
-    (html,) = sl.build(tmp_path, tmp_path / "out", cdn=True)
-    text = html.read_text()
+    _, text = _build_one(tmp_path, monkeypatch, "04_fwd_bwd_bridge.ipynb")
     assert "max-height: 720px; overflow-y: auto" in text       # a long slide scrolls in a box
     assert "var scroll = false" in text                        # ... not nbconvert's 95vh one
     assert re.search(r"width: 1280,\s*height: 720,", text)
@@ -214,33 +211,3 @@ def test_offline_theme_has_no_web_fonts(tmp_path):
             'rel="stylesheet"/></head><script>Reveal.initialize({\n width: 1280,\n});</script>')
     out = sl._finish(page, offline=True)
     assert f'href="vendor/{sl.THEME_COPY}" id="theme"' in out and "dist/theme" not in out
-
-
-# ---- make slides: nbconvert alone, not the test environment -----------------------------------
-
-FAKE_PY = r"""#!/bin/sh
-echo "$*" >> "$FAKE_LOG"
-case "$*" in
-  "-c import nbconvert") [ -n "$FAKE_HAS_NBCONVERT" ] && exit 0; exit 1 ;;
-esac
-exit 0
-"""
-
-
-@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
-@pytest.mark.parametrize("has_nbconvert", [False, True])
-def test_make_slides_installs_nbconvert_alone_when_missing(tmp_path, has_nbconvert):
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    py = venv / "bin" / "python"
-    py.write_text(FAKE_PY)
-    py.chmod(0o755)
-    log = tmp_path / "log"
-    log.write_text("")
-    env = {**os.environ, "FAKE_LOG": str(log), "FAKE_HAS_NBCONVERT": "1" if has_nbconvert else ""}
-    r = subprocess.run(["make", "--no-print-directory", f"VENV={venv}", "slides"], cwd=ROOT,
-                       capture_output=True, text=True, env=env)
-    assert r.returncode == 0, r.stdout + r.stderr
-    calls = log.read_text().splitlines()
-    install = [] if has_nbconvert else ["-m pip install nbconvert"]
-    assert calls == ["-c import nbconvert", *install, "tools/slides.py build"], calls

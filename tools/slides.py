@@ -106,8 +106,12 @@ def _lines(source: str) -> int:
     return len([line for line in source.splitlines() if line.strip()])
 
 
+def _is_picture(output) -> bool:
+    return any(k in output.get("data", {}) for k in PICTURES)
+
+
 def _has_picture(cell) -> bool:
-    return any(any(k in o.get("data", {}) for k in PICTURES) for o in cell.get("outputs", []))
+    return any(map(_is_picture, cell.get("outputs", [])))
 
 
 def _heading_type(line: str) -> str | None:
@@ -346,7 +350,7 @@ def cell_height(cell) -> int:
     for o in cell.get("outputs", []):
         data = o.get("data", {})
         height += OUTPUT
-        if any(k in data for k in PICTURES):
+        if _is_picture(o):
             height += _picture_height(o)
         elif o.get("output_type") == "stream":
             height += CODE_LINE * _wrapped(_text(o.get("text", "")).rstrip("\n"), CODE_CHARS)
@@ -395,8 +399,7 @@ def split_pictures(cell, room: int = ROOM) -> list:
     """A code cell with a picture that is too tall for one slide, as two cells: its code
     and the outputs before its first picture, then (input hidden) the pictures on."""
     outs = cell.get("outputs", [])
-    first = next((i for i, o in enumerate(outs) if any(k in o.get("data", {}) for k in PICTURES)),
-                 None)
+    first = next((i for i, o in enumerate(outs) if _is_picture(o)), None)
     tags = cell.get("metadata", {}).get("tags", [])
     if first is None or (first == 0 and HIDE in tags) or cell_height(cell) <= room:
         return [cell]
@@ -637,7 +640,7 @@ def _for_slides(nb):
             data = o.get("data", {})
             if WIDGET_VIEW in data:
                 data.pop(WIDGET_VIEW)
-                if any(k in data for k in PICTURES):
+                if _is_picture(o):
                     data.pop("text/html", None)
     nb.cells = paginate(nb.cells)
     return nb

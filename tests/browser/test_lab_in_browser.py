@@ -42,7 +42,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -53,25 +52,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from selenium.webdriver.common.by import By  # selenium: conftest.py says if it is missing
+from selenium.webdriver.common.keys import Keys
 
 REPO = Path(__file__).resolve().parents[2]
 LESSON = "notebooks/01_launch_bound_timeline.ipynb"
 PANEL_SOURCE = "T.timeline_panel("          # the cell that shows the live panel
 SHOTS = REPO / "build" / "browser"
-CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("CHROMEDRIVER",
-                              shutil.which("chromedriver") or "/usr/bin/chromedriver")
-APT_LINE = "apt-get install -y chromium chromium-driver"
-
-try:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-except ImportError as e:  # a failure, not a skip: make test-browser installs it
-    raise ImportError(f"{e}; the browser test needs selenium in .venv: run `make test-browser` "
-                      "(it installs it) or `.venv/bin/pip install selenium`") from e
-
 
 # --- helpers -------------------------------------------------------------------------
 
@@ -106,21 +93,8 @@ def source(cell: dict) -> str:
 # --- fixtures ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def browser():
-    for path, pkg in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        if not Path(path).exists():
-            pytest.fail(f"{path} not found ({pkg}); install the system browser: {APT_LINE}")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,1000", "--no-first-run", "--disable-extensions"):
-        opts.add_argument(arg)
-    # an explicit driver path: selenium-manager then fetches nothing
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
-    driver.set_script_timeout(60)
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    yield driver
-    driver.quit()
+def browser(start_chromium):
+    return start_chromium("1400,1000", script_timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ scroll inside their box. Screenshots of the failing slides go to build/browser/.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -36,23 +35,12 @@ if os.environ.get("LABKIT_BROWSER_TESTS") != "1":
     pytest.skip("the browser tests run with LABKIT_BROWSER_TESTS=1 (make test-browser)",
                 allow_module_level=True)
 
-try:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-except ImportError as e:  # a failure, not a skip: make test-browser installs it
-    raise ImportError(f"{e}; the browser test needs selenium in .venv: run `make test-browser` "
-                      "(it installs it) or `.venv/bin/pip install selenium`") from e
-
 REPO = Path(__file__).resolve().parents[2]
 SLIDES = REPO / "build" / "slides"
 SHOTS = REPO / "build" / "browser"
 NOTEBOOKS = sorted((REPO / "notebooks").glob("0*.ipynb")) + [REPO / "notebooks" /
                                                              "walkthrough.ipynb"]
 SIZES = [(1280, 720), (1920, 1080)]
-CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("CHROMEDRIVER",
-                              shutil.which("chromedriver") or "/usr/bin/chromedriver")
-APT_LINE = "apt-get install -y chromium chromium-driver"
 
 
 # --- fixtures ------------------------------------------------------------------------
@@ -84,22 +72,9 @@ def decks():
 
 
 @pytest.fixture(scope="module")
-def browser():
-    for path, pkg in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        if not Path(path).exists():
-            pytest.fail(f"{path} not found ({pkg}); install the system browser: {APT_LINE}")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
+def browser(start_chromium):
     # scrollbars shown, as on a presenter's screen: a scroll box's bar takes up its width
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1920,1080", "--no-first-run", "--disable-extensions"):
-        opts.add_argument(arg)
-    # an explicit driver path: selenium-manager then fetches nothing
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
-    driver.set_script_timeout(120)
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    yield driver
-    driver.quit()
+    return start_chromium("1920,1080", script_timeout=120)
 
 
 # --- the check, in the page ----------------------------------------------------------
