@@ -126,6 +126,22 @@ class _Counted:
 
 
 @contextlib.contextmanager
+def _patched_method(cls, name: str, make):
+    """Replace ``cls.<name>`` by ``make(original)`` for the ``with`` block, then put back
+    what was there (or delete it, when ``cls`` only inherited the method)."""
+    had = name in vars(cls)
+    original = vars(cls).get(name, getattr(cls, name))
+    setattr(cls, name, make(original))
+    try:
+        yield
+    finally:
+        if had:
+            setattr(cls, name, original)
+        else:
+            delattr(cls, name)
+
+
+@contextlib.contextmanager
 def _recording_waits(B, fn: _Counted):
     """Log every ``wait_stream`` call made on ``B.Stream`` objects into ``fn.log``.
 
@@ -133,22 +149,14 @@ def _recording_waits(B, fn: _Counted):
     there) and the emulator's ``Stream`` otherwise; ``B.current_stream()`` returns the
     same class, so both calls of section 2 go through the patched method.
     """
-    cls = B.Stream
-    had = "wait_stream" in vars(cls)
-    original = vars(cls).get("wait_stream", cls.wait_stream)
+    def make(original):
+        def wait_stream(self, other):
+            fn.log.append(("wait", (self, other)))
+            return original(self, other)
+        return wait_stream
 
-    def wait_stream(self, other):
-        fn.log.append(("wait", (self, other)))
-        return original(self, other)
-
-    cls.wait_stream = wait_stream
-    try:
+    with _patched_method(B.Stream, "wait_stream", make):
         yield
-    finally:
-        if had:
-            cls.wait_stream = original
-        else:
-            del cls.wait_stream
 
 
 @contextlib.contextmanager
@@ -163,27 +171,19 @@ def _recording_replays(B, fn: _Counted):
     tensor of that size (so replays read whatever lands there). Whether the tensor object
     is still alive at each replay is the same on both backends, so that is what is probed.
     """
-    cls = B.CUDAGraph
-    had = "replay" in vars(cls)
-    original = vars(cls).get("replay", cls.replay)
+    def make(original):
+        def replay(self, *args, **kwargs):
+            if fn.captured_ref is not None and fn.dropped_at is None \
+                    and fn.captured_ref() is None:
+                fn.dropped_at = fn.replays
+            held = fn.captured_ref() if fn.captured_ref is not None else None
+            fn.replay_inputs.append(None if held is None else held.detach().clone())
+            fn.replays += 1
+            return original(self, *args, **kwargs)
+        return replay
 
-    def replay(self, *args, **kwargs):
-        if fn.captured_ref is not None and fn.dropped_at is None \
-                and fn.captured_ref() is None:
-            fn.dropped_at = fn.replays
-        held = fn.captured_ref() if fn.captured_ref is not None else None
-        fn.replay_inputs.append(None if held is None else held.detach().clone())
-        fn.replays += 1
-        return original(self, *args, **kwargs)
-
-    cls.replay = replay
-    try:
+    with _patched_method(B.CUDAGraph, "replay", make):
         yield
-    finally:
-        if had:
-            cls.replay = original
-        else:
-            del cls.replay
 
 
 def _missing_waits(fn: _Counted) -> str | None:

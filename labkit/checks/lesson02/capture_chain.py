@@ -21,7 +21,7 @@ from labkit.backend import ensure as _backend
 from labkit.backend import recover as _recover
 from labkit.capture import capture, recorded_kernels
 from labkit.checks import DEFAULT_TIME_LIMIT, CheckResult, check, compare_outputs
-from labkit.checks.lesson02._common import _call, _Reported
+from labkit.checks.lesson02._common import _call, _patched_method, _Reported
 
 __all__ = ["check_capture_chain"]
 
@@ -54,22 +54,14 @@ def _recording_captures(B, calls: list):
     ``B.graph(g)`` calls ``g.capture_begin`` on both backends (torch.cuda.graph and the
     emulator's graph mirror each other), so this marks where each capture starts.
     """
-    cls = B.CUDAGraph
-    had = "capture_begin" in vars(cls)
-    original = vars(cls).get("capture_begin", cls.capture_begin)
+    def make(original):
+        def capture_begin(self, *args, **kwargs):
+            calls.append(("begin", self))
+            return original(self, *args, **kwargs)
+        return capture_begin
 
-    def capture_begin(self, *args, **kwargs):
-        calls.append(("begin", self))
-        return original(self, *args, **kwargs)
-
-    cls.capture_begin = capture_begin
-    try:
+    with _patched_method(B.CUDAGraph, "capture_begin", make):
         yield
-    finally:
-        if had:
-            cls.capture_begin = original
-        else:
-            del cls.capture_begin
 
 
 def _pick(table: dict, gen: torch.Generator):

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from labkit.backend import recover as _recover
-from labkit.checks import NOT_DONE, LearnerTimeout, fail, passed
+from labkit.checks import NOT_DONE, LearnerTimeout, _generator, fail, passed
 from labkit.core.errors import exception_chain, in_library
 from labkit.core.validate import check_int
 
@@ -53,12 +53,6 @@ def _learner_error(exc: BaseException) -> str:
         loc += f" (in {pick.name})"
     line = (pick.line or linecache.getline(pick.filename, pick.lineno)).strip()
     return f"{text}\n   at {loc}: {line}" if line else f"{text}\n   at {loc}"
-
-
-def _generator(seed: int) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(seed)
-    return g
 
 
 def _run(name: str, trials: int, one_trial: Callable[[int, torch.Generator], None], *,

@@ -61,7 +61,24 @@ class _ProbedBuckets(list):
         return super().__iter__()
 
 
-class _BisectSpy:
+class _Spy:
+    """What both spies share: ``_saved`` holds ``(owner, name, real)`` for every name they
+    rebound (``owner`` a module or a globals dict); leaving the ``with`` puts them back."""
+
+    def __init__(self, fn):
+        self._fn = fn
+        self._saved: list[tuple[dict | object, str, object]] = []
+
+    def __exit__(self, *exc):
+        for owner, name, real in reversed(self._saved):
+            if isinstance(owner, dict):
+                owner[name] = real
+            else:
+                setattr(owner, name, real)
+        return False
+
+
+class _BisectSpy(_Spy):
     """Counts calls of the ``bisect`` functions while the learner's code runs: the module's
     attributes and any name in the learner's globals bound to one of them
     (``from bisect import bisect_left``)."""
@@ -70,9 +87,8 @@ class _BisectSpy:
               "insort_right")
 
     def __init__(self, fn):
+        super().__init__(fn)
         self.calls: list[str] = []
-        self._fn = fn
-        self._saved: list[tuple[dict | object, str, object]] = []
 
     def _wrap(self, name, real):
         def spy(*args, **kwargs):
@@ -93,24 +109,15 @@ class _BisectSpy:
                     g[key] = self._wrap(reals[value], value)
         return self
 
-    def __exit__(self, *exc):
-        for owner, name, real in reversed(self._saved):
-            if isinstance(owner, dict):
-                owner[name] = real
-            else:
-                setattr(owner, name, real)
-        return False
 
-
-class _AnswerKeySpy:
+class _AnswerKeySpy(_Spy):
     """Counts calls of labkit's own ``pad_to_bucket`` (the answer key) while the learner's
     code runs: as ``labkit.decode.pad_to_bucket``, through its defining module, or as a
     name in the learner's globals (``from labkit.decode import pad_to_bucket``)."""
 
     def __init__(self, fn):
+        super().__init__(fn)
         self.calls = 0
-        self._fn = fn
-        self._saved: list[tuple[object, str, object]] = []
 
     def __enter__(self):
         import sys
@@ -135,14 +142,6 @@ class _AnswerKeySpy:
                     self._saved.append((g, key, value))
                     g[key] = spy
         return self
-
-    def __exit__(self, *exc):
-        for owner, name, real in reversed(self._saved):
-            if isinstance(owner, dict):
-                owner[name] = real
-            else:
-                setattr(owner, name, real)
-        return False
 
 
 def _pad_inputs(trial: int, gen: torch.Generator) -> tuple[list[int], list[int]]:

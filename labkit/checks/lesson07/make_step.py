@@ -220,9 +220,5 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
         name="make_step", compare=compare,
         hint="compare what runs at capture time (once) with what the graph replays "
              "(lesson section 4: capture records the step and runs its Python once)",
-        more_hints=["Every tensor op inside step() is recorded and replayed; code in "
-                    "make_step outside step() ran once, before the capture. Which of the two "
-                    "does found_inf.zero_() belong to?",
-                    "Move found_inf.zero_() into step(), before the forward-backward: each "
-                    "replay then starts with a clean flag"],
+        more_hints=_MS_GENERAL,
     )

@@ -10,18 +10,12 @@ mistake actually made.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from labkit.checks import CheckResult, check
+from labkit.core.errors import in_library
 
 __all__ = ["check_update_found_inf"]
-
-
-_LABKIT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_HIDDEN = (_LABKIT,                                                         # labkit/
-           os.path.dirname(os.path.abspath(torch.__file__)))
 
 
 def _trim_traceback(exc: BaseException) -> BaseException:
@@ -29,7 +23,7 @@ def _trim_traceback(exc: BaseException) -> BaseException:
     learner's line, not at the emulator code that refused the op."""
     keep, tb = None, exc.__traceback__
     while tb is not None:
-        if not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_HIDDEN):
+        if not in_library(tb.tb_frame.f_code.co_filename):
             keep = tb
         tb = tb.tb_next
     if keep is not None:
