@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_usable
 
 from labkit import backend
 from labkit.checks import lesson07 as L
 from labkit.checks.lesson07 import make_step as LM
 
 E = backend.get("emulated")
-
-
-def usable():
-    """After a check: default stream current, random ops allowed, a capture works."""
-    assert E.current_stream() == E.default_stream()
-    torch.rand(2)
-    x = torch.zeros(2)
-    g = E.CUDAGraph()
-    with E.graph(g):
-        x.add_(1)
-    g.replay()
-    assert x.tolist() == [1.0, 1.0]
 
 
 # ---- exercise 1: fill_static_buffers ------------------------------------------------------
@@ -152,7 +141,7 @@ def test_fill_wrong_answers(fn, words, capsys):
     assert "copy_(new, non_blocking=True)" not in res.message     # not the answer first
     assert res.more_hints and "non_blocking=True" in res.more_hints[-1]
     assert "Traceback" not in capsys.readouterr().out
-    usable()
+    assert_usable(E)
 
 
 def test_fill_torch_cuda_sync_on_a_cpu_names_the_rule_not_the_install():
@@ -378,7 +367,7 @@ def test_update_found_inf_wrong_answers(fn, words):
     assert not res
     assert words in res.message, res.message
     assert "accumulate" not in res.message or fn is inf_overwrites
-    usable()
+    assert_usable(E)
 
 
 def test_nan_and_plus_inf_is_not_told_it_catches_nan_only():
@@ -398,7 +387,7 @@ def test_update_found_inf_host_read_names_the_line_and_leaves_a_usable_process(f
     assert not res and res.kind == "exception"
     assert "operation not permitted when stream is capturing" in res.message
     assert line in res.message
-    usable()
+    assert_usable(E)
 
 
 # ---- exercise 4 (diagnosis): make_step -----------------------------------------------------
@@ -579,7 +568,7 @@ def test_make_step_host_read_names_the_line_and_its_hint():
     assert "previous error during capture" not in res.message     # the cause, not its echo
     assert "found_inf.zero_()" not in res.more_hints[0]
     assert "host" in res.more_hints[0]
-    usable()
+    assert_usable(E)
 
 
 @pytest.mark.parametrize("fn,first", [
@@ -624,4 +613,4 @@ def test_make_step_wrong_answers(fn, words):
     assert not res
     assert words in res.message, res.message
     assert "found_inf.zero_() into step()" not in res.message     # not the answer first
-    usable()
+    assert_usable(E)

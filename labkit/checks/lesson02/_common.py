@@ -14,28 +14,13 @@ import torch
 
 from labkit.backend import recover as _recover
 from labkit.checks import Reason, _is_learner_frame, compare_outputs
+from labkit.core.errors import capture_cause
 
 WARMUP_ITERS = 3  # what the exercise text asks for
 
 
 class _Reported(Exception):
     """A learner error already turned into a message (not re-described by check())."""
-
-def _first_cause(exc: BaseException) -> BaseException:
-    """The error a failed capture started with, not the follow-on one from its ``__exit__``."""
-    seen = set()
-    while id(exc) not in seen:
-        seen.add(id(exc))
-        nxt = exc.__cause__ or exc.__context__
-        if nxt is None:
-            break
-        text = str(exc)
-        if "previous error during capture" in text or "StreamCaptureInvalidated" in text:
-            exc = nxt
-            continue
-        break
-    return exc
-
 
 def _describe(exc: BaseException) -> str:
     """``Type: first line`` and the deepest line of the learner's own code that raised it."""
@@ -60,7 +45,7 @@ def _call(B, fn, *args):
         return fn(*args)
     except BaseException as exc:  # noqa: BLE001 - sorted out below
         _recover(B)
-        root = _first_cause(exc)
+        root = capture_cause(exc)
         if isinstance(root, NotImplementedError) or type(root).__name__ == "LearnerTimeout":
             raise root from None
         if not isinstance(root, Exception):
