@@ -165,6 +165,53 @@ class Redraw:
                 self._drawing.release()
 
 
+class ImagePanel:
+    """What every labkit panel shares: controls over a picture and an HTML label.
+
+    A subclass draws :meth:`figure` on a :func:`new_figure`, writes :meth:`_label_html`,
+    names the attributes its controls set in ``_SETTINGS`` and reads the controls in
+    :meth:`_control_values` (same order). Its ``_build`` calls :meth:`_live` with the
+    controls, which makes ``_image`` and ``_label`` and redraws them through one
+    :class:`Redraw`: one drawing at a time, a burst ending on the controls' latest values.
+    """
+
+    _SETTINGS: tuple[str, ...] = ()
+
+    def figure(self):
+        raise NotImplementedError
+
+    def _label_html(self) -> str:
+        raise NotImplementedError
+
+    def _control_values(self) -> tuple:
+        raise NotImplementedError
+
+    def png(self) -> bytes:
+        """The current settings' picture as PNG bytes."""
+        return draw_png(self.figure)
+
+    def _live(self, controls) -> None:
+        """Make ``_image`` and ``_label`` and redraw them on every change of ``controls``."""
+        import ipywidgets as w
+
+        self._image = image_widget(self.png())  # at its own size, not stretched
+        self._label = w.HTML(self._label_html())
+        self._redraw = Redraw(self._draw_latest)
+        for c in controls:
+            c.observe(self._redraw, names="value")
+
+    def _draw_latest(self) -> None:
+        """Show the controls' values now (run by :class:`Redraw`)."""
+        new = tuple(self._control_values())
+        if new == tuple(getattr(self, name) for name in self._SETTINGS):
+            return
+        for name, value in zip(self._SETTINGS, new):
+            setattr(self, name, value)
+        png, label = self.png(), self._label_html()
+        set_image(self._image, png)
+        self._label.value = label
+
+
 def png_size(png: bytes) -> tuple[int, int]:
     """(width, height) in pixels of PNG bytes, read from the IHDR chunk.
 

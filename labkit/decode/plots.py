@@ -25,16 +25,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from labkit.widgets import (
-    Redraw,
-    column,
-    draw_png,
-    image_widget,
-    mimebundle,
-    new_figure,
-    set_image,
-    widgets_wanted,
-)
+from labkit.widgets import ImagePanel, column, mimebundle, new_figure, widgets_wanted
 
 from .buckets import BatchTooLargeError, BucketReport, explore_buckets, make_buckets, pad_to_bucket
 
@@ -224,7 +215,7 @@ def plot_buckets(max_bs: int, workload: Iterable[int] = (), schemes=SCHEMES, ax=
 
 
 
-class BucketPanel:
+class BucketPanel(ImagePanel):
     """A ``max_bs`` slider and a bucket-scheme dropdown over a workload's batch sizes.
 
     Shows, for the chosen settings, what :func:`~labkit.decode.buckets.explore_buckets`
@@ -240,6 +231,8 @@ class BucketPanel:
     ending on one drawing of the controls' latest values: with ipykernel 7 the changes of
     two controls can arrive on two threads at once (issue 19, see :mod:`labkit.widgets`).
     """
+
+    _SETTINGS = ("max_bs", "scheme")
 
     def __init__(self, workload: Iterable[int], max_bs: int = 16, scheme: str = "sglang",
                  slider_max: int | None = None, widgets: bool | None = None, **explore_kwargs):
@@ -285,10 +278,6 @@ class BucketPanel:
         fig.tight_layout()
         return fig
 
-    def png(self) -> bytes:
-        """The current settings' picture as PNG bytes."""
-        return draw_png(self.figure)
-
     def _build(self):
         try:
             import ipywidgets as w
@@ -300,22 +289,14 @@ class BucketPanel:
                                    layout=w.Layout(width="420px"))
         self._dropdown = w.Dropdown(options=list(SCHEMES), value=self.scheme,
                                     description="buckets", style=style)
-        self._image = image_widget(self.png())  # at its own size, not stretched
-        self._label = w.HTML(self.table_html())
-        self._redraw = Redraw(self._draw_latest)
-        self._slider.observe(self._redraw, names="value")
-        self._dropdown.observe(self._redraw, names="value")
+        self._live([self._slider, self._dropdown])
         return column([w.HBox([self._slider, self._dropdown]), self._label, self._image])
 
-    def _draw_latest(self):
-        """Show the controls' values now (run by :class:`~labkit.widgets.Redraw`)."""
-        new = (self._slider.value, self._dropdown.value)
-        if new == (self.max_bs, self.scheme):
-            return
-        self.max_bs, self.scheme = new
-        png, table = self.png(), self.table_html()
-        set_image(self._image, png)
-        self._label.value = table
+    def _control_values(self):
+        return self._slider.value, self._dropdown.value
+
+    def _label_html(self) -> str:
+        return self.table_html()
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         png = base64.b64encode(self.png()).decode("ascii")

@@ -7,19 +7,10 @@ import math
 
 from labkit.core.validate import check_int
 from labkit.timeline.model import Timeline, _check_us, gpu_idle_fraction
-from labkit.timeline.plots import plot_timeline
+from labkit.timeline.plots import plot_timelines
 from labkit.timeline.presets import GPUPreset, get_preset
 from labkit.timeline.simulate import simulate_pair
-from labkit.widgets import (
-    Redraw,
-    column,
-    draw_png,
-    image_widget,
-    mimebundle,
-    new_figure,
-    set_image,
-    widgets_wanted,
-)
+from labkit.widgets import ImagePanel, column, mimebundle, new_figure, widgets_wanted
 
 __all__ = ["TimelinePanel", "timeline_panel"]
 
@@ -54,7 +45,7 @@ def _kept(slider, current: float) -> float:
     return slider.value
 
 
-class TimelinePanel:
+class TimelinePanel(ImagePanel):
     """Sliders for launch cost, kernel time and number of kernels over a live picture.
 
     In Jupyter with ipywidgets it shows the sliders and redraws the simulated eager and
@@ -72,6 +63,8 @@ class TimelinePanel:
         would clamp the value silently and the picture would not show what was asked.
     """
 
+    _SETTINGS = ("launch_us", "kernel_us", "n_kernels")
+
     def __init__(self, launch_us: float = 10.0, kernel_us: float = 2.0, n_kernels: int = 12,
                  preset: str | GPUPreset | None = None, widgets: bool | None = None):
         self.launch_us, self.kernel_us, self.n_kernels = _check_panel_settings(
@@ -83,21 +76,8 @@ class TimelinePanel:
         return simulate_pair(self.n_kernels, self.launch_us, self.kernel_us, preset=self.preset)
 
     def figure(self):
-        """Eager over graphed on one time axis (what ``plot_timelines`` draws), 900 px wide."""
-        timelines = self.timelines()
-        heights = [0.6 + 0.55 * max(2, len(t.lanes)) for t in timelines]
-        fig = new_figure((9, sum(heights) + 0.4))
-        axes = fig.subplots(len(timelines), 1, gridspec_kw={"height_ratios": heights},
-                            squeeze=False)
-        xlim = max(t.makespan_us for t in timelines) * 1.02
-        for tl, ax in zip(timelines, axes[:, 0]):
-            plot_timeline(tl, ax=ax, xlim=xlim)
-        fig.tight_layout()
-        return fig
-
-    def png(self) -> bytes:
-        """The current settings' picture as PNG bytes."""
-        return draw_png(self.figure)
+        """Eager over graphed on one time axis (``plot_timelines``), 900 px wide."""
+        return plot_timelines(self.timelines(), width=9, figure=new_figure)
 
     def text(self) -> str:
         eager, graphed = self.timelines()
@@ -119,25 +99,17 @@ class TimelinePanel:
                                         description="kernel time µs", style=style, layout=layout)
         self._n = w.IntSlider(value=self.n_kernels, min=1, max=100, description="kernels",
                               style=style, layout=layout)
-        self._image = image_widget(self.png())
-        self._label = w.HTML(self.text())
-        self._redraw = Redraw(self._draw_latest)
-        for s in (self._launch, self._kernel, self._n):
-            s.observe(self._redraw, names="value")
+        self._live([self._launch, self._kernel, self._n])
         # flex "0 0 auto": beside the long label a shrinkable VBox clipped the sliders' readouts
         sliders = w.VBox([self._launch, self._kernel, self._n], layout=w.Layout(flex="0 0 auto"))
         return column([w.HBox([sliders, self._label]), self._image])
 
-    def _draw_latest(self):
-        """Show the sliders' values now (run by :class:`~labkit.widgets.Redraw`)."""
-        new = (_kept(self._launch, self.launch_us), _kept(self._kernel, self.kernel_us),
-               self._n.value)
-        if new == (self.launch_us, self.kernel_us, self.n_kernels):
-            return
-        self.launch_us, self.kernel_us, self.n_kernels = new
-        png, text = self.png(), self.text()
-        set_image(self._image, png)
-        self._label.value = text
+    def _control_values(self):
+        return (_kept(self._launch, self.launch_us), _kept(self._kernel, self.kernel_us),
+                self._n.value)
+
+    def _label_html(self) -> str:
+        return self.text()
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         png = base64.b64encode(self.png()).decode("ascii")

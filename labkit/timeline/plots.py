@@ -21,13 +21,14 @@ def plot_timeline(tl: Timeline, ax=None, shade_idle: bool = True, xlim: float | 
     ``xlim`` fixes the x axis (µs) so several timelines can be compared by length.
     Returns the matplotlib Axes.
     """
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
     _check_timeline("tl", tl)
     if xlim is not None:
         _check_us("xlim", xlim, positive=True)
     if ax is None:
+        import matplotlib.pyplot as plt
+
         _, ax = plt.subplots(figsize=(10, 0.6 + 0.55 * max(2, len(tl.lanes))))
     lanes = tl.lanes or [CPU, GPU]
     t0 = tl.start_us
@@ -65,17 +66,23 @@ def plot_timeline(tl: Timeline, ax=None, shade_idle: bool = True, xlim: float | 
     return ax
 
 
-def plot_timelines(timelines: Sequence[Timeline], share_x: bool = True, titles=None):
+def plot_timelines(timelines: Sequence[Timeline], share_x: bool = True, titles=None, *,
+                   width: float = 10, figure=None):
     """Several timelines stacked, on one x scale by default so lengths compare directly.
 
-    Returns the matplotlib Figure.
+    ``width`` is the figure's width in inches; ``figure`` is the function that makes the
+    Figure from ``figsize`` (default pyplot's; a panel passes
+    :func:`labkit.widgets.new_figure`, which keeps pyplot out). Returns the matplotlib Figure.
     """
-    import matplotlib.pyplot as plt
-
     timelines = _check_timeline_list(timelines, titles)
+    if figure is None:
+        import matplotlib.pyplot as plt
+
+        figure = plt.figure
     heights = [0.6 + 0.55 * max(2, len(t.lanes)) for t in timelines]
-    fig, axes = plt.subplots(len(timelines), 1, figsize=(10, sum(heights) + 0.4),
-                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    fig = figure(figsize=(width, sum(heights) + 0.4))
+    axes = fig.subplots(len(timelines), 1, gridspec_kw={"height_ratios": heights},
+                        squeeze=False)
     xlim = max(t.makespan_us for t in timelines) * 1.02 if share_x else None
     for i, (tl, ax) in enumerate(zip(timelines, axes[:, 0])):
         plot_timeline(tl, ax=ax, xlim=xlim, title=None if titles is None else titles[i])
