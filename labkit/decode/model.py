@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -38,7 +39,7 @@ from labkit.core.validate import check_int
 
 __all__ = ["ModelArgs", "CONFIGS", "RMSNorm", "KVCache", "Attention", "FeedForward",
            "TransformerBlock", "Transformer", "precompute_freqs_cis", "apply_rotary_emb",
-           "rotary_emb_",
+           "rotary_emb_", "attend",
            "build_model", "greedy", "DUMMY_SLOT"]
 
 DUMMY_SLOT = 0  # req_to_token row 0 / pool location 0: where padded rows write
@@ -144,8 +145,7 @@ def rotary_emb_(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     """
     if torch.compiler.is_compiling():
         return x.copy_(apply_rotary_emb(x, freqs_cis))
-    xs = x.float()
-    xc = torch.view_as_complex(xs.view(*xs.shape[:-1], -1, 2))
+    xc = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
     fc = torch.view_as_complex(freqs_cis).unsqueeze(1)
     return x.copy_(torch.view_as_real(xc * fc).flatten(-2))
 
@@ -185,6 +185,21 @@ class KVCache(nn.Module):
         self.kv.index_put_((locs,), kv)     # the same scatter as index_copy_(0, locs, kv)
 
 
+def attend(q: torch.Tensor, kv: torch.Tensor, kv_cache: KVCache, batch) -> torch.Tensor:
+    """The attention op: store the new tokens' K/V and attend over each request's keys,
+    through the batch's attention backend. q (T, Hq, D), kv (T, 2, Hkv, D) → (T, Hq, D).
+
+    One call per layer, and the only code whose shapes depend on the requests rather
+    than on the token count: lesson 09 cuts the model's graph at every call of it
+    (``torch.fx.wrap`` keeps it one node when the model is traced), as vLLM's
+    ``splitting_ops`` cut at its attention op.
+    """
+    return batch.attn_backend.forward(q, kv[:, 0], kv[:, 1], kv_cache, batch, kv=kv)
+
+
+torch.fx.wrap("attend")
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__()
@@ -212,8 +227,7 @@ class Attention(nn.Module):
             # scatter).
             rotary_emb_(qkv[:, : Hq + Hkv], freqs_cis)
             q, kv = qkv[:, :Hq], qkv[:, Hq:].view(T, 2, Hkv, D)
-        # The attention backend stores k/v in the cache and attends over the request's keys.
-        y = batch.attn_backend.forward(q, kv[:, 0], kv[:, 1], self.kv_cache, batch, kv=kv)
+        y = attend(q, kv, self.kv_cache, batch)
         return self.wo(y.reshape(T, -1))
 
 

@@ -1,0 +1,315 @@
+"""Piecewise CUDA graphs: every piece between two attention calls captured per token count.
+
+A prefill or mixed batch has a different attention shape per request, so no full graph
+holds it; everything *between* the attention calls (norms, projections, MLPs) depends on
+the token count alone. vLLM's ``PIECEWISE`` mode and SGLang's piecewise CUDA graphs for
+prefill capture exactly that: the model is cut at the attention op
+(:func:`~labkit.piecewise.split.split_at_attention`), each piece is captured once per
+token-count bucket into one shared pool (largest bucket first), and at run time the batch
+is padded to its bucket, the pieces replay, and attention runs eagerly on the real tokens
+between them.
+
+:class:`PiecewiseBackend`
+    the pluggable graph backend, beside lesson 06's
+    :class:`~labkit.decode.runner.FullGraphBackend`: ``capture_one(bucket, forward_fn)``
+    warms the whole forward up, then runs it once more with every piece captured as it is
+    reached. vLLM's ``CUDAGraphWrapper`` around each piece's ``PiecewiseBackend``.
+:class:`PiecewiseGraphRunner`
+    static ``input_ids``/``positions`` buffers, padding to a token bucket, the capture loop
+    (lesson 06's :class:`~labkit.decode.runner.BaseGraphRunner`) and ``forward(batch)``:
+    pieces replayed when the tokens fit a bucket, eager (warned once, counted) above it.
+
+Typical use (any backend)::
+
+    B = backend.get("auto")
+    model = build_model("tiny", max_requests=16, device=B.device)
+    runner = PiecewiseGraphRunner(model, B, max_num_tokens=128)
+    runner.capture()
+    logits = runner.forward(make_extend_batch(model, [1, 2], [prompt_a, prompt_b]))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from typing import Callable, Iterable
+
+import torch
+import torch.nn as nn
+
+from labkit.backend import ensure as ensure_backend
+from labkit.capture import own_cublas_workspace
+from labkit.core.validate import check_int
+from labkit.decode.attention import make_attn_backend
+from labkit.decode.batch import ForwardBatch, ForwardMode, _check_model, check_batch
+from labkit.decode.buckets import pad_to_bucket
+from labkit.decode.model import DUMMY_SLOT
+from labkit.decode.runner import (
+    _WARMUP_WHY,
+    BaseGraphRunner,
+    EagerRunner,
+    _check_device,
+    _check_same_caches,
+)
+
+from .buckets import token_buckets
+from .split import SplitModel, split_at_attention
+
+__all__ = ["PiecewiseBackend", "PiecewiseGraphRunner", "GraphedPiece", "EagerAttention"]
+
+_FALLBACKS = ("eager", "error")
+
+
+class PiecewiseBackend:
+    """Piecewise graphs: one graph per (token bucket, piece), all in one pool.
+
+    The pieces themselves (:class:`GraphedPiece`) read ``mode`` and ``bucket`` from here,
+    as vLLM's wrappers read the forward context: ``"eager"`` runs them as they are,
+    ``"capture"`` captures each one as it is reached, ``"replay"`` replays the graph of
+    ``bucket``.
+    """
+
+    def __init__(self, B, num_warmups: int = 2):
+        self.B = ensure_backend(B, "PiecewiseBackend(B)")
+        self.num_warmups = check_int("num_warmups", num_warmups, 1, fix=_WARMUP_WHY)
+        self.graphs: dict = {}       # (bucket, piece index) -> graph
+        self.inputs: dict = {}       # (bucket, piece index) -> the arguments it was captured with
+        self.outputs: dict = {}      # (bucket, piece index) -> its static output
+        self.pool = None
+        self.stream = None
+        self.mode = "eager"
+        self.bucket: int | None = None
+
+    @contextlib.contextmanager
+    def capture_session(self):
+        self.pool = self.B.graph_pool_handle()  # ONE pool for every piece of every bucket
+        self.stream = self.B.Stream()
+        yield self
+
+    @contextlib.contextmanager
+    def running(self, mode: str, bucket: int | None):
+        self.mode, self.bucket = mode, bucket
+        try:
+            yield
+        finally:
+            self.mode, self.bucket = "eager", None
+
+    def capture_one(self, bucket: int, forward_fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        B = self.B
+        for _ in range(self.num_warmups):
+            # Warm up the whole forward on the capture stream, pieces and attention alike.
+            B.synchronize()
+            with B.stream(self.stream):
+                forward_fn()
+        B.synchronize()
+        with B.stream(self.stream), self.running("capture", bucket):
+            out = forward_fn()
+        B.synchronize()
+        return out
+
+    def capture_piece(self, index: int, submod: nn.Module, args: tuple):
+        g = self.B.CUDAGraph()
+        self.B.synchronize()
+        with own_cublas_workspace(self.B, g, self.pool), \
+                self.B.graph(g, pool=self.pool, stream=self.stream):
+            out = submod(*args)
+        key = (self.bucket, index)
+        self.graphs[key], self.inputs[key], self.outputs[key] = g, args, out
+        return out
+
+    def replay_piece(self, index: int, args: tuple):
+        key = (self.bucket, index)
+        for new, static in zip(args, self.inputs[key]):
+            if not isinstance(new, torch.Tensor):
+                if new != static:
+                    raise RuntimeError(f"piece {index}, bucket {self.bucket}: argument {new!r} "
+                                       f"differs from the {static!r} it was captured with")
+            elif new.data_ptr() != static.data_ptr():
+                # An attention output: a new tensor every step. The graph reads the tensor
+                # it was captured with, so the real rows are copied there (the padded rows
+                # keep stale values: every op outside attention works row by row).
+                static[: new.size(0)].copy_(new)
+        self.graphs[key].replay()
+        return self.outputs[key]
+
+    def cleanup(self) -> None:
+        for g in self.graphs.values():
+            try:
+                g.reset()
+            except Exception:  # a graph whose capture failed may not reset: drop it anyway
+                pass
+        self.graphs.clear()
+        self.inputs.clear()
+        self.outputs.clear()
+        self.mode, self.bucket = "eager", None
+
+
+class GraphedPiece(nn.Module):
+    """A piece of the split model: run, captured or replayed as its backend says."""
+
+    def __init__(self, index: int, submod: nn.Module, backend: PiecewiseBackend):
+        super().__init__()
+        self.index = index
+        self.submod = submod
+        self.backend = [backend]  # a list: not registered as a submodule
+
+    def forward(self, *args):
+        backend = self.backend[0]
+        if backend.mode == "capture":
+            return backend.capture_piece(self.index, self.submod, args)
+        if backend.mode == "replay":
+            return backend.replay_piece(self.index, args)
+        return self.submod(*args)
+
+
+class EagerAttention(nn.Module):
+    """An attention call between two pieces: always eager, on the batch's real tokens.
+
+    The pieces run on the padded token count; the tensors they hand to attention (the
+    queries and the new keys and values) are cut back to ``batch.num_tokens`` rows, so no
+    padded row is attended with or written into the KV cache.
+    """
+
+    def __init__(self, submod: nn.Module):
+        super().__init__()
+        self.submod = submod
+
+    def forward(self, *args):
+        batch = args[-1]
+        n = batch.num_tokens
+        return self.submod(*(a[:n] if isinstance(a, torch.Tensor) else a for a in args))
+
+
+def capture_batch(model, num_tokens: int) -> ForwardBatch:
+    """A prefill batch of ``num_tokens`` tokens in the dummy slot, to capture a bucket with.
+
+    Its K/V goes to the dummy slot's locations (slot 0: no request owns it), split into
+    requests of at most ``max_seq_len`` tokens each."""
+    L = model.args.max_seq_len
+    lens = [L] * (num_tokens // L) + ([num_tokens % L] if num_tokens % L else [])
+    dev = model.device
+    pos = torch.cat([torch.arange(n, device=dev) for n in lens])
+    return ForwardBatch(
+        forward_mode=ForwardMode.EXTEND,
+        input_ids=torch.zeros(num_tokens, dtype=torch.int64, device=dev),
+        positions=pos,
+        out_cache_loc=model.req_to_token[DUMMY_SLOT].index_select(0, pos),
+        req_pool_indices=torch.full((len(lens),), DUMMY_SLOT, dtype=torch.int64, device=dev),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+        seq_lens_cpu=lens,
+        extend_lens=lens,
+    )
+
+
+class PiecewiseGraphRunner(BaseGraphRunner):
+    """Piecewise graphs for every token bucket up to ``max_num_tokens``.
+
+    model           a :class:`~labkit.decode.model.Transformer` with caches set up
+    B               the backend namespace (``labkit.backend.get(...)``)
+    max_num_tokens  the largest token count captured (default 256)
+    buckets         "vllm" (default: vLLM's capture sizes), "pow2", "every" or a list
+    fallback        "eager" (default): a batch above the largest bucket runs eagerly, with
+                    a warning the first time and a count in ``stats``; "error": raise
+    num_warmups     eager runs of the whole forward before each bucket's capture
+
+    .. warning::
+        Every op outside attention must work token by token (norms, linears, rotary
+        embeddings, the MLP): the padded rows of a bucket are never cleared, and a piece
+        that mixed tokens would mix them in. Attention, the one op that mixes tokens, runs
+        eagerly on the real tokens only.
+    """
+
+    def __init__(self, model, B, max_num_tokens: int = 256,
+                 buckets: str | Iterable[int] = "vllm", fallback: str = "eager",
+                 num_warmups: int = 2, progress: bool = True):
+        _check_model(model, "PiecewiseGraphRunner")
+        B = ensure_backend(B, "PiecewiseGraphRunner(model, B)")
+        _check_device(model, B)
+        if fallback not in _FALLBACKS:
+            raise ValueError(f"fallback must be one of {', '.join(map(repr, _FALLBACKS))}, "
+                             f"got {fallback!r}")
+        if not isinstance(progress, bool):
+            raise TypeError(f"progress must be True or False, got {progress!r}")
+        super().__init__(B, token_buckets(max_num_tokens, buckets),
+                         PiecewiseBackend(B, num_warmups), progress)
+        self.model = model
+        self.max_num_tokens = self.buckets[-1]
+        self.fallback = fallback
+        self.attn = make_attn_backend("torch_native", model)
+        self.eager = EagerRunner(model, make_attn_backend("torch_native", model))
+        self.split: SplitModel = split_at_attention(model)
+        for item in self.split.items:
+            wrapped = (EagerAttention(item.graph) if item.is_splitting_graph
+                       else GraphedPiece(item.graph_id, item.graph, self.backend))
+            setattr(self.split.split_gm, item.submod_name, wrapped)
+        dev = model.device
+        self.input_ids = torch.zeros(self.max_num_tokens, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(self.max_num_tokens, dtype=torch.int64, device=dev)
+        self.stats = {"piecewise": 0, "eager_fallback": 0}
+        self._warned_fallback = False
+        self.last_replay: tuple[int, int] | None = None  # (num_tokens, bucket)
+
+    @property
+    def num_pieces(self) -> int:
+        return len(self.split.pieces)
+
+    # ---- capture -----------------------------------------------------------------------
+    def capture_prepare(self, bucket: int) -> Callable[[], torch.Tensor]:
+        batch = capture_batch(self.model, bucket)
+        self.input_ids[:bucket].zero_()
+        self.positions[:bucket].copy_(batch.positions)
+        return lambda: self._run_split(batch, bucket)
+
+    def _run_split(self, batch: ForwardBatch, bucket: int) -> torch.Tensor:
+        batch.attn_backend = self.attn
+        self.attn.init_forward_metadata(batch)
+        return self.split.split_gm(self.input_ids[:bucket], self.positions[:bucket], batch)
+
+    # ---- run ---------------------------------------------------------------------------
+    def can_run(self, batch: ForwardBatch) -> bool:
+        return self.captured and 0 < batch.num_tokens <= self.max_num_tokens
+
+    @torch.no_grad()
+    def replay(self, batch: ForwardBatch) -> torch.Tensor:
+        """Run ``batch`` through the pieces of its token bucket → logits (num_tokens, vocab)."""
+        self._check(batch, "PiecewiseGraphRunner.replay")
+        n = batch.num_tokens
+        if not self.can_run(batch):
+            raise ValueError(f"PiecewiseGraphRunner.replay: the batch has {n} tokens, and the "
+                             f"largest captured bucket holds {self.max_num_tokens}: call "
+                             "forward(batch), which runs it eagerly, or capture larger buckets")
+        bucket = pad_to_bucket(n, self.buckets)
+        self.input_ids[:n].copy_(batch.input_ids)
+        self.positions[:n].copy_(batch.positions)
+        with self.backend.running("replay", bucket):
+            logits = self._run_split(batch, bucket)
+        self.stats["piecewise"] += 1
+        self.last_replay = (n, bucket)
+        return logits[:n]
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Pieces when the batch fits a bucket, else eager (or an error: ``fallback``)."""
+        self._check(batch, "PiecewiseGraphRunner.forward")
+        if self.can_run(batch):
+            return self.replay(batch)
+        if self.fallback == "error" or not self.captured:
+            self.replay(batch)   # raises, saying why
+        self.stats["eager_fallback"] += 1
+        if not self._warned_fallback:
+            self._warned_fallback = True
+            warnings.warn(f"PiecewiseGraphRunner: a batch of {batch.num_tokens} tokens is above "
+                          f"the largest captured bucket ({self.max_num_tokens}); it runs "
+                          "eagerly (counted in runner.stats['eager_fallback']; this warning "
+                          "is shown once)", stacklevel=2)
+        return self.eager.forward(batch)
+
+    def eager_forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.eager.forward(batch)
+
+    def _check(self, batch, fn: str) -> None:
+        if not self.captured:
+            raise RuntimeError(f"{fn}: nothing captured yet: call runner.capture() first")
+        check_batch(batch, self.model, fn)
+        _check_same_caches(self.attn, self.model, fn)

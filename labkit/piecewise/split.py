@@ -1,0 +1,131 @@
+"""Cut a model's graph at its attention calls: the pieces that piecewise CUDA graphs capture.
+
+vLLM does this in ``split_graph`` (``vllm/compilation/backends.py``): walk the FX graph,
+give every *splitting op* (the attention op) a subgraph of its own and every run of
+nodes between two of them one subgraph, then hand the labels to torch's
+``torch.fx.passes.split_module.split_module`` with ``keep_original_order=True`` (the
+graph has in-place writes, so nodes must not be reordered). The result is a top-level
+``GraphModule`` that calls ``submod_0, submod_1, ...`` in order, each a ``GraphModule`` of
+its own.
+
+vLLM gets its graph from Dynamo (a custom ``torch.compile`` backend); here the model is
+traced with ``torch.fx.symbolic_trace``: the lesson's model is plain Python, the trace
+takes milliseconds, and the code of every piece can be printed and read. The attention op
+is :func:`labkit.decode.model.attend`, kept one node by ``torch.fx.wrap``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch.fx.passes.split_module import split_module
+
+from labkit.decode.model import attend
+
+__all__ = ["SplitItem", "SplitModel", "split_graph", "split_at_attention"]
+
+
+@dataclass
+class SplitItem:
+    """One piece of a split graph (vLLM's ``SplitItem``)."""
+
+    submod_name: str        # "submod_3": the attribute of the split module that runs it
+    graph_id: int           # its position in the model, 0 first
+    is_splitting_graph: bool  # True: an attention call, run eagerly between the pieces
+    graph: fx.GraphModule
+
+
+@dataclass
+class SplitModel:
+    """A traced model cut at its attention calls.
+
+    split_gm   the top-level module: ``split_gm(input_ids, positions, batch)`` runs the
+               pieces in order and equals ``model(input_ids, positions, batch)``
+    items      one :class:`SplitItem` per piece, in order
+    """
+
+    split_gm: fx.GraphModule
+    items: list[SplitItem]
+
+    @property
+    def pieces(self) -> list[SplitItem]:
+        """The pieces a CUDA graph can hold: every item that is not an attention call."""
+        return [it for it in self.items if not it.is_splitting_graph]
+
+    @property
+    def attention(self) -> list[SplitItem]:
+        return [it for it in self.items if it.is_splitting_graph]
+
+    def describe(self) -> str:
+        """One line per item: its name, what it is and how many FX nodes it holds."""
+        lines = []
+        for it in self.items:
+            ops = [n for n in it.graph.graph.nodes if n.op not in ("placeholder", "output")]
+            kind = "attention (eager)" if it.is_splitting_graph else "piece (graphed)"
+            lines.append(f"{it.submod_name:<10} {kind:<18} {len(ops):>3} nodes")
+        return "\n".join(lines)
+
+
+def _is_splitting_op(node: fx.Node, ops) -> bool:
+    return node.op == "call_function" and node.target in ops
+
+
+def split_graph(gm: fx.GraphModule, ops=(attend,)) -> SplitModel:
+    """Split ``gm`` at every call of one of ``ops``: vLLM's ``split_graph``.
+
+    Every splitting op gets a subgraph id of its own; the nodes between two of them share
+    one. A ``get_attr`` node (a module or buffer the graph reads) goes with its first
+    user, so the KV cache an attention call reads travels with that call.
+    """
+    subgraph_id = 0
+    labels: dict[fx.Node, int] = {}
+    splitting: list[int] = []
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        if _is_splitting_op(node, ops):
+            subgraph_id += 1
+            labels[node] = subgraph_id
+            splitting.append(subgraph_id)
+            subgraph_id += 1
+        else:
+            labels[node] = subgraph_id
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            users = [u for u in node.users if u in labels]
+            labels[node] = labels[users[0]] if users else 0
+    # keep_original_order: the pieces write in place (rotary embeddings, the KV cache), so
+    # their nodes must run in the order the model wrote them.
+    split_gm = split_module(gm, None, lambda node: labels[node], keep_original_order=True)
+    items = []
+    for name, module in split_gm.named_children():
+        if not name.startswith("submod_"):
+            continue   # a module the pieces read (copied in by split_module), not a piece
+        graph_id = int(name.removeprefix("submod_"))
+        items.append(SplitItem(name, graph_id, graph_id in splitting, module))
+    items.sort(key=lambda it: it.graph_id)   # by integer id: submod_10 after submod_9
+    return SplitModel(split_gm, items)
+
+
+def split_at_attention(model: torch.nn.Module) -> SplitModel:
+    """Trace ``model`` (a :class:`labkit.decode.model.Transformer`) with
+    ``torch.fx.symbolic_trace`` and cut it at every attention call.
+
+    .. warning::
+        The trace runs the model's Python once with placeholder values: checks that read
+        a batch's *values* are not in the traced graph. Run batches through
+        :class:`~labkit.piecewise.PiecewiseGraphRunner`, which checks them first.
+    """
+    if not hasattr(model, "layers") or not hasattr(model, "req_to_token"):
+        raise TypeError("split_at_attention: model must be a labkit.decode Transformer with "
+                        f"caches set up (build_model(...)), got {type(model).__name__}")
+    gm = fx.symbolic_trace(model)
+    split = split_graph(gm)
+    n_attn = len(split.attention)
+    if n_attn != len(model.layers):
+        raise RuntimeError(f"split_at_attention: found {n_attn} attention calls in the trace "
+                           f"of a model with {len(model.layers)} layers; every layer must call "
+                           "labkit.decode.model.attend exactly once")
+    return split
