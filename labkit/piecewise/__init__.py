@@ -6,8 +6,8 @@
     dispatch  GraphMode, Dispatcher, make_mixed_batch       (vLLM's FULL / PIECEWISE / NONE)
 """
 
-from .dispatch import Dispatcher, GraphMode, make_mixed_batch
 from .buckets import token_buckets, vllm_token_buckets
+from .dispatch import Dispatcher, GraphMode, make_mixed_batch
 from .runner import EagerAttention, GraphedPiece, PiecewiseBackend, PiecewiseGraphRunner
 from .split import SplitItem, SplitModel, split_at_attention, split_graph
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 from labkit.core.validate import check_int
 from labkit.decode.buckets import make_buckets
 
-
 __all__ = ["vllm_token_buckets", "token_buckets"]
 
 

@@ -31,7 +31,6 @@ Typical use (any backend)::
 from __future__ import annotations
 
 import contextlib
-import math
 import warnings
 from typing import Callable, Iterable
 
