@@ -51,6 +51,10 @@ def synthetic_rows():
             extra={"reserved_MiB": 4.0, "graphs": 6}),
         row("capture", "separate_pools", 950.0, config_name="6x", bs=8,
             extra={"reserved_MiB": 12.0, "graphs": 6}),
+        row("piecewise", "eager", 5000.0, config_name="gpt · prefill 8x8", bs=8,
+            extra={"tokens": 64}),
+        row("piecewise", "piecewise", 900.0, config_name="gpt · prefill 8x8", bs=8,
+            extra={"tokens": 64, "bucket": 64}),
     ]
 
 
@@ -86,7 +90,7 @@ def test_render_tables_and_plots_in_a_tmp_dir(tmp_path):
     names = sorted(p.name for p in written)
     assert names == sorted(["README.md", "launch-synthetic-gpu.png", "train-synthetic-gpu.png",
                             "decode-synthetic-gpu.png", "capture-synthetic-gpu.png",
-                            "serve-synthetic-gpu.png"])
+                            "serve-synthetic-gpu.png", "piecewise-synthetic-gpu.png"])
     for p in written:
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000
@@ -155,8 +159,8 @@ def test_cli_unknown_suite(capsys):
     with pytest.raises(SystemExit) as info:
         main(["nope"])
     assert info.value.code == 2
-    assert "unknown suite(s) 'nope': choose from launch, decode, serve, train, capture" in \
-        capsys.readouterr().err
+    assert ("unknown suite(s) 'nope': choose from launch, decode, serve, train, capture, "
+            "piecewise") in capsys.readouterr().err
 
 
 def test_make_row_schema():
@@ -182,6 +186,7 @@ def test_suites_run_on_the_emulator():
                       variants=("eager", "labkit_graph", "compile_reduce_overhead",
                                 "compile_reduce_overhead_static"))
     rows += run_suite("serve", E, quick=True, log=quiet)
+    rows += run_suite("piecewise", E, quick=True, log=quiet)
     for r in rows:
         report.validate_row(r)
     got = {(r["suite"], r["variant"]): r for r in rows}
@@ -208,6 +213,11 @@ def test_suites_run_on_the_emulator():
     assert runner["batch_size"] == 4 and runner["extra"]["graphs"] == 3   # buckets 1, 2, 4
     kernels = runner["extra"]["kernels_per_graph"]
     assert set(kernels) == {"1", "4"} and kernels["1"] == kernels["4"] > 0   # same step, padded
+    pw = [r for r in rows if r["suite"] == "piecewise" and r["median_us"] is not None]
+    assert {r["variant"] for r in pw} == {"eager", "piecewise", "full_graph"}
+    for r in pw:      # every variant's greedy tokens are eager's
+        assert r["extra"]["greedy_agree"] == 1.0, r
+    assert "GPU" in got[("piecewise", "compile_dynamic")]["note"]
 
 
 # ---- labkit.core.timing: the one timer, trace reader and GPU-busy time ---------------------

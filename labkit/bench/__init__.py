@@ -4,13 +4,14 @@
     python -m labkit.bench train decode        some of them
     python -m labkit.bench --render            re-render docs/benchmarks/ from results.json
 
-Five suites, one module each, each the measured counterpart of a lesson:
+Six suites, one module each, each the measured counterpart of a lesson:
 
     launch    per-kernel cost, eager vs graph: a chain of 100 tiny adds      (lesson 01)
     decode    labkit.decode's runner vs eager vs torch.compile, bs 1/8/64    (lesson 06)
     serve     the serving loop: eager, graphed, graphed and overlapped     (lesson 06)
     train     eager vs per-layer graphs vs the whole step as one graph       (04, 05, 07)
     capture   time and pool memory per captured graph, shared vs separate    (lesson 05)
+    piecewise prefill/mixed batches: eager vs piecewise graphs vs compile      (lesson 09)
 
 Every number is one row (see :mod:`labkit.bench.report` for the schema), appended to
 ``docs/benchmarks/results.json`` and rendered to ``docs/benchmarks/README.md`` with a PNG
@@ -33,7 +34,7 @@ import importlib
 
 __all__ = ["SUITES", "make_row", "skipped_row", "run_suite", "SuiteSkip"]
 
-SUITES = ("launch", "decode", "serve", "train", "capture")
+SUITES = ("launch", "decode", "serve", "train", "capture", "piecewise")
 
 
 class SuiteSkip(Exception):

@@ -43,7 +43,7 @@ __all__ = ["REQUIRED_KEYS", "SUITE_ORDER", "ResultsError", "default_results_path
 REQUIRED_KEYS = ("suite", "config_name", "config", "batch_size", "variant", "median_us",
                  "device", "torch", "date")
 
-SUITE_ORDER = ("launch", "decode", "serve", "train", "capture")
+SUITE_ORDER = ("launch", "decode", "serve", "train", "capture", "piecewise")
 VARIANT_ORDER = {
     "launch": ("eager", "graph"),
     "decode": ("eager", "eager_triton", "labkit_graph", "labkit_graph_staged",
@@ -56,6 +56,7 @@ VARIANT_ORDER = {
               "labkit_full_step_compiled", "compile_reduce_overhead"),
     "capture": ("separate_pools", "shared_pool", "decode_runner_torch_native",
                 "decode_runner_triton"),
+    "piecewise": ("eager", "piecewise", "compile_dynamic", "full_graph"),
 }
 
 SUITE_TEXT = {
@@ -112,6 +113,15 @@ SUITE_TEXT = {
         "model, captured largest first into one pool by `DecodeGraphRunner` with each "
         "attention backend; `median_us` = time per bucket (2 warm-ups + capture), `extra` = "
         "graphs, total seconds, pool memory. Lesson 06."),
+    "piecewise": (
+        "Prefill and mixed prefill + decode batches on the decode suite's model, one table "
+        "row per workload (config column: its prompt lengths and decode requests; batch = "
+        "requests): `eager` = `EagerRunner` (attention per request); `piecewise` = "
+        "`PiecewiseGraphRunner` (the pieces between attentions replayed per token bucket, "
+        "vLLM's sizes; attention eager on the real tokens); `compile_dynamic` = the model "
+        "under `torch.compile(dynamic=True)`; `full_graph` = lesson 06's "
+        "`DecodeGraphRunner`, for the pure decode batch only. GPU busy = the union of the "
+        "call's kernel intervals. Lesson 09."),
 }
 
 TARGETS = {

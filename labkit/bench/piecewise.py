@@ -1,0 +1,187 @@
+"""Suite ``piecewise``: prefill and mixed batches, eager vs piecewise graphs vs torch.compile.
+
+The model of the ``decode`` suite (8 layers, d=512, fp16; a smaller one on the emulator),
+batches of several shapes, every variant timed in the same process:
+
+``eager``
+    ``EagerRunner.forward``: every kernel launched from Python, attention per request.
+``piecewise``
+    :class:`~labkit.piecewise.PiecewiseGraphRunner` (vLLM's token buckets up to 256): the
+    pieces between attentions replayed, attention eager on the real tokens.
+``compile_dynamic``
+    what a user would pick instead: ``torch.compile(model, dynamic=True)`` (default mode)
+    on the same eager path, every workload compiled before timing (``extra.frames``:
+    the frames Dynamo compiled in all).
+``full_graph``
+    pure decode batches only: lesson 06's :class:`~labkit.decode.DecodeGraphRunner`, the
+    FULL graph vLLM's dispatcher picks for them.
+
+``gpu_busy_us`` is the GPU-busy floor: the union of the call's kernel intervals in a
+profile (:func:`labkit.core.timing.events_busy_us`). ``extra.kernels`` is how many
+kernels the call launched; ``extra.launches`` for ``piecewise``: graph replays plus the
+kernels of the eager attention between them.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+
+import torch
+
+from labkit.bench import SuiteSkip, make_row, skipped_row
+from labkit.core.timing import back_to_back_us, events_busy_us, profile_gpu_events, time_call
+
+VARIANTS = ("eager", "piecewise", "compile_dynamic", "full_graph")
+GPU_ONLY = {"compile_dynamic": "torch.compile is measured on a GPU only"}
+MODEL = dict(vocab_size=1024, n_layer=8, n_head=8, n_local_heads=8, dim=512, max_seq_len=256)
+CPU_MODEL = dict(vocab_size=128, n_layer=2, n_head=4, n_local_heads=4, dim=64, max_seq_len=64)
+
+# name -> (prompt lengths, decode requests): each one batch
+WORKLOADS = {
+    "prefill 8x8": ([8] * 8, 0),
+    "prefill 3+17+40+4": ([3, 17, 40, 4], 0),
+    "prefill 2x120": ([120, 120], 0),
+    "mixed 48 + 16 decodes": ([48], 16),
+    "decode 32": ([], 32),
+}
+CPU_WORKLOADS = {
+    "prefill 4x4": ([4] * 4, 0),
+    "mixed 8 + 4 decodes": ([8], 4),
+    "decode 4": ([], 4),
+}
+
+
+def make_batches(D, P, model, workloads, seed=0) -> dict:
+    """One batch per workload. Decode requests get a prefix of random length in their
+    slot first (so their keys exist); prompts take the slots after them."""
+    rng = random.Random(seed)
+    a = model.args
+    out = {}
+    for name, (prompt_lens, n_dec) in workloads.items():
+        dec_slots = list(range(1, n_dec + 1))
+        prefixes = [rng.randrange(4, a.max_seq_len // 2) for _ in dec_slots]
+        if dec_slots:
+            D.EagerRunner(model).forward(D.make_extend_batch(
+                model, dec_slots, [[rng.randrange(a.vocab_size) for _ in range(n)]
+                                   for n in prefixes]))
+        pre_slots = list(range(n_dec + 1, n_dec + 1 + len(prompt_lens)))
+        prompts = [[rng.randrange(a.vocab_size) for _ in range(n)] for n in prompt_lens]
+        tokens = [rng.randrange(a.vocab_size) for _ in dec_slots]
+        if not prompt_lens:
+            out[name] = D.make_decode_batch(model, dec_slots, tokens, prefixes)
+        else:
+            out[name] = P.make_mixed_batch(model, dict(zip(pre_slots, prompts)),
+                                           {s: (t, p) for s, t, p in
+                                            zip(dec_slots, tokens, prefixes)})
+    return out
+
+
+def run(B, quick: bool = False, log=print, model_args: dict | None = None,
+        workloads: dict | None = None, variants=VARIANTS) -> list[dict]:
+    from labkit import decode as D
+    from labkit import piecewise as P
+
+    on_gpu = B.name == "cuda"
+    model_args = model_args or (MODEL if on_gpu else CPU_MODEL)
+    workloads = workloads or (WORKLOADS if on_gpu else CPU_WORKLOADS)
+    args = D.ModelArgs(**model_args)
+    max_requests = max(len(p) + n for p, n in workloads.values())
+    model = D.build_model(args, max_requests=max_requests, device=B.device)
+    dtype = model.output.weight.dtype
+    name = f"gpt_{args.n_layer}L_d{args.dim}"
+    config = {**model_args, "dtype": str(dtype).replace("torch.", "")}
+    batches = make_batches(D, P, model, workloads)
+    tokens = {w: b.num_tokens for w, b in batches.items()}
+    repeats, warmup = (10, 3) if quick else (50, 10)
+    calls = 20 if quick else 50
+    eager = D.EagerRunner(model)
+    with torch.no_grad():
+        want = {w: eager.forward(b).argmax(-1) for w, b in batches.items()}
+    rows = []
+
+    def record(variant, w, fn, cfg, extra=None, note=None):
+        b = batches[w]
+        with torch.no_grad():
+            got = fn().argmax(-1)
+        agree = (got == want[w]).float().mean().item()
+        synced, host = time_call(fn, B, warmup=warmup, repeats=repeats)
+        b2b = back_to_back_us(fn, B, calls=calls, warmup=2)
+        events = profile_gpu_events(fn, B)
+        busy = None if events is None else events_busy_us(events)
+        ex = {"tokens": b.num_tokens, "requests": b.batch_size, "host_us": round(host, 1),
+              "greedy_agree": round(agree, 4), **(extra or {})}
+        if events is not None:
+            ex["kernels"] = len(events)
+        rows.append(make_row(B, "piecewise", f"{name} · {w}", {**config, **cfg, "workload": w},
+                             b.batch_size, variant, synced, busy, note=note, extra=ex,
+                             back_to_back_us=b2b))
+        log(f"  piecewise {w:22s} {variant:16s} synced {synced:8.1f} µs | back to back "
+            f"{b2b:8.1f} µs" + (f" | busy {busy:7.1f} µs, {len(events)} kernels"
+                                if busy is not None else ""))
+
+    for variant in variants:
+        try:
+            if variant in GPU_ONLY and not on_gpu:
+                raise SuiteSkip(GPU_ONLY[variant])
+            if variant == "eager":
+                for w, b in batches.items():
+                    record(variant, w, lambda b=b: eager.forward(b),
+                           {"runs": "EagerRunner.forward"})
+            elif variant == "piecewise":
+                pw = P.PiecewiseGraphRunner(model, B, max_num_tokens=max(tokens.values()),
+                                            progress=False)
+                log_ = pw.capture()
+                cap = {"graphs": len(pw.backend.graphs), "buckets": len(pw.buckets),
+                       "capture_s": round(sum(r["seconds"] for r in log_), 2),
+                       "pool_MiB": round(log_[-1]["pool_reserved_bytes"] / 2**20, 1)}
+                log(f"  piecewise capture: {cap}")
+                for w, b in batches.items():
+                    pw.replay(b)
+                    bucket = pw.last_replay[1]
+                    record(variant, w, lambda b=b: pw.replay(b),
+                           {"runs": "PiecewiseGraphRunner.replay", "buckets": "vllm"},
+                           extra={"bucket": bucket, "pieces": pw.num_pieces, **cap})
+                pw.backend.cleanup()
+            elif variant == "compile_dynamic":
+                import torch._dynamo.utils as du
+                ce = D.EagerRunner(model)
+                ce.model = torch.compile(model, dynamic=True)
+                before = du.counters["stats"]["unique_graphs"]
+                for b in batches.values():          # compile every workload before timing
+                    with torch.no_grad():
+                        ce.forward(b)
+                frames = du.counters["stats"]["unique_graphs"] - before
+                for w, b in batches.items():
+                    record(variant, w, lambda b=b: ce.forward(b),
+                           {"runs": "EagerRunner.forward, model under torch.compile("
+                                    "dynamic=True)"}, extra={"graphs_compiled": frames})
+            elif variant == "full_graph":
+                dec = {w: b for w, b in batches.items() if b.forward_mode is D.ForwardMode.DECODE}
+                if not dec:
+                    raise SuiteSkip("no pure decode workload")
+                full = D.DecodeGraphRunner(model, B, max_bs=max(b.batch_size for b in dec.values()),
+                                           progress=False)
+                full.capture()
+                for w, b in dec.items():
+                    def fn(b=b):
+                        b.metadata_ready = False      # the full path, not the fast path
+                        return full.forward(b)
+                    record(variant, w, fn, {"runs": "DecodeGraphRunner.forward"})
+                full.backend.cleanup()
+            else:
+                raise ValueError(f"unknown piecewise variant {variant!r}")
+        except SuiteSkip as why:
+            rows.append(skipped_row(B, "piecewise", name, config, None, variant, str(why)))
+            log(f"  piecewise {variant:16s} skipped: {why}")
+        except Exception as e:
+            first = (str(e).splitlines() or [""])[0][:200]
+            rows.append(skipped_row(B, "piecewise", name, config, None, variant,
+                                    f"{type(e).__name__}: {first}"))
+            log(f"  piecewise {variant:16s} FAILED: {type(e).__name__}: {first}")
+        finally:
+            gc.collect()
+            if on_gpu:
+                torch._dynamo.reset()
+                torch.cuda.empty_cache()
+    return rows
