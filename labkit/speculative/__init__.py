@@ -6,7 +6,8 @@ target checks them in one graphed TARGET_VERIFY step (lesson 06's
 ``DecodeGraphRunner(target, B, num_tokens_per_bs=k + 1)``); greedy acceptance runs on the
 device, with one host read-back per round. The tokens are exactly plain greedy decoding's.
 
-    draft     make_draft (the target's first layers, weights perturbed), check_pair
+    draft     make_draft (the target's first layers, weights perturbed), check_pair,
+              damp_blocks (a target whose later blocks matter less)
     runner    DraftGraphRunner (the k-step draft loop, captured per bucket)
     loop      greedy_accept, speculative_generate, SpecResult, greedy_generate
     measure   measure, format_table: tokens/s of plain vs speculative decoding, eager vs
@@ -24,9 +25,11 @@ device, with one host read-back per round. The tokens are exactly plain greedy d
     out.tokens, out.acceptance_rate
 """
 
-from .draft import check_pair, draft_layers, make_draft
+from .draft import check_pair, damp_blocks, draft_layers, make_draft
 from .loop import SpecResult, greedy_accept, greedy_generate, speculative_generate
+from .measure import PARTS, format_table, graph_savings, measure
 from .runner import DraftGraphRunner
 
-__all__ = ["make_draft", "check_pair", "draft_layers", "DraftGraphRunner", "greedy_accept",
-           "SpecResult", "speculative_generate", "greedy_generate"]
+__all__ = ["make_draft", "check_pair", "draft_layers", "damp_blocks", "DraftGraphRunner",
+           "greedy_accept", "SpecResult", "speculative_generate", "greedy_generate",
+           "measure", "graph_savings", "format_table", "PARTS"]

@@ -32,7 +32,7 @@ from labkit.core.validate import check_int
 from labkit.decode import build_model
 from labkit.decode.batch import _check_model
 
-__all__ = ["make_draft", "check_pair", "draft_layers"]
+__all__ = ["make_draft", "check_pair", "draft_layers", "damp_blocks"]
 
 
 def draft_layers(draft) -> int:
@@ -81,6 +81,33 @@ def make_draft(target, n_layer: int | None = None, noise: float = 0.0, seed: int
                 rms = w.float().pow(2).mean().sqrt()
                 w.add_((noise * rms * torch.randn(w.shape, generator=g)).to(w.device, w.dtype))
     return draft
+
+
+def damp_blocks(model, first: int, scale: float) -> None:
+    """Scale what blocks ``first..`` of ``model`` write into the residual stream, in place.
+
+    Each block adds ``wo(attention)`` and ``w2(feed-forward)`` to the residual stream;
+    both output projections are multiplied by ``scale``. The block still runs every
+    kernel (the model costs what it cost), but its effect on the output shrinks.
+
+    Why a lesson wants this: lesson 06's models are random, and in a random model every
+    block moves the greedy choice, so a draft made of the first block agrees with an
+    8-block target only now and then. Damping the target's later blocks makes such a
+    cheap draft agree more often, so the measurement can show a range of acceptance
+    rates at one draft cost. The acceptance rate is still measured, never set.
+    """
+    _check_model(model, "damp_blocks(model)")
+    n = len(model.layers)
+    first = check_int("damp_blocks: first", first, 0, n,
+                      fix=f"the first block to damp (the model has {n})")
+    if (not isinstance(scale, numbers.Real) or isinstance(scale, bool)
+            or not math.isfinite(scale) or scale < 0):
+        raise ValueError(f"damp_blocks: scale must be a finite number >= 0 (1 leaves the "
+                         f"model as it is), got {scale!r}")
+    with torch.no_grad():
+        for block in model.layers[first:]:
+            block.attention.wo.weight.mul_(scale)
+            block.feed_forward.w2.weight.mul_(scale)
 
 
 def check_pair(target, draft, fn: str = "speculative decoding") -> None:

@@ -1,0 +1,173 @@
+"""Tokens per second of plain and speculative greedy decoding, eager and graphed.
+
+:func:`measure` builds one target, its plain decode graphs and its verify graphs, then
+for each draft noise level a draft (the target's first ``draft_layers`` blocks, perturbed)
+with its draft graphs, and decodes the same prompts four ways: plain greedy eager and
+graphed (lesson 06's ``serve``), speculative eager and graphed. Each row is one way, with
+the measured acceptance rate, decode tokens per second, and the time of a round split by
+part (draft, verify, accept, host). :func:`graph_savings` pairs the eager and graphed rows
+of each draft: what the graphs save in each part. On the CPU emulator the same code runs
+(the "tiny" model, in seconds); its times are the CPU's, not a GPU's.
+
+.. warning::
+    Decode tokens per second count only the decode phase (the prefill is excluded) of a
+    fixed batch whose requests all start together; the last rounds run with fewer
+    requests as some finish. ``same_tokens`` says whether a row's tokens equal plain
+    eager greedy decoding's: it can be False in fp16 (ties, see
+    :mod:`labkit.speculative.loop`), so the default dtype here is float32.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from labkit.backend import ensure as ensure_backend
+from labkit.core.timing import device_name
+from labkit.core.validate import check_int
+from labkit.decode import DecodeGraphRunner, ModelArgs, build_model, make_buckets
+
+from .draft import damp_blocks, make_draft
+from .loop import greedy_generate, speculative_generate
+from .runner import DraftGraphRunner
+
+__all__ = ["measure", "graph_savings", "format_table", "PARTS"]
+
+PARTS = ("draft", "verify", "accept", "host")
+_MODES = ("eager", "graphed")
+
+
+def _median_run(run, repeats: int, rate):
+    """One warm-up call, then ``repeats`` calls; the call with the median ``rate``."""
+    run()
+    results = sorted((run() for _ in range(repeats)), key=rate)
+    return results[len(results) // 2]
+
+
+def _prompts(vocab: int, batch_size: int, prompt_len: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch_size, prompt_len), generator=g).tolist()
+
+
+def measure(B=None, config: str | ModelArgs = "tiny", batch_size: int = 4, num_steps: int = 4,
+            max_new_tokens: int = 32, prompt_len: int = 8, draft_layers: int = 1,
+            noises=(0.0, 0.1, 0.3), tail_scale: float = 1.0, repeats: int = 3,
+            modes=_MODES, dtype: torch.dtype | None = torch.float32,
+            seed: int = 0) -> list[dict]:
+    """Rows of decode tokens/s: plain greedy vs speculative, eager vs graphed.
+
+    Args:
+        B: the backend (default ``get("auto")``).
+        config: the target's config (lesson 06's ``CONFIGS`` name or a ModelArgs).
+        batch_size: requests decoded together (also the graphs' ``max_bs``).
+        num_steps: k, draft tokens per round.
+        max_new_tokens, prompt_len: per request (random prompts, seeded).
+        draft_layers: blocks of the target the draft keeps (its cost).
+        noises: one draft per value (relative weight noise, see
+            :func:`~labkit.speculative.draft.make_draft`): the acceptance rate follows.
+        tail_scale: the target's blocks after the draft's are damped by it
+            (:func:`~labkit.speculative.draft.damp_blocks`; 1: lesson 06's model as is).
+        repeats: timed runs per row after one warm-up; the row is the median run.
+        modes: "eager" and/or "graphed".
+        dtype: the models' dtype (float32 by default: see the module's warning).
+        seed: the models' and prompts' seed.
+
+    Returns:
+        one dict per (method, draft, mode); ``format_table(rows)`` prints them.
+    """
+    B = ensure_backend(B, "measure(B=...)")
+    check_int("measure: batch_size", batch_size, 1)
+    check_int("measure: repeats", repeats, 1)
+    check_int("measure: prompt_len", prompt_len, 1)
+    modes = tuple(modes)
+    if not modes or any(m not in _MODES for m in modes):
+        raise ValueError(f"measure: modes must be a non-empty subset of {_MODES}, got {modes!r}")
+    noises = tuple(noises)
+    target = build_model(config, max_requests=batch_size, device=B.device, dtype=dtype,
+                         seed=seed)
+    if tail_scale != 1.0:
+        damp_blocks(target, draft_layers, tail_scale)
+    prompts = _prompts(target.args.vocab_size, batch_size, prompt_len, seed)
+    common = {"device": device_name(B), "config": config if isinstance(config, str) else "custom",
+              "dtype": str(target.output.weight.dtype).replace("torch.", ""),
+              "batch": batch_size, "k": num_steps, "tail_scale": tail_scale}
+
+    plain = DecodeGraphRunner(target, B, max_bs=batch_size, progress=False)
+    plain.capture()
+    rows, reference = [], None
+    for mode in modes:
+        runner = plain if mode == "graphed" else None
+        res = _median_run(lambda: greedy_generate(target, prompts, max_new_tokens, runner),
+                          repeats, lambda r: r.decode_tokens_per_s)
+        tokens = [res.tokens[i] for i in range(batch_size)]
+        reference = reference or tokens
+        step_ms = 1e3 * statistics.fmean(res.decode_latency_s)
+        rows.append({**common, "method": "greedy", "mode": mode, "draft": "-",
+                     "acceptance_%": None, "tokens_per_round": 1.0,
+                     "tokens_per_s": res.decode_tokens_per_s, "round_ms": step_ms,
+                     **{f"{p}_ms": None for p in PARTS}, "same_tokens": tokens == reference})
+    greedy_rate = {r["mode"]: r["tokens_per_s"] for r in rows}
+
+    verify = DecodeGraphRunner(target, B, max_bs=batch_size, num_tokens_per_bs=num_steps + 1,
+                               buckets=make_buckets(batch_size, "sglang_spec"), progress=False)
+    verify.capture()
+    for noise in noises:
+        draft = make_draft(target, n_layer=draft_layers, noise=noise, seed=seed)
+        label = f"{draft_layers}/{target.args.n_layer} blocks, noise {noise:g}"
+        for mode in modes:
+            dr = DraftGraphRunner(draft, B, num_steps, max_bs=batch_size)
+            if mode == "graphed":
+                dr.capture()
+            res = _median_run(
+                lambda: speculative_generate(target, draft, prompts, max_new_tokens,
+                                             draft_runner=dr,
+                                             verify_runner=verify if mode == "graphed" else None,
+                                             B=B),
+                repeats, lambda r: r.decode_tokens_per_s)
+            s = res.summary()
+            rows.append({**common, "method": "speculative", "mode": mode, "draft": label,
+                         "acceptance_%": 100 * res.acceptance_rate,
+                         "tokens_per_round": res.tokens_per_round,
+                         "tokens_per_s": res.decode_tokens_per_s, "round_ms": s["round_ms"],
+                         **{f"{p}_ms": s[f"{p}_ms"] for p in PARTS},
+                         "same_tokens": res.tokens == reference})
+            del dr
+    for r in rows:
+        r["vs_greedy"] = r["tokens_per_s"] / greedy_rate[r["mode"]]
+    return rows
+
+
+def graph_savings(rows: list[dict]) -> list[dict]:
+    """Per draft and part: the eager and graphed ms per round, and what graphs save."""
+    out = []
+    by = {(r["batch"], r["tail_scale"], r["method"], r["draft"], r["mode"]): r for r in rows}
+    for (bs, tail, method, draft, mode), g in by.items():
+        e = by.get((bs, tail, method, draft, "eager"))
+        if mode != "graphed" or e is None:
+            continue
+        parts = ("round",) if method == "greedy" else ("round", *PARTS)
+        for p in parts:
+            em, gm = e[f"{p}_ms"], g[f"{p}_ms"]
+            out.append({"batch": bs, "tail_scale": tail, "method": method, "draft": draft,
+                        "part": p, "eager_ms": em, "graphed_ms": gm, "saved_ms": em - gm,
+                        "saved_%": 100 * (em - gm) / em if em else 0.0})
+    return out
+
+
+def format_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    """A Markdown table of ``rows`` (floats rounded for reading, None as "-")."""
+    if not rows:
+        return "(no rows)"
+    columns = columns or list(rows[0])
+
+    def cell(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
