@@ -289,3 +289,55 @@ def test_failed_capture_leaves_a_usable_process(B):
     piece.submod = good
     pw.capture()
     assert pw.captured
+
+
+# ---- an op that depends on the requests must be a splitting op -----------------------------
+
+def short_conv(x, batch):
+    """Mix each token with the one before it in the same request (a causal short
+    convolution, as in Mamba-style layers): it reads the requests' lengths."""
+    out = x.clone()
+    start = 0
+    for n in batch.extend_lens:
+        out[start + 1:start + n] += 0.5 * x[start:start + n - 1]
+        start += n
+    return out
+
+
+torch.fx.wrap("short_conv")
+
+
+def _conv_model(B):
+    from labkit.decode.model import TransformerBlock
+
+    class ConvBlock(TransformerBlock):
+        def forward(self, x, freqs_cis, batch):
+            return super().forward(short_conv(x, batch), freqs_cis, batch)
+
+    m = _model(B)
+    for layer in m.layers:
+        layer.__class__ = ConvBlock
+    return m
+
+
+def test_a_piece_that_reads_the_batch_is_refused(E):
+    with pytest.raises(ValueError, match=r"piece submod_0 reads the batch \(short_conv\(\.\.\.\)\)"
+                                         r".*splitting_ops=\(attend, that_op\)"):
+        PiecewiseGraphRunner(_conv_model(E), E, max_num_tokens=8, buckets=[8], progress=False)
+
+
+def test_extra_splitting_ops_run_eagerly_and_match(E):
+    from labkit.decode.model import attend
+
+    m = _conv_model(E)
+    pw = PiecewiseGraphRunner(m, E, max_num_tokens=16, buckets=[8, 16], progress=False,
+                              splitting_ops=(attend, short_conv))
+    assert [line.split()[1] for line in pw.split.describe().splitlines()][:3] == [
+        "piece", "short_conv", "piece"]
+    pw.capture()
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    ref = EagerRunner(m).forward(make_extend_batch(m, [1, 2], prompts))
+    torch.testing.assert_close(pw.forward(make_extend_batch(m, [1, 2], prompts)), ref,
+                               rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="must be functions and include"):
+        PiecewiseGraphRunner(m, E, splitting_ops=(short_conv,))

@@ -43,7 +43,7 @@ from labkit.core.validate import check_int
 from labkit.decode.attention import make_attn_backend
 from labkit.decode.batch import ForwardBatch, ForwardMode, _check_model, check_batch
 from labkit.decode.buckets import pad_to_bucket
-from labkit.decode.model import DUMMY_SLOT
+from labkit.decode.model import DUMMY_SLOT, attend
 from labkit.decode.runner import (
     _WARMUP_WHY,
     BaseGraphRunner,
@@ -211,6 +211,8 @@ class PiecewiseGraphRunner(BaseGraphRunner):
     fallback        "eager" (default): a batch above the largest bucket runs eagerly, with
                     a warning the first time and a count in ``stats``; "error": raise
     num_warmups     eager runs of the whole forward before each bucket's capture
+    splitting_ops   the ops run eagerly between the pieces (default: attention alone);
+                    see :func:`~labkit.piecewise.split.split_at_attention`
 
     .. warning::
         Every op outside attention must work token by token (norms, linears, rotary
@@ -221,7 +223,7 @@ class PiecewiseGraphRunner(BaseGraphRunner):
 
     def __init__(self, model, B, max_num_tokens: int = 256,
                  buckets: str | Iterable[int] = "vllm", fallback: str = "eager",
-                 num_warmups: int = 2, progress: bool = True):
+                 num_warmups: int = 2, progress: bool = True, splitting_ops=(attend,)):
         _check_model(model, "PiecewiseGraphRunner")
         B = ensure_backend(B, "PiecewiseGraphRunner(model, B)")
         _check_device(model, B)
@@ -237,7 +239,7 @@ class PiecewiseGraphRunner(BaseGraphRunner):
         self.fallback = fallback
         self.attn = make_attn_backend("torch_native", model)
         self.eager = EagerRunner(model, make_attn_backend("torch_native", model))
-        self.split: SplitModel = split_at_attention(model)
+        self.split: SplitModel = split_at_attention(model, splitting_ops)
         for item in self.split.items:
             wrapped = (EagerAttention(item.graph) if item.is_splitting_graph
                        else GraphedPiece(item.graph_id, item.graph, self.backend))

@@ -63,9 +63,17 @@ class SplitModel:
         lines = []
         for it in self.items:
             ops = [n for n in it.graph.graph.nodes if n.op not in ("placeholder", "output")]
-            kind = "attention (eager)" if it.is_splitting_graph else "piece (graphed)"
-            lines.append(f"{it.submod_name:<10} {kind:<18} {len(ops):>3} nodes")
+            if it.is_splitting_graph:
+                calls = [n for n in ops if n.op == "call_function"]
+                kind = f"{_op_name(calls[-1])} (eager)"
+            else:
+                kind = "piece (graphed)"
+            lines.append(f"{it.submod_name:<10} {kind:<22} {len(ops):>3} nodes")
         return "\n".join(lines)
+
+
+def _op_name(node: fx.Node) -> str:
+    return getattr(node.target, "__name__", str(node.target))
 
 
 def _is_splitting_op(node: fx.Node, ops) -> bool:
@@ -109,9 +117,16 @@ def split_graph(gm: fx.GraphModule, ops=(attend,)) -> SplitModel:
     return SplitModel(split_gm, items)
 
 
-def split_at_attention(model: torch.nn.Module) -> SplitModel:
+def split_at_attention(model: torch.nn.Module, splitting_ops=(attend,)) -> SplitModel:
     """Trace ``model`` (a :class:`labkit.decode.model.Transformer`) with
-    ``torch.fx.symbolic_trace`` and cut it at every attention call.
+    ``torch.fx.symbolic_trace`` and cut it at every call of ``splitting_ops``: the
+    attention op, and any other op whose work depends on the requests (vLLM lists its
+    Mamba mixers and short convolutions beside attention in ``splitting_ops``).
+
+    Raises ``ValueError`` when a piece still reads the batch: an op that looks at the
+    requests (their lengths, their slots) would be captured with the capture batch's
+    requests and replayed with them for every batch. Add it to ``splitting_ops`` (and
+    ``torch.fx.wrap`` it, so the trace keeps it one node).
 
     .. warning::
         The trace runs the model's Python once with placeholder values: checks that read
@@ -121,11 +136,27 @@ def split_at_attention(model: torch.nn.Module) -> SplitModel:
     if not hasattr(model, "layers") or not hasattr(model, "req_to_token"):
         raise TypeError("split_at_attention: model must be a labkit.decode Transformer with "
                         f"caches set up (build_model(...)), got {type(model).__name__}")
+    ops = tuple(splitting_ops)
+    if attend not in ops or not all(callable(op) for op in ops):
+        raise ValueError(f"split_at_attention: splitting_ops must be functions and include "
+                         f"labkit.decode.model.attend, got {ops!r}")
     gm = fx.symbolic_trace(model)
-    split = split_graph(gm)
-    n_attn = len(split.attention)
+    split = split_graph(gm, ops)
+    n_attn = sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is attend)
     if n_attn != len(model.layers):
         raise RuntimeError(f"split_at_attention: found {n_attn} attention calls in the trace "
                            f"of a model with {len(model.layers)} layers; every layer must call "
                            "labkit.decode.model.attend exactly once")
+    for it in split.pieces:
+        readers = [n for n in it.graph.graph.nodes
+                   if n.op != "placeholder" and any(getattr(a, "name", None) == "batch"
+                                                    for a in n.all_input_nodes)]
+        if readers:
+            n = readers[0]
+            what = f"{_op_name(n)}(...)" if n.op == "call_function" else n.format_node()
+            raise ValueError(
+                f"split_at_attention: piece {it.submod_name} reads the batch ({what}): an op "
+                "that depends on the requests cannot be captured once per token count, its "
+                "graph would replay the capture batch's requests. Make that op a splitting op: "
+                "torch.fx.wrap it and pass splitting_ops=(attend, that_op)")
     return split
