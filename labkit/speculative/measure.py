@@ -116,14 +116,13 @@ def measure(B=None, config: str | ModelArgs = "tiny", batch_size: int = 4, num_s
         draft = make_draft(target, n_layer=draft_layers, noise=noise, seed=seed)
         label = f"{draft_layers}/{target.args.n_layer} blocks, noise {noise:g}"
         for mode in modes:
+            graphed = mode == "graphed"
             dr = DraftGraphRunner(draft, B, num_steps, max_bs=batch_size)
-            if mode == "graphed":
+            if graphed:
                 dr.capture()
+            kw = {"draft_runner": dr, "verify_runner": verify if graphed else None, "B": B}
             res = _median_run(
-                lambda: speculative_generate(target, draft, prompts, max_new_tokens,
-                                             draft_runner=dr,
-                                             verify_runner=verify if mode == "graphed" else None,
-                                             B=B),
+                lambda kw=kw: speculative_generate(target, draft, prompts, max_new_tokens, **kw),
                 repeats, lambda r: r.decode_tokens_per_s)
             s = res.summary()
             rows.append({**common, "method": "speculative", "mode": mode, "draft": label,
@@ -132,7 +131,7 @@ def measure(B=None, config: str | ModelArgs = "tiny", batch_size: int = 4, num_s
                          "tokens_per_s": res.decode_tokens_per_s, "round_ms": s["round_ms"],
                          **{f"{p}_ms": s[f"{p}_ms"] for p in PARTS},
                          "same_tokens": res.tokens == reference})
-            del dr
+            del dr, kw              # its graphs (and their pool) go before the next
     for r in rows:
         r["vs_greedy"] = r["tokens_per_s"] / greedy_rate[r["mode"]]
     return rows

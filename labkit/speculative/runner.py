@@ -1,25 +1,33 @@
 """The draft runner: ONE graph per batch-size bucket holding all k draft steps.
 
-SGLang's ``EAGLEDraftCudaGraphRunner`` captures, per bucket, a single graph around
-``EAGLEWorker.draft_forward``: the whole multi-step loop (forward, top-k, the next step's
-inputs, ``positions.add_(1)``) with one attention backend per step
-(``draft_attn_backend.attn_backends[i]``), all metadata prepared out of graph before the
-replay. Its static inputs are sized by ``max_num_token = max_bs * topk``, and its
-``out_cache_loc`` by ``max_num_token * speculative_num_steps`` (every step's cache
-location is assigned before the replay). With ``topk = 1`` (greedy) the loop is a chain,
-which is what :class:`DraftGraphRunner` captures:
+SGLang's ``EAGLEDraftCudaGraphRunner`` (sgl-project/sglang at f438a118, the commit lesson 06
+reads) captures, per bucket, a single full graph around ``EAGLEWorker.draft_forward``: the
+whole multi-step draft loop (forward, top-k, the next step's inputs,
+``forward_batch.positions.add_(1)``), each step with its own attention backend
+(``draft_attn_backend.attn_backends[i]``), the metadata of every step prepared out of
+graph before the replay (``init_forward_metadata_replay_cuda_graph``). Its static inputs
+are sized by ``max_num_token = max_bs * topk`` tokens, and ``out_cache_loc`` by
+``max_num_token * speculative_num_steps``: every step's cache location is allocated
+before the replay. With ``topk = 1`` (greedy) the loop is a chain, which is what
+:class:`DraftGraphRunner` captures::
 
     step 0      feed [token at p-1, token at p]  -> argmax of the second = draft token 1
-    step j      feed draft token j at p+j        -> argmax = draft token j+1   (j < k)
+    step j      feed draft token j at p+j        -> argmax = draft token j+1   (0 < j < k)
 
-positions, sequence lengths, cache locations and the next input are computed **on the
-device**, inside the graph; the host reads nothing back. The first step feeds two tokens
-because the draft may lack the K/V of the newest accepted token: when the target accepted
-all k draft tokens, the k-th was never fed to the draft. SGLang fills it with a separate
-draft-extend pass after verify (``forward_draft_extend_after_decode``); feeding the token
-before the newest one again does the same inside the draft graph (rewriting a K/V the
-draft already has is harmless: same token, same position, same value). So k draft tokens
-cost k forwards here, as in SGLang (one extend + k - 1 decode steps).
+Positions, sequence lengths, cache locations and the next input are computed **on the
+device**, inside the graph; the host reads nothing back. (Here a cache location is looked
+up in ``req_to_token`` inside the graph, since every slot owns its positions' locations in
+lesson 06's layout; SGLang's allocator hands them out before the replay instead.)
+
+The first step feeds two tokens because the draft may lack the K/V of the token before
+the newest one: when the target accepted all k draft tokens, the k-th was never fed to the
+draft. SGLang fills the draft's cache with a separate draft-extend pass after verify
+(``EAGLEWorker.forward_draft_extend_after_decode``), and its ``draft_forward`` runs
+``speculative_num_steps - 1`` forwards ("we get 1 token from draft prefill and (#spec
+steps - 1) tokens here"). Feeding that token again inside the draft graph does the same
+job: k draft tokens cost k draft forwards here too. Rewriting a K/V the draft already has
+changes it at most by rounding, and only the draft reads it: it can change what the draft
+proposes, never which tokens come out.
 
 Typical use (any backend)::
 
