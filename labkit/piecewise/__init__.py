@@ -8,10 +8,17 @@
 
 from .buckets import token_buckets, vllm_token_buckets
 from .dispatch import Dispatcher, GraphMode, make_mixed_batch
-from .runner import EagerAttention, GraphedPiece, PiecewiseBackend, PiecewiseGraphRunner
+from .runner import (
+    EagerAttention,
+    GraphedPiece,
+    PiecewiseBackend,
+    PiecewiseGraphRunner,
+    capture_batch,
+)
 from .split import SplitItem, SplitModel, split_at_attention, split_graph
 
 __all__ = ["Dispatcher", "GraphMode", "make_mixed_batch",
            "token_buckets", "vllm_token_buckets",
-           "EagerAttention", "GraphedPiece", "PiecewiseBackend", "PiecewiseGraphRunner",
+           "EagerAttention", "GraphedPiece", "capture_batch", "PiecewiseBackend",
+           "PiecewiseGraphRunner",
            "SplitItem", "SplitModel", "split_at_attention", "split_graph"]

@@ -55,7 +55,8 @@ from labkit.decode.runner import (
 from .buckets import token_buckets
 from .split import SplitModel, split_at_attention
 
-__all__ = ["PiecewiseBackend", "PiecewiseGraphRunner", "GraphedPiece", "EagerAttention"]
+__all__ = ["PiecewiseBackend", "PiecewiseGraphRunner", "GraphedPiece", "EagerAttention",
+           "capture_batch"]
 
 _FALLBACKS = ("eager", "error")
 
@@ -183,8 +184,12 @@ class EagerAttention(nn.Module):
 def capture_batch(model, num_tokens: int) -> ForwardBatch:
     """A prefill batch of ``num_tokens`` tokens in the dummy slot, to capture a bucket with.
 
-    Its K/V goes to the dummy slot's locations (slot 0: no request owns it), split into
-    requests of at most ``max_seq_len`` tokens each."""
+    .. warning::
+        The warm-ups before a capture run attention eagerly, and attention *stores* the
+        batch's keys and values. So the capture batch writes only into the dummy slot
+        (slot 0, which no request owns, as SGLang's padded rows do): a capture in slot 1
+        would overwrite a live request's cache. The tokens are split into requests of at
+        most ``max_seq_len`` each, all in slot 0."""
     L = model.args.max_seq_len
     lens = [L] * (num_tokens // L) + ([num_tokens % L] if num_tokens % L else [])
     dev = model.device
@@ -256,8 +261,12 @@ class PiecewiseGraphRunner(BaseGraphRunner):
         return len(self.split.pieces)
 
     # ---- capture -----------------------------------------------------------------------
+    def make_capture_batch(self, num_tokens: int) -> ForwardBatch:
+        """The batch a bucket is warmed up and captured with (:func:`capture_batch`)."""
+        return capture_batch(self.model, num_tokens)
+
     def capture_prepare(self, bucket: int) -> Callable[[], torch.Tensor]:
-        batch = capture_batch(self.model, bucket)
+        batch = self.make_capture_batch(bucket)
         self.input_ids[:bucket].zero_()
         self.positions[:bucket].copy_(batch.positions)
         return lambda: self._run_split(batch, bucket)
