@@ -299,6 +299,16 @@ def _other_vocab(E):
     return build_model(args, max_requests=MAX_BS, device=E.device, dtype=torch.float32)
 
 
+def _small_verify_runner(E):
+    r = DecodeGraphRunner(M.target(E), E, max_bs=2, num_tokens_per_bs=4, progress=False)
+    r.capture()
+    return r
+
+
+def _few_slots_draft(E):
+    return build_model("tiny", max_requests=2, device=E.device, dtype=torch.float32)
+
+
 @pytest.mark.parametrize("call, kind, words", [
     (lambda E: DraftGraphRunner(M.draft(E, "copy"), E, 0), ValueError,
      "num_steps must be in 1..62, got 0: the draft tokens per request"),
@@ -324,6 +334,23 @@ def _other_vocab(E):
      ValueError, "verify_runner captured 4 token(s) per request (TARGET_VERIFY); verifying 2 "
                  "draft tokens feeds 3 (the newest token and the drafts): build it with "
                  "num_tokens_per_bs=3"),
+    (lambda E: speculative_generate(
+        M.target(E), M.draft(E, "copy"), M.prompts(), 4, num_steps=3,
+        verify_runner=_small_verify_runner(E)),
+     ValueError, "4 prompts but the verify runner's largest graph holds 2: capture it with "
+                 "max_bs=4"),
+    (lambda E: speculative_generate(
+        M.target(E), M.draft(E, "copy"), M.prompts(), 4, num_steps=3,
+        verify_runner=DecodeGraphRunner(M.target(E), E, max_bs=4, num_tokens_per_bs=4)),
+     RuntimeError, "verify_runner has no graphs yet: call verify_runner.capture() first"),
+    (lambda E: speculative_generate(
+        M.target(E), M.draft(E, "copy"), M.prompts(), 4, num_steps=3,
+        verify_runner=DecodeGraphRunner(M.draft(E, "copy"), E, max_bs=4, num_tokens_per_bs=4)),
+     ValueError, "verify_runner was built for another model"),
+    (lambda E: speculative_generate(M.target(E), _few_slots_draft(E), M.prompts(), 4,
+                                    num_steps=2),
+     ValueError, "the draft has 2 request slots, the target 4; a request uses the same slot in "
+                 "both, so build the draft with max_requests=4"),
     (lambda E: speculative_generate(M.target(E), M.draft(E, "copy"), [[1] * 60], 4,
                                     num_steps=2), ValueError,
      "prompts[0] has 60 tokens; with max_new_tokens=4 and 2 tokens verified past the last one "
