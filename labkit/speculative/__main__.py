@@ -20,6 +20,7 @@ import os
 import torch
 
 from labkit import backend
+from labkit.core.timing import device_name
 from labkit.decode import CONFIGS
 
 from .measure import PARTS, format_table, graph_savings, measure
@@ -49,6 +50,10 @@ def _non_negative(text: str) -> float:
     if not math.isfinite(v) or v < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return v
+
+
+def _backend_label(B) -> str:
+    return f"{device_name(B)} ({B.name})"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -88,18 +93,19 @@ def main(argv=None) -> list[dict]:
     except RuntimeError as e:
         ap.error(f"argument --backend: {e}")
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    print(f"{_backend_label(B)}, target {a.config} {a.dtype}, k={a.num_steps}, "
+          f"{a.max_new_tokens} new tokens per request, draft = {a.draft_layers} of {layers} "
+          "blocks", flush=True)
     rows = []
     for bs in a.batch_size:
         for tail in a.tail_scale:
-            rows += measure(B, a.config, batch_size=bs, num_steps=a.num_steps,
-                            max_new_tokens=a.max_new_tokens, prompt_len=a.prompt_len,
-                            draft_layers=a.draft_layers, noises=a.noises, tail_scale=tail,
-                            repeats=a.repeats, dtype=getattr(torch, a.dtype), seed=a.seed)
-    first = rows[0]
-    print(f"{first['device']} ({B.name}), target {a.config} {first['dtype']}, "
-          f"k={a.num_steps}, {a.max_new_tokens} new tokens per request, "
-          f"draft = {a.draft_layers} of {layers} blocks")
-    print(format_table(rows, COLUMNS))
+            part = measure(B, a.config, batch_size=bs, num_steps=a.num_steps,
+                           max_new_tokens=a.max_new_tokens, prompt_len=a.prompt_len,
+                           draft_layers=a.draft_layers, noises=a.noises, tail_scale=tail,
+                           repeats=a.repeats, dtype=getattr(torch, a.dtype), seed=a.seed)
+            # Printed now: a run cut short (a time limit) still shows what it measured.
+            print(format_table(part, COLUMNS), flush=True)
+            rows += part
     print()
     print("what the graphs save per round (ms):")
     print(format_table(graph_savings(rows)))
