@@ -28,6 +28,11 @@ Decode attention then gathers keys and values through the page table (one
 with a comparison against an ``arange`` (turned once per step into SDPA's additive bias,
 rather than by SDPA in every layer), and runs SDPA. Every
 shape depends on the bucket size alone, never on the data.
+
+Prefill (EXTEND, also a mixed batch of prompts and decode tokens) is eager only: its
+layout comes from the host lengths. Every request's queries are padded to the longest and
+attend in one SDPA per layer, as one kernel over all requests does in a serving engine
+(FlashAttention's varlen prefill).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import torch.nn.functional as F
 
 from labkit.core.validate import is_int
 
-__all__ = ["DecodeMetadata", "TorchNativeAttnBackend"]
+__all__ = ["DecodeMetadata", "ExtendMetadata", "TorchNativeAttnBackend"]
 
 
 @dataclass
@@ -52,6 +57,19 @@ class DecodeMetadata:
     page_table: torch.Tensor
     kv_mask: torch.Tensor
     attn_bias: torch.Tensor | None = None
+
+
+@dataclass
+class ExtendMetadata:
+    """page_table (n, W): pool locations of each request's keys 0..W-1 (W = max seq_len).
+    q_index (n * Lq,): the token in each padded query row (Lq = max extend_len).
+    out_index (num_tokens,): the padded row each token's output is read back from.
+    attn_bias (n, 1, Lq, W): 0 where a query may see a key (causal), -inf where not."""
+
+    page_table: torch.Tensor
+    q_index: torch.Tensor
+    out_index: torch.Tensor
+    attn_bias: torch.Tensor
 
 
 def _expand_kv(x: torch.Tensor, n_head: int, dim: int) -> torch.Tensor:
@@ -84,12 +102,31 @@ class TorchNativeAttnBackend:
     # ---- eager -------------------------------------------------------------------------
     def init_forward_metadata(self, batch) -> None:
         if batch.forward_mode.is_extend():
-            self.forward_metadata = None  # extend attention loops over requests (host ints)
+            self.forward_metadata = self._extend_metadata(batch)
             return
         page_table = self._page_table(batch)
         arange = torch.arange(page_table.size(1), device=page_table.device)
         kv_mask = self._kv_mask(batch, arange)
         self.forward_metadata = DecodeMetadata(page_table, kv_mask, self._bias(kv_mask))
+
+    def _extend_metadata(self, batch) -> "ExtendMetadata":
+        """A prefill batch as ``n`` requests × ``max(extend_lens)`` query rows, from the
+        host lengths: which token fills each query row (a request's padded rows repeat
+        its first token, so every row sees at least one key), which row each token's
+        output comes back from, and the causal bias from the tokens' positions."""
+        lens, n = batch.extend_lens, len(batch.extend_lens)
+        width, rows = max(batch.seq_lens_cpu), max(lens)
+        starts = [0]
+        for e in lens[:-1]:
+            starts.append(starts[-1] + e)
+        q_index = [s + (j if j < e else 0) for s, e in zip(starts, lens) for j in range(rows)]
+        out_index = [i * rows + j for i, e in enumerate(lens) for j in range(e)]
+        idx = torch.tensor(q_index + out_index, dtype=torch.int64, device=batch.positions.device)
+        q_index, out_index = idx[: n * rows], idx[n * rows:]
+        page_table = self._page_table(batch)
+        qpos = batch.positions.index_select(0, q_index).view(n, rows, 1)
+        arange = torch.arange(width, device=qpos.device).view(1, 1, -1)
+        return ExtendMetadata(page_table, q_index, out_index, self._bias(arange <= qpos))
 
     def _page_table(self, batch) -> torch.Tensor:
         """Eager: the pool locations of each request's first ``max(seq_lens)`` keys."""
@@ -204,19 +241,16 @@ class TorchNativeAttnBackend:
         return y.transpose(1, 2).reshape(T, Hq, D)
 
     def _forward_extend(self, q, kv_cache, batch) -> torch.Tensor:
-        """Prefill: one request at a time with host-side lengths — eager only, by design."""
-        out = torch.empty_like(q)
-        start = 0
+        """Prefill (or a mixed batch): every request's queries at once, padded to the
+        longest, against its keys gathered through the page table: one SDPA per layer
+        whatever the number of requests. The layout comes from the host lengths,
+        planned once per batch (:meth:`_extend_metadata`)."""
+        md = self.forward_metadata
+        n, width = md.page_table.shape
         Hq, D = q.shape[1:]
-        for i, (n_new, seq_len) in enumerate(zip(batch.extend_lens, batch.seq_lens_cpu)):
-            locs = self.req_to_token[batch.req_pool_indices[i], :seq_len]
-            keys = kv_cache.k_cache.index_select(0, locs).transpose(0, 1)   # (Hkv, S, D)
-            vals = kv_cache.v_cache.index_select(0, locs).transpose(0, 1)
-            keys, vals = _expand_kv(keys, Hq, 0), _expand_kv(vals, Hq, 0)
-            qi = q[start:start + n_new].transpose(0, 1)                     # (Hq, L, D)
-            qpos = torch.arange(seq_len - n_new, seq_len, device=q.device)
-            mask = torch.arange(seq_len, device=q.device).view(1, -1) <= qpos.view(-1, 1)
-            out[start:start + n_new] = F.scaled_dot_product_attention(
-                qi, keys, vals, attn_mask=mask).transpose(0, 1)
-            start += n_new
-        return out
+        kv = kv_cache.kv.index_select(0, md.page_table.reshape(-1)).view(n, width, 2, -1, D)
+        keys, vals = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # (n, Hkv, W, D)
+        keys, vals = _expand_kv(keys, Hq, 1), _expand_kv(vals, Hq, 1)
+        qh = q.index_select(0, md.q_index).view(n, -1, Hq, D).transpose(1, 2)  # (n, Hq, Lq, D)
+        y = F.scaled_dot_product_attention(qh, keys, vals, attn_mask=md.attn_bias)
+        return y.transpose(1, 2).reshape(-1, Hq, D).index_select(0, md.out_index)
