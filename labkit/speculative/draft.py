@@ -80,7 +80,8 @@ def make_draft(target, n_layer: int | None = None, noise: float = 0.0, seed: int
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for w in draft.parameters():
-                rms = w.float().pow(2).mean().sqrt()
+                # drawn on the host from a seeded generator: the same draft on every device
+                rms = w.float().pow(2).mean().sqrt().cpu()
                 w.add_((noise * rms * torch.randn(w.shape, generator=g)).to(w.device, w.dtype))
     return draft
 
