@@ -4,7 +4,8 @@ The model of the ``decode`` suite (8 layers, d=512, fp16; a smaller one on the e
 batches of several shapes, every variant timed in the same process:
 
 ``eager``
-    ``EagerRunner.forward``: every kernel launched from Python, attention per request.
+    ``EagerRunner.forward``: every kernel launched from Python; attention is one padded
+    SDPA per layer for all the batch's requests.
 ``piecewise``
     :class:`~labkit.piecewise.PiecewiseGraphRunner` (vLLM's token buckets up to 256): the
     pieces between attentions replayed, attention eager on the real tokens.
@@ -18,8 +19,7 @@ batches of several shapes, every variant timed in the same process:
 
 ``gpu_busy_us`` is the GPU-busy floor: the union of the call's kernel intervals in a
 profile (:func:`labkit.core.timing.events_busy_us`). ``extra.kernels`` is how many
-kernels the call launched; ``extra.launches`` for ``piecewise``: graph replays plus the
-kernels of the eager attention between them.
+kernels the call ran (a graph's kernels included).
 """
 
 from __future__ import annotations

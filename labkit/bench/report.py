@@ -116,7 +116,8 @@ SUITE_TEXT = {
     "piecewise": (
         "Prefill and mixed prefill + decode batches on the decode suite's model, one table "
         "row per workload (config column: its prompt lengths and decode requests; batch = "
-        "requests): `eager` = `EagerRunner` (attention per request); `piecewise` = "
+        "requests): `eager` = `EagerRunner` (every request's queries padded into one SDPA per "
+        "layer); `piecewise` = "
         "`PiecewiseGraphRunner` (the pieces between attentions replayed per token bucket, "
         "vLLM's sizes; attention eager on the real tokens); `compile_dynamic` = the model "
         "under `torch.compile(dynamic=True)`; `full_graph` = lesson 06's "
