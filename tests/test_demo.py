@@ -20,7 +20,7 @@ import torch
 from labkit import demo
 
 ROOT = Path(__file__).resolve().parent.parent
-NUMBERS = [f"{i:02d}" for i in range(9)]
+NUMBERS = [f"{i:02d}" for i in range(10)]
 
 # What each demo must print on the emulator: its key figures, measured in that run.
 KEY_FIGURES = {
@@ -58,6 +58,11 @@ KEY_FIGURES = {
            r"call 5: replay\s+equals eager: True",
            r"for a CPU-only function torch counted cudagraph_skips \+1 and logged 0 line",
            r"by hand: copy x \+ replay\s+\d+\.\d µs per call"],
+    "09": [r"split at attention: 3 pieces, 2 attention calls; captured 9 piece graphs",
+           r"prefill 4x4\s+PIECEWISE .*same greedy tokens as eager: True",
+           r"mixed 8 \+ 4 decodes\s+PIECEWISE .*same greedy tokens as eager: True",
+           r"decode 4\s+FULL .*same greedy tokens as eager: True",
+           r"same tokens as plain greedy: True"],
 }
 
 
@@ -129,7 +134,7 @@ def test_demo_prints_its_key_figures(ran, nn):
     assert not missing, f"demo {nn} did not print {missing}:\n{r.stdout}"
 
 
-@pytest.mark.parametrize("nn", ["01", "02", "06", "07", "08"])
+@pytest.mark.parametrize("nn", ["01", "02", "06", "07", "08", "09"])
 def test_timings_on_the_emulator_are_labelled_as_not_a_gpu(ran, nn):
     r, _ = ran(nn)
     body = r.stdout.split("\n\n", 1)[1]                # after the header's general note
@@ -162,8 +167,8 @@ def test_list_names_every_demo_and_what_it_shows():
 
 
 @pytest.mark.parametrize("args, given, expected", [
-    (["99"], "'99'", "00, 01, 02, 03, 04, 05, 06, 07, 08"),
-    (["abc"], "'abc'", "00, 01, 02, 03, 04, 05, 06, 07, 08"),
+    (["99"], "'99'", "00, 01, 02, 03, 04, 05, 06, 07, 08, 09"),
+    (["abc"], "'abc'", "00, 01, 02, 03, 04, 05, 06, 07, 08, 09"),
     (["1.5"], "'1.5'", "--list"),
     (["01", "--backend", "gpu"], "'gpu'", "'auto', 'cuda', 'emulated'"),
     ([], "give a demo number", "--list"),

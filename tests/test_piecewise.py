@@ -156,6 +156,8 @@ def test_one_graph_per_piece_per_bucket(B):
     assert sorted(pw.backend.graphs) == sorted((b, i) for b in BUCKETS
                                                for i in range(0, 2 * m.args.n_layer + 1, 2))
     assert [r["bs"] for r in pw.capture_log] == BUCKETS[::-1]   # largest first
+    rep = pw.capture_report()
+    assert rep["graphs"] == len(BUCKETS) * pw.num_pieces and rep["buckets"] == len(BUCKETS)
 
 
 # ---- above the largest bucket ------------------------------------------------------------
@@ -205,7 +207,7 @@ def test_dispatcher_modes(B):
     ]
     for batch, mode in cases:
         assert d.dispatch(batch) is mode
-    with pytest.warns(UserWarning, match="no graph fits an? EXTEND batch of 2 requests, 70 tokens"):
+    with pytest.warns(UserWarning, match=r"no graph fits this EXTEND batch \(2 requests, 70 tokens\)"):
         for batch, mode in cases:
             fresh = batch  # every batch is run once by the dispatcher, once eagerly
             out = d.forward(fresh)

@@ -620,6 +620,65 @@ def _demo_08(B, small):
     return fig
 
 
+# --------------------------------------------------------------------------- 09
+
+def _demo_09(B, small):
+    import matplotlib.pyplot as plt
+    import torch
+
+    from labkit import decode as D
+    from labkit import piecewise as P
+    from labkit import speculative as S
+    from labkit.bench.piecewise import CPU_WORKLOADS, make_batches
+    from labkit.decode import DecodeGraphRunner, EagerRunner, build_model
+
+    model = build_model("tiny", max_requests=8, device=B.device, dtype=torch.float32)
+    pw = P.PiecewiseGraphRunner(model, B, max_num_tokens=32, buckets=[8, 16, 32],
+                                progress=False)
+    pw.capture()
+    full = DecodeGraphRunner(model, B, max_bs=4, progress=False)
+    full.capture()
+    print(f"split at attention: {pw.num_pieces} pieces, {model.args.n_layer} attention calls; "
+          f"captured {len(pw.backend.graphs)} piece graphs (token buckets {pw.buckets}) and "
+          f"{len(full.backend.graphs)} full decode graphs")
+    dispatcher = P.Dispatcher(model, full=full, piecewise=pw)
+    eager = EagerRunner(model)
+    batches = make_batches(D, P, model, CPU_WORKLOADS)
+    names, eager_us, graph_us, modes = [], [], [], []
+    for name, batch in batches.items():
+        mode = dispatcher.dispatch(batch)
+        same = torch.equal(dispatcher.forward(batch).argmax(-1), eager.forward(batch).argmax(-1))
+        e = _measure_us(lambda b=batch: eager.forward(b), B, small)
+        g = _measure_us(lambda b=batch: dispatcher.forward(b), B, small)
+        print(f"{name:22s} {mode.value.upper():9s} eager {e:9.1f} µs | graphs {g:9.1f} µs | "
+              f"same greedy tokens as eager: {same}")
+        names.append(name)
+        eager_us.append(e)
+        graph_us.append(g)
+        modes.append(mode.value.upper())
+    target = build_model("tiny", max_requests=4, device=B.device, dtype=torch.float32)
+    draft = S.make_draft(target, n_layer=1)
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9]]
+    spec = S.speculative_generate(target, draft, prompts, 16, num_steps=3, B=B)
+    plain = S.greedy_generate(target, prompts, 16)
+    same = spec.tokens == [plain.tokens[i] for i in range(len(prompts))]
+    print(f"speculative decoding, k=3, draft = 1 of {target.args.n_layer} blocks: "
+          f"acceptance {100 * spec.acceptance_rate:.0f}%, {spec.tokens_per_round:.2f} tokens "
+          f"per round, same tokens as plain greedy: {same}")
+    fig, ax = plt.subplots(figsize=(8.5, 3.6))
+    x = range(len(names))
+    ax.bar([i - 0.2 for i in x], eager_us, 0.4, label="eager", color="#bbbbbb")
+    ax.bar([i + 0.2 for i in x], graph_us, 0.4, label="dispatched to graphs", color="#4c72b0")
+    ax.set_xticks(list(x), [f"{n}\n({m})" for n, m in zip(names, modes)], fontsize=8)
+    ax.set_ylabel("µs per forward")
+    ax.set_title("Lesson 09: each batch on the graphs that fit it (FULL / PIECEWISE)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    if B.is_emulated:
+        print(_on_cpu_note(B))
+    return fig
+
+
 DEMOS: dict[str, Demo] = {d.number: d for d in (
     Demo("00", "start here",
          "which backend runs; a first graph: copy_ new data in, replay(), read the static "
@@ -651,6 +710,9 @@ DEMOS: dict[str, Demo] = {d.number: d for d in (
     Demo("08", "torch.compile and CUDA graph trees",
          "reduce-overhead's life cycle (warm-up, record, replay) by hand on any backend and, "
          "on a GPU, torch's own, with a skip verdict; µs per call (bars)", _demo_08),
+    Demo("09", "piecewise graphs and the draft runner",
+         "prefill, mixed and decode batches dispatched to piecewise or full graphs, equal to "
+         "eager, µs per forward (bars); speculative decoding equal to plain greedy", _demo_09),
 )}
 
 

@@ -118,8 +118,8 @@ class Dispatcher:
         else:
             if not self._warned:
                 self._warned = True
-                warnings.warn(f"Dispatcher: no graph fits a {batch.forward_mode.name} batch of "
-                              f"{batch.batch_size} requests, {batch.num_tokens} tokens; it runs "
+                warnings.warn(f"Dispatcher: no graph fits this {batch.forward_mode.name} batch "
+                              f"({batch.batch_size} requests, {batch.num_tokens} tokens); it runs "
                               "eagerly (counted in dispatcher.stats['none']; this warning is "
                               "shown once)", stacklevel=2)
             logits = self.eager.forward(batch)

@@ -260,6 +260,12 @@ class PiecewiseGraphRunner(BaseGraphRunner):
     def num_pieces(self) -> int:
         return len(self.split.pieces)
 
+    def capture_report(self) -> dict:
+        """Lesson 06's totals, with ``graphs`` counting every piece's graph (buckets ×
+        pieces) and ``buckets`` the buckets captured."""
+        return {**super().capture_report(), "graphs": len(self.backend.graphs),
+                "buckets": len(self.capture_log)}
+
     # ---- capture -----------------------------------------------------------------------
     def make_capture_batch(self, num_tokens: int) -> ForwardBatch:
         """The batch a bucket is warmed up and captured with (:func:`capture_batch`)."""
