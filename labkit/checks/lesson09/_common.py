@@ -1,0 +1,38 @@
+"""What lesson 09's checkers share."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+@contextlib.contextmanager
+def one_thread(device="cpu"):
+    """One intra-op thread while a checker runs on the CPU: its tensors are tiny, and two
+    threads make each op several times slower (more so on a busy machine)."""
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+_BOILERPLATE = ("Search for `cuda", "CUDA kernel errors might be asynchronously",
+                "For debugging consider passing CUDA_LAUNCH_BLOCKING",
+                "Compile with `TORCH_USE_CUDA_DSA`")
+
+
+def short_description(exc: BaseException) -> str:
+    """:func:`labkit.checks.describe_exception` of the error a failed capture started
+    with, without CUDA's boilerplate lines (where to search, how to debug)."""
+    from labkit.checks import describe_exception
+    from labkit.core.errors import capture_cause
+
+    text = describe_exception(capture_cause(exc))
+    return "\n".join(ln for ln in text.split("\n")
+                     if ln.strip() and not ln.startswith(_BOILERPLATE))

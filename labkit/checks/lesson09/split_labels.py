@@ -1,0 +1,492 @@
+"""Exercise 1: ``split_labels(gm, ops)``, vLLM's ``split_graph`` labelling of an FX graph.
+
+The learner's function returns ``{node: subgraph id}`` for every node of ``gm`` but the
+placeholders and the output: every call of one of ``ops`` gets an id of its own, the nodes
+between two of them share one, ids increase in node order and are numbered as vLLM numbers
+them (split ops odd, pieces even, an empty piece leaves its id unused), and a ``get_attr``
+node takes the id of its first user (:func:`labkit.piecewise.split.split_graph`).
+
+The checker builds graphs that hold every case the text names: lesson 09's own model
+traced with ``torch.fx.symbolic_trace`` (cut at ``attend``), and hand-built graphs with no
+split op, one, several, two in a row, a split op first and last, two different ops in
+``ops`` beside a decoy function whose name starts like one of them, and ``get_attr`` nodes
+read first by a split op, hoisted to the top of the graph, or read by several pieces.
+Each answer is judged by structure first (which nodes share an id), so that a wrong split
+is named by the nodes it joins or cuts; then ``split_module(gm, None, lambda n:
+labels[n], keep_original_order=True)`` must compute what ``gm`` computes; last the ids must
+be vLLM's own numbers.
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.fx.passes.split_module import split_module
+
+from labkit.checks import (
+    NOT_DONE,
+    LearnerTimeout,
+    call_learner,
+    compare_outputs,
+    describe_exception,
+    fail,
+    passed,
+)
+from labkit.checks.lesson09._common import one_thread
+
+__all__ = ["check_split_labels", "reference_split_labels"]
+
+NAME = "split_labels"
+HINTS = [
+    "Walk gm.graph.nodes once, keeping a counter subgraph_id (from 0). Skip placeholders, "
+    "the output and get_attr nodes. A node is a split op when node.op == 'call_function' "
+    "and node.target in ops.",
+    "At a split op: subgraph_id += 1, label the op, subgraph_id += 1 again (the nodes after "
+    "it start a new piece). Any other node gets the current subgraph_id. Then a second walk "
+    "gives each get_attr node the label of its first labelled user (node.users).",
+]
+_RULE = ("every call of an op in ops gets an id of its own, and the nodes after it start a "
+         "new one")
+_NUMBERING = ("Number as vLLM does: start at 0; at a split op add 1, give the op that id, and "
+              "add 1 again for the nodes after it. Split ops get odd ids, pieces even ones, "
+              "and an empty piece (a split op first, or two in a row) leaves its id unused")
+
+
+def reference_split_labels(gm, ops):
+    """The answer (labkit.piecewise.split.split_graph's labelling)."""
+    subgraph_id = 0
+    labels = {}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        if node.op == "call_function" and node.target in ops:
+            subgraph_id += 1
+            labels[node] = subgraph_id
+            subgraph_id += 1
+        else:
+            labels[node] = subgraph_id
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            users = [u for u in node.users if u in labels]
+            labels[node] = labels[users[0]] if users else 0
+    return labels
+
+
+# ---- the split ops and the graphs --------------------------------------------------------
+
+def mix(x, w):
+    """A split-op stand-in that mixes the rows, as attention does."""
+    return x * w.mean() + x.mean(0, keepdim=True)
+
+
+def gate(x):
+    """A second split op (a Mamba-style mixer in vLLM's splitting_ops)."""
+    return torch.sigmoid(x) * x.sum(0, keepdim=True)
+
+
+def mix_norm(x):
+    """A decoy: not a split op, although its name starts like one."""
+    return x / (x.norm() + 1.0)
+
+
+class _Root(nn.Module):
+    """What the hand-built graphs read: buffers, a parameter, a Linear, a nested buffer."""
+
+    def __init__(self, d, gen):
+        super().__init__()
+        for i in range(3):
+            self.register_buffer(f"w{i}", torch.randn(d, generator=gen))
+        self.p = nn.Parameter(torch.randn(d, generator=gen))
+        self.lin = nn.Linear(d, d)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.randn(d, d, generator=gen) / d ** 0.5)
+            self.lin.bias.copy_(torch.randn(d, generator=gen))
+        self.inner = nn.Module()
+        self.inner.register_buffer("scale", torch.rand(d, generator=gen) + 0.5)
+
+
+_ATTRS = ("w0", "w1", "w2", "p", "inner.scale")
+_UNARY = (torch.relu, torch.tanh, torch.sin, mix_norm)
+_BINARY = (operator.add, operator.mul, torch.add)
+
+
+def _pick(gen, seq):
+    return seq[int(torch.randint(0, len(seq), (), generator=gen))]
+
+
+class _Builder:
+    """A random graph, appended node by node (so ``node.users`` is in node order)."""
+
+    def __init__(self, gen, d):
+        self.gen, self.g = gen, fx.Graph()
+        self.root = _Root(d, gen)
+        n_in = int(torch.randint(1, 4, (), generator=gen))
+        self.inputs = [self.g.placeholder(f"x{i}") for i in range(n_in)]
+        self.values = list(self.inputs)
+        self.cur = self.inputs[0]
+        self.hoisted = []
+
+    def hoist(self, k):
+        """k get_attr nodes at the top of the graph, read later (as Dynamo's graphs do)."""
+        for _ in range(k):
+            self.hoisted.append(self.g.get_attr(_pick(self.gen, _ATTRS)))
+
+    def attr(self):
+        if self.hoisted and bool(torch.rand((), generator=self.gen) < 0.5):
+            return _pick(self.gen, self.hoisted)
+        return self.g.get_attr(_pick(self.gen, _ATTRS))
+
+    def plain(self):
+        """One node that is not a split op."""
+        kind = int(torch.randint(0, 5, (), generator=self.gen))
+        g, cur = self.g, self.cur
+        if kind == 0:
+            node = g.call_function(_pick(self.gen, _UNARY), (cur,))
+        elif kind == 1:
+            node = g.call_function(_pick(self.gen, _BINARY), (cur, _pick(self.gen, self.values)))
+        elif kind == 2:
+            node = g.call_method(_pick(self.gen, ("mul", "add")), (cur, 0.5))
+        elif kind == 3:
+            node = g.call_module("lin", (cur,))
+        else:
+            node = g.call_function(operator.mul, (cur, self.attr()))
+        self.push(node)
+
+    def split(self, op):
+        if op is mix:
+            node = self.g.call_function(mix, (self.cur, self.attr()))
+        else:
+            node = self.g.call_function(op, (self.cur,))
+        self.push(node)
+
+    def use(self, attr):
+        self.push(self.g.call_function(operator.mul, (self.cur, attr)))
+
+    def use_hoisted(self):
+        """Every hoisted get_attr read at least once (a get_attr goes with its first user)."""
+        for a in self.hoisted:
+            if not a.users:
+                self.push(self.g.call_function(operator.mul, (self.cur, a)))
+
+    def push(self, node):
+        self.cur = node
+        self.values.append(node)
+
+    def finish(self):
+        extra = _pick(self.gen, self.values)
+        self.g.output((self.cur, extra) if extra is not self.cur else self.cur)
+        return fx.GraphModule(self.root, self.g)
+
+
+def _hand_built(gen, case):
+    """(gm, ops, label, inputs) for one of the cases the text names."""
+    d = int(torch.randint(3, 7, (), generator=gen))
+    b = _Builder(gen, d)
+    b.hoist(int(torch.randint(1, 3, (), generator=gen)))
+    shared = b.hoisted[0]           # read before the first split op and after the last
+    plain = lambda lo, hi: [b.plain() for _ in range(int(torch.randint(lo, hi, (), generator=gen)))]  # noqa: E731
+    if case == "none":
+        ops = (mix,)
+        plain(3, 7)
+        label = "no call of mix"
+    elif case == "one":
+        ops = (mix,)
+        plain(1, 4)
+        b.use(shared)
+        b.split(mix)
+        plain(1, 4)
+        b.use(shared)
+        label = "one call of mix"
+    elif case == "several":
+        ops = (mix,)
+        plain(1, 3)
+        b.use(shared)
+        n = int(torch.randint(2, 4, (), generator=gen))
+        for i in range(n):
+            b.split(mix)
+            if i == 0:
+                b.split(mix)          # two in a row
+            plain(1, 3)
+        b.use(shared)
+        label = f"{n + 1} calls of mix, two of them in a row"
+    elif case == "ends":
+        ops = (mix,)
+        b.split(mix)                  # first
+        plain(1, 4)
+        b.use(shared)
+        b.use_hoisted()
+        b.split(mix)                  # last: its result is the output
+        label = "mix first and last"
+    else:   # "two ops": both functions of ops called, a decoy beside them
+        ops = (gate, mix) if bool(torch.rand((), generator=gen) < 0.5) else (mix, gate)
+        plain(0, 2)
+        b.split(gate)
+        b.push(b.g.call_function(mix_norm, (b.cur,)))
+        b.use(shared)
+        plain(0, 2)
+        b.split(mix)
+        plain(1, 3)
+        b.use(shared)
+        b.split(gate)
+        label = f"ops={tuple(op.__name__ for op in ops)}, a decoy mix_norm between"
+    b.use_hoisted()
+    gm = b.finish()
+    rows = int(torch.randint(2, 5, (), generator=gen))
+    inputs = tuple(torch.randn(rows, d, generator=gen) for _ in b.inputs)
+    ops = _pick(gen, (tuple, list))(ops)      # the text says "a tuple or list"
+    return gm, ops, label, inputs
+
+
+def _model_case():
+    """Lesson 09's model traced, cut at attend; inputs that run it (a 2-request prefill)."""
+    from labkit.decode import build_model, make_extend_batch
+    from labkit.decode.attention import make_attn_backend
+    from labkit.decode.model import attend
+
+    model = build_model("tiny", max_requests=2, device="cpu", dtype=torch.float32)
+    gm = fx.symbolic_trace(model)
+    batch = make_extend_batch(model, [1, 2], [[1, 2, 3], [4, 5]])
+    batch.attn_backend = make_attn_backend("torch_native", model)
+    batch.attn_backend.init_forward_metadata(batch)
+    return gm, (attend,), "lesson 09's model, traced, ops=(attend,)", (
+        batch.input_ids, batch.positions, batch)
+
+
+CASES = ("model", "none", "one", "several", "ends", "two ops")
+
+
+# ---- judging -----------------------------------------------------------------------------
+
+def _desc(node) -> str:
+    if node.op == "call_function":
+        fname = getattr(node.target, "__name__", str(node.target))
+        return f"`{node.name}`" if fname == node.name else f"`{node.name}` ({fname})"
+    if node.op == "call_module":
+        return f"`{node.name}` (module {node.target})"
+    return f"`{node.name}`"
+
+
+def _names(nodes, limit=3) -> str:
+    shown = ", ".join(f"`{n.name}`" for n in nodes[:limit])
+    return shown + (f" and {len(nodes) - limit} more" if len(nodes) > limit else "")
+
+
+def _is_split(node, ops) -> bool:
+    return node.op == "call_function" and node.target in ops
+
+
+def _labels_by(gm, is_split) -> dict:
+    """vLLM's labelling of the nodes that are not get_attr, with another split test."""
+    subgraph_id, labels = 0, {}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        if is_split(node):
+            labels[node] = subgraph_id + 1
+            subgraph_id += 2
+        else:
+            labels[node] = subgraph_id
+    return labels
+
+
+_VARIANTS = {
+    # node.name in the ops' names: the first call of each op only (mix, not mix_1)
+    "by name": lambda n, ops: n.op == "call_function" and n.name in
+    [getattr(op, "__name__", "") for op in ops],
+    # only the first function of ops
+    "first op only": lambda n, ops: n.op == "call_function" and n.target is ops[0],
+}
+
+
+def judge_labels(gm, ops, got, want) -> str | None:
+    """Why ``got`` is not ``want`` (the reference's labels of ``gm``), or None."""
+    if got is None:
+        return "returned None (did you forget `return labels`?)"
+    if not isinstance(got, dict):
+        return (f"returned a {type(got).__name__}; expected a dict {{fx.Node: int}} with one "
+                f"entry per labelled node")
+    nodes = list(gm.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    for k in got:
+        if not isinstance(k, fx.Node):
+            return (f"the keys must be the graph's fx.Node objects (labels[node] = id), got "
+                    f"{type(k).__name__} keys such as {k!r}")
+        if k not in index:
+            return f"labels holds node `{k.name}`, which is not a node of gm.graph"
+    for n in nodes:
+        if n in got and n.op in ("placeholder", "output"):
+            what = "placeholder" if n.op == "placeholder" else "output node"
+            return (f"labelled the {what} `{n.name}`: placeholders and the output get no "
+                    f"label (split_module makes them the split module's own inputs and "
+                    f"output)")
+    for n in nodes:
+        if n in want and n not in got:
+            if n.op == "get_attr":
+                return (f"the get_attr node `{n.name}` (reads {n.target}) has no label: a "
+                        f"get_attr node takes the label of its first user")
+            return (f"node {_desc(n)} has no label: every node except the placeholders and "
+                    f"the output gets one")
+    for n, v in got.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            return (f"the label of `{n.name}` is {v!r} ({type(v).__name__}); labels are "
+                    f"subgraph ids, ints")
+    main = [n for n in nodes if n in want and n.op != "get_attr"]
+    splits = [n for n in main if _is_split(n, ops)]
+    # 1. the two ways of missing some split ops, recognised by the labels they give
+    for variant, is_split in _VARIANTS.items():
+        other = _labels_by(gm, lambda n, f=is_split: f(n, ops))
+        if any(other[n] != want[n] for n in main) and all(got[n] == other[n] for n in main):
+            s = next(n for n in splits if not is_split(n, ops))
+            op = getattr(s.target, "__name__", str(s.target))
+            if variant == "by name":
+                first = next(n for n in splits if n.target is s.target and is_split(n, ops))
+                return (f"the split op {_desc(s)} was not split out, although {_desc(first)}, "
+                        f"another call of {op}, was. node.name is each node's own name "
+                        f"({first.name}, {s.name}, ...): compare node.target, the function "
+                        f"the node calls, with the functions in ops")
+            return (f"the calls of {op} (such as {_desc(s)}) were not split out, although "
+                    f"those of {ops[0].__name__} were: {op} is in ops too. Split at a call "
+                    f"of ANY function in ops (node.target in ops)")
+    # 2. each split op alone
+    for s in splits:
+        op = getattr(s.target, "__name__", str(s.target))
+        sharing = [n for n in main if n is not s and got[n] == got[s]]
+        if not sharing:
+            continue
+        before = [n for n in sharing if index[n] < index[s]]
+        after = [n for n in sharing if index[n] > index[s]]
+        if before and after:
+            return (f"the split op {_desc(s)} was not split out: it shares id "
+                    f"{got[s]} with {_names(before)} before it and {_names(after)} after "
+                    f"it, but {_RULE}")
+        if any(_is_split(n, ops) for n in sharing):
+            other = next(n for n in sharing if _is_split(n, ops))
+            return (f"two split ops, {_desc(s)} and {_desc(other)}, share id {got[s]}: "
+                    f"{_RULE}, even when two of them follow each other")
+        if after:
+            return (f"the split op {_desc(s)} shares id {got[s]} with {_names(after)} "
+                    f"after it: after a split op, add 1 again, so that the nodes after it "
+                    f"start a new piece")
+        return (f"the split op {_desc(s)} shares id {got[s]} with {_names(before)} "
+                f"before it: add 1 before labelling a split op, so that it gets an id of its "
+                f"own")
+    # 3. the pieces: one id each, a new one after every split op
+    segments, seg = [], []
+    for n in main:
+        if _is_split(n, ops):
+            segments.append(seg)
+            seg = []
+        else:
+            seg.append(n)
+    segments.append(seg)
+    seen = {}
+    for i, seg in enumerate(segments):
+        ids = sorted({got[n] for n in seg})
+        if len(ids) > 1:
+            a = seg[0]
+            b = next(n for n in seg if got[n] != got[a])
+            return (f"nodes {_desc(a)} (id {got[a]}) and {_desc(b)} (id {got[b]}) have no "
+                    f"split op between them but different ids: the nodes between two split "
+                    f"ops are one piece, one id")
+        if ids:
+            if ids[0] in seen:
+                j, first = seen[ids[0]]
+                cut = splits[j]
+                return (f"{_desc(first)} before the split op {_desc(cut)} and {_desc(seg[0])} "
+                        f"after it share id {ids[0]}: {_RULE}")
+            seen[ids[0]] = (i, seg[0])
+    # 4. ids increase in node order
+    last, prev = None, None
+    for n in main:
+        if last is not None and got[n] != last and got[n] < last:
+            return (f"ids must increase in node order: {_desc(n)} has id {got[n]}, after "
+                    f"{_desc(prev)} with id {last} (pieces run in the order of their ids)")
+        last, prev = got[n], n
+    # 5. get_attr nodes
+    for n in nodes:
+        if n.op != "get_attr":
+            continue
+        users = [u for u in n.users if u in want]
+        if users and got[n] != got[users[0]]:
+            first = users[0]
+            how = ""
+            if got[n] == got[users[-1]] and len({got[u] for u in users}) > 1:
+                how = f" (it has the id of its LAST user, {_desc(users[-1])})"
+            elif got[n] == want[first] - 1 or index[n] < index[first]:
+                how = (" (labelled where it stands in the graph: skip get_attr nodes in the "
+                       "walk, then label them in a second one)")
+            return (f"the get_attr node `{n.name}` (reads {n.target}) has id {got[n]}, but "
+                    f"its first user {_desc(first)} has id {got[first]}: a get_attr node "
+                    f"goes with its first user (the KV cache travels with the attention call "
+                    f"that reads it){how}")
+    return None
+
+
+def _numbering(gm, ops, got, want) -> str | None:
+    if got == want:
+        return None
+    diff = [n for n in gm.graph.nodes if n in want and got[n] != want[n]]
+    n = next((d for d in diff if _is_split(d, ops)),
+             next((d for d in diff if d.op != "get_attr"), diff[0]))
+    start = (" Your ids start at 1." if min(got.values()) == 1 and min(want.values()) == 0
+             else "")
+    return (f"the pieces are right, but the ids are not vLLM's: {_desc(n)} has id {got[n]}, "
+            f"expected {want[n]}.{start} {_NUMBERING}")
+
+
+def _same_output(gm, labels, inputs) -> str | None:
+    """split_module with the learner's labels must compute what gm computes."""
+    try:
+        split = split_module(gm, None, lambda node: labels[node], keep_original_order=True)
+    except Exception as e:
+        return (f"split_module(gm, None, lambda n: labels[n], keep_original_order=True) "
+                f"failed with your labels: {type(e).__name__}: {e}")
+    with torch.no_grad():
+        want = gm(*inputs)
+        got = split(*inputs)
+    diff = compare_outputs(want, got, rtol=1e-5, atol=1e-6)
+    if diff:
+        return (f"split_module(gm, ...) with your labels computes something else than gm: "
+                f"{diff}")
+    return None
+
+
+def check_split_labels(fn, *, trials: int = 12, seed: int = 0):
+    """Check the learner's ``split_labels(gm, ops)`` (see the module docstring)."""
+    with one_thread():
+        return _check(fn, trials, seed)
+
+
+def _check(fn, trials, seed):
+    if not callable(fn):
+        return fail(NAME, f"expected your function split_labels, got {type(fn).__name__}")
+    gen = torch.Generator().manual_seed(seed)
+    for trial in range(trials):
+        case = CASES[trial % len(CASES)]
+        try:
+            gm, ops, label, inputs = _model_case() if case == "model" else _hand_built(gen, case)
+            want = reference_split_labels(gm, ops)
+        except Exception as e:      # a bug in the checker, not in the learner's code
+            return fail(NAME, f"the checker itself failed (not your fault): "
+                              f"{type(e).__name__}: {e}", kind="checker_error")
+        where = f"trial {trial + 1} ({label})"
+        try:
+            got = call_learner(fn, gm, ops)
+        except NotImplementedError:
+            return fail(NAME, NOT_DONE, kind="not_implemented")
+        except LearnerTimeout as e:
+            return fail(NAME, str(e), kind="timeout")
+        except Exception as e:
+            return fail(NAME, f"{where}: your code raised {describe_exception(e)}",
+                        kind="exception", more_hints=HINTS)
+        msg = (judge_labels(gm, ops, got, want) or _same_output(gm, got, inputs)
+               or _numbering(gm, ops, got, want))
+        if msg:
+            return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
+    return passed(NAME, f"vLLM's labels in {trials} graphs (lesson 09's model, no split op, "
+                        f"one, several, two in a row, first and last, two ops in ops, get_attr "
+                        f"nodes), and split_module of them computes what gm does")
