@@ -127,7 +127,7 @@ def test_split_labels_reference_passes(capsys):
     ({"first_add": False}, "before it: add 1 before labelling a split op"),
     ({"skip": ("get_attr",)}, "labelled the placeholder"),
     ({"skip": ("placeholder", "get_attr")}, "labelled the output node"),
-    ({"skip": ("placeholder", "output"), "attr_pass": None}, "labelled where it stands"),
+    ({"skip": ("placeholder", "output"), "attr_pass": None}, "the id of where it stands in the graph"),
     ({"attr_pass": "last"}, "its LAST user"),
     ({"attr_pass": None}, "has no label: a get_attr node takes the label of its first user"),
     ({"first_op_only": True}, "is in ops too"),

@@ -415,15 +415,27 @@ def judge_labels(gm, ops, got, want) -> str | None:
             first = users[0]
             how = ""
             if got[n] == got[users[-1]] and len({got[u] for u in users}) > 1:
-                how = f" (it has the id of its LAST user, {_desc(users[-1])})"
-            elif got[n] == want[first] - 1 or index[n] < index[first]:
-                how = (" (labelled where it stands in the graph: skip get_attr nodes in the "
-                       "walk, then label them in a second one)")
+                how = f". Yours has the id of its LAST user, {_desc(users[-1])}"
+            elif got[n] == _where_it_stands(n, main, index, got, ops):
+                how = (". Yours has the id of where it stands in the graph: skip get_attr "
+                       "nodes in the walk, then label them in a second one")
             return (f"the get_attr node `{n.name}` (reads {n.target}) has id {got[n]}, but "
                     f"its first user {_desc(first)} has id {got[first]}: a get_attr node "
-                    f"goes with its first user (the KV cache travels with the attention call "
-                    f"that reads it){how}")
+                    f"goes with its first user (labkit's rule: its label names the piece "
+                    f"that reads it, the KV cache with its attention call){how}")
     return None
+
+
+def _where_it_stands(node, main, index, got, ops):
+    """The id a walk that does not skip get_attr nodes gives ``node``: the current piece's
+    (after a split op, the next piece's)."""
+    before = [m for m in main if index[m] < index[node]]
+    if not before:
+        return min(got[m] for m in main) if main else 0
+    if not _is_split(before[-1], ops):
+        return got[before[-1]]
+    after = [m for m in main if index[m] > index[node] and not _is_split(m, ops)]
+    return got[after[0]] if after else None
 
 
 def _numbering(gm, ops, got, want) -> str | None:
