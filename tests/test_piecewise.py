@@ -207,7 +207,8 @@ def test_dispatcher_modes(B):
     ]
     for batch, mode in cases:
         assert d.dispatch(batch) is mode
-    with pytest.warns(UserWarning, match=r"no graph fits this EXTEND batch \(2 requests, 70 tokens\)"):
+    with pytest.warns(UserWarning,
+                      match=r"no graph fits this EXTEND batch \(2 requests, 70 tokens\)"):
         for batch, mode in cases:
             fresh = batch  # every batch is run once by the dispatcher, once eagerly
             out = d.forward(fresh)

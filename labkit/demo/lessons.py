@@ -626,11 +626,15 @@ def _demo_09(B, small):
     import matplotlib.pyplot as plt
     import torch
 
-    from labkit import decode as D
     from labkit import piecewise as P
     from labkit import speculative as S
-    from labkit.bench.piecewise import CPU_WORKLOADS, make_batches
-    from labkit.decode import DecodeGraphRunner, EagerRunner, build_model
+    from labkit.decode import (
+        DecodeGraphRunner,
+        EagerRunner,
+        build_model,
+        make_decode_batch,
+        make_extend_batch,
+    )
 
     model = build_model("tiny", max_requests=8, device=B.device, dtype=torch.float32)
     pw = P.PiecewiseGraphRunner(model, B, max_num_tokens=32, buckets=[8, 16, 32],
@@ -643,7 +647,13 @@ def _demo_09(B, small):
           f"{len(full.backend.graphs)} full decode graphs")
     dispatcher = P.Dispatcher(model, full=full, piecewise=pw)
     eager = EagerRunner(model)
-    batches = make_batches(D, P, model, CPU_WORKLOADS)
+    eager.forward(make_extend_batch(model, [1, 2, 3, 4], [[7] * 9, [8] * 5, [9] * 12, [5] * 3]))
+    batches = {                     # slots 1..4 are running requests, 5..8 new prompts
+        "prefill 4x4": make_extend_batch(model, [5, 6, 7, 8], [[1, 2, 3, 4]] * 4),
+        "mixed 8 + 4 decodes": P.make_mixed_batch(
+            model, {5: list(range(8))}, {1: (3, 9), 2: (3, 5), 3: (3, 12), 4: (3, 3)}),
+        "decode 4": make_decode_batch(model, [1, 2, 3, 4], [3, 3, 3, 3], [9, 5, 12, 3]),
+    }
     names, eager_us, graph_us, modes = [], [], [], []
     for name, batch in batches.items():
         mode = dispatcher.dispatch(batch)

@@ -84,8 +84,8 @@ def split_graph(gm: fx.GraphModule, ops=(attend,)) -> SplitModel:
     """Split ``gm`` at every call of one of ``ops``: vLLM's ``split_graph``.
 
     Every splitting op gets a subgraph id of its own; the nodes between two of them share
-    one. A ``get_attr`` node (a module or buffer the graph reads) goes with its first
-    user, so the KV cache an attention call reads travels with that call.
+    one. Placeholders, the output and ``get_attr`` nodes get no label: ``split_module``
+    asks for none (it hands every piece the modules and tensors it reads).
     """
     subgraph_id = 0
     labels: dict[fx.Node, int] = {}
@@ -100,10 +100,6 @@ def split_graph(gm: fx.GraphModule, ops=(attend,)) -> SplitModel:
             subgraph_id += 1
         else:
             labels[node] = subgraph_id
-    for node in gm.graph.nodes:
-        if node.op == "get_attr":
-            users = [u for u in node.users if u in labels]
-            labels[node] = labels[users[0]] if users else 0
     # keep_original_order: the pieces write in place (rotary embeddings, the KV cache), so
     # their nodes must run in the order the model wrote them.
     split_gm = split_module(gm, None, lambda node: labels[node], keep_original_order=True)
