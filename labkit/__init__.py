@@ -15,6 +15,8 @@ of a shared layer; imports only go down (``tests/test_layers.py``):
     decode     06: SGLang-style decode bucketing, static buffers, the graph runner
     full_step  07: the whole training step as graphs
     compiled   08: torch.compile's CUDA graph trees, by hand (ReduceOverhead) and observed
+    piecewise  09: the model cut at attention, pieces per token bucket, FULL/PIECEWISE dispatch
+    speculative 09: the draft runner (k draft steps in one graph), verify, greedy acceptance
     bench      GPU benchmarks (python -m labkit.bench)
     checks     the exercise checkers
     demo       python -m labkit demo NN: a lesson's headline demo from a terminal
