@@ -7,19 +7,20 @@ batches of several shapes, every variant timed in the same process:
     ``EagerRunner.forward``: every kernel launched from Python; attention is one padded
     SDPA per layer for all the batch's requests.
 ``piecewise``
-    :class:`~labkit.piecewise.PiecewiseGraphRunner` (vLLM's token buckets up to 256): the
+    :class:`~labkit.piecewise.PiecewiseGraphRunner` (vLLM's token buckets up to the largest
+    batch's token count): the
     pieces between attentions replayed, attention eager on the real tokens.
 ``compile_dynamic``
     what a user would pick instead: ``torch.compile(model, dynamic=True)`` (default mode)
-    on the same eager path, every workload compiled before timing (``extra.frames``:
-    the frames Dynamo compiled in all).
+    on the same eager path, every workload compiled before timing
+    (``extra.graphs_compiled``: the graphs Dynamo compiled for all the workloads).
 ``full_graph``
     pure decode batches only: lesson 06's :class:`~labkit.decode.DecodeGraphRunner`, the
     FULL graph vLLM's dispatcher picks for them.
 
 ``gpu_busy_us`` is the GPU-busy floor: the union of the call's kernel intervals in a
 profile (:func:`labkit.core.timing.events_busy_us`). ``extra.kernels`` is how many
-kernels the call ran (a graph's kernels included).
+kernels, copies and fills the call ran (a graph's included).
 """
 
 from __future__ import annotations

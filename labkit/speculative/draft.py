@@ -9,10 +9,11 @@ the acceptance rate: it is whatever the target's greedy choices and the draft's 
 to share, and :func:`~labkit.speculative.loop.speculative_generate` measures it.
 
 A separate small draft model is what SGLang calls STANDALONE speculative decoding, run by
-the same ``EAGLEWorker`` as EAGLE (sgl-project/sglang at f438a118). Its EAGLE draft shares
-the target's embedding and LM head outright (``EAGLEWorker.__init__`` calls
-``set_embed_and_head``) and keeps a KV pool of its own ("Draft and target worker own their
-own KV cache pools"). This draft copies them instead,
+``StandaloneWorker``, a subclass of ``EAGLEWorker`` (sgl-project/sglang,
+``python/sglang/srt/speculative/standalone_worker.py``). EAGLE's draft shares the target's
+embedding and LM head outright (``EAGLEWorker.__init__`` calls ``set_embed_and_head``,
+``eagle_worker.py`` at 00559eac) and keeps a KV pool of its own ("Draft and target worker
+own their own KV cache pools"). This draft copies them instead,
 so that noise on the draft never touches the target; its KV pool is its own too, with one
 request slot per target slot, so a request keeps the same slot in both models.
 

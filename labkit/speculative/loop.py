@@ -8,11 +8,12 @@ One round, for every unfinished request at once:
 2. **verify**: the target runs ONE forward over ``[newest token, d1, ..., dk]``, k + 1
    tokens per request, in ``ForwardMode.TARGET_VERIFY`` (lesson 06's
    ``DecodeGraphRunner(target, B, num_tokens_per_bs=k + 1)``, or eagerly). k + 1 is what
-   SGLang verifies with ``topk = 1`` (sgl-project/sglang at f438a118):
-   ``ServerArgs._handle_speculative_decoding`` sets ``speculative_num_draft_tokens =
-   speculative_num_steps + 1``, ``EAGLEWorker.verify`` feeds ``speculative_num_steps + 1``
-   tokens per request, and the target's ``DecodeCudaGraphRunner`` captures TARGET_VERIFY
-   with ``num_tokens_per_bs = speculative_num_draft_tokens``;
+   SGLang verifies with ``topk = 1`` (sgl-project/sglang;
+   ``eagle_worker.py`` at 00559eac): ``ServerArgs._handle_speculative_decoding`` sets
+   ``speculative_num_draft_tokens = speculative_num_steps + 1``, ``EAGLEWorker.verify``
+   sets ``num_tokens_per_req = speculative_num_steps + 1``, and the target's
+   ``DecodeCudaGraphRunner`` captures TARGET_VERIFY with
+   ``num_tokens_per_bs = speculative_num_draft_tokens``;
 3. **accept** on the device (:func:`greedy_accept`): ``t = argmax`` of the target's logits at
    each of the k + 1 positions; the longest prefix where ``d[j] == t[j - 1]`` is accepted,
    and the target's own next token after it comes free (the bonus). Since accepted draft

@@ -1,9 +1,10 @@
 """The draft runner: ONE graph per batch-size bucket holding all k draft steps.
 
-SGLang's ``EAGLEDraftCudaGraphRunner`` (sgl-project/sglang at f438a118, the commit lesson 06
-reads) captures, per bucket, a single full graph around ``EAGLEWorker.draft_forward``: the
-whole multi-step draft loop (forward, top-k, the next step's inputs,
-``forward_batch.positions.add_(1)``), each step with its own attention backend
+SGLang's ``EAGLEDraftCudaGraphRunner`` (sgl-project/sglang,
+``python/sglang/srt/speculative/eagle_draft_cuda_graph_runner.py`` at 00023be5, and
+``eagle_worker.py`` at 00559eac) captures, per bucket, a single full graph around
+``EAGLEWorker.draft_forward``: the whole multi-step draft loop (forward, top-k, the next
+step's inputs, ``forward_batch.positions.add_(1)``), each step with its own attention backend
 (``draft_attn_backend.attn_backends[i]``), the metadata of every step prepared out of
 graph before the replay (``init_forward_metadata_replay_cuda_graph``). Its static inputs
 are sized by ``max_num_token = max_bs * topk`` tokens, and ``out_cache_loc`` by
