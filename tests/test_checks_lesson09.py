@@ -24,8 +24,9 @@ from labkit.checks.lesson09.capture_batch import (
     reference_capture_batch,
     show_symptom,
 )
+from labkit.decode import build_model
 from labkit.decode.batch import ForwardBatch, ForwardMode
-from labkit.decode.model import DUMMY_SLOT
+from labkit.decode.model import DUMMY_SLOT, ModelArgs
 
 E = backend.get("emulated")
 
@@ -39,9 +40,12 @@ def _one_thread(one_thread):
 
 def make_split_labels(*, second_add=True, first_add=True, skip=("placeholder", "output",
                       "get_attr"), attr_pass="first", first_op_only=False, by_name=False,
-                      compact=False, start=0, keys="node", keep_consecutive=False,
-                      pieces_zero=False, as_set=False):
+                      by_fn_name=False, by_qualname=False, compact=False, start=0, keys="node",
+                      keep_consecutive=False, pieces_zero=False, as_set=False, attr_value=None):
     """The reference, with one mistake (or a harmless variation) switched on by each flag."""
+    def qualname(f):
+        return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', '')}"
+
     def split_labels(gm, ops):
         ops_ = set(ops) if as_set else ops
         names = [op.__name__ for op in ops]
@@ -53,6 +57,10 @@ def make_split_labels(*, second_add=True, first_add=True, skip=("placeholder", "
                 return node.target is ops[0]
             if by_name:
                 return node.name in names
+            if by_fn_name:      # the called function's __name__: also a twin's
+                return getattr(node.target, "__name__", None) in names
+            if by_qualname:     # module + __qualname__: a function redefined in a cell too
+                return qualname(node.target) in {qualname(op) for op in ops}
             return node.target in ops_
 
         subgraph_id, labels, n_ops = start, {}, 0
@@ -79,7 +87,11 @@ def make_split_labels(*, second_add=True, first_add=True, skip=("placeholder", "
         if compact:     # no id left unused: renumber 0, 1, 2, ... in order
             order = {v: i for i, v in enumerate(sorted(set(labels.values())))}
             labels = {n: order[v] for n, v in labels.items()}
-        if attr_pass:
+        if attr_pass == "value":
+            for node in gm.graph.nodes:
+                if node.op == "get_attr":
+                    labels[node] = attr_value
+        elif attr_pass:
             for node in gm.graph.nodes:
                 if node.op == "get_attr":
                     users = [u for u in node.users if u in labels]
@@ -129,6 +141,9 @@ def test_split_labels_reference_passes(capsys):
     ({"skip": ("placeholder", "get_attr")}, "labelled the output node"),
     ({"first_op_only": True}, "is in ops too"),
     ({"by_name": True}, "compare node.target"),
+    # the same __name__ (and __qualname__) as gate, another object: names are no identity
+    ({"by_fn_name": True}, "compare node.target with the functions in ops, not names"),
+    ({"by_qualname": True}, "compare node.target with the functions in ops, not names"),
     ({"compact": True}, "the ids are not vLLM's"),
     ({"start": 1}, "Your ids start at 1"),
     ({"keys": "name"}, "keys must be the graph's fx.Node objects"),
@@ -146,11 +161,26 @@ def test_split_labels_mistakes(flags, words):
     {"attr_pass": None},                                           # get_attr nodes skipped
     {"skip": ("placeholder", "output"), "attr_pass": None},        # labelled where they stand
     {"attr_pass": "last"},                                         # any label: never read
+    {"attr_pass": "value", "attr_value": None},                    # None: ignored too
+    {"attr_pass": "value", "attr_value": -1},
+    {"attr_pass": "value", "attr_value": 999},
+    {"attr_pass": "value", "attr_value": "x"},
 ])
 def test_split_labels_get_attr_labels_are_ignored(flags):
-    """split_module asks for no label of a get_attr node, so none is required and any is
-    accepted (vLLM's split_graph labels them where they stand)."""
+    """split_module asks for no label of a get_attr node, so none is required and any
+    entry there, whatever its value, is ignored (vLLM's split_graph labels them where they
+    stand)."""
     assert check_split_labels(make_split_labels(**flags))
+
+
+def test_split_labels_missing_label_names_the_nodes_that_need_none():
+    ref = make_split_labels()
+
+    def only_split_ops(gm, ops):
+        return {n: v for n, v in ref(gm, ops).items() if v % 2 == 1}
+    r = check_split_labels(only_split_ops)
+    assert not r and "has no label: every node except the placeholders, the output and " \
+        "get_attr nodes gets one" in r.message, r.message
 
 
 def test_split_labels_on_lesson_09s_model_first():
@@ -241,6 +271,11 @@ def test_split_labels_graphs_hold_every_case():
     nodes, calls, ops = seen["two ops"]
     assert {c.target for c in calls} == set(ops) and len(ops) == 2
     assert any(getattr(n.target, "__name__", "") == "mix_norm" for n in nodes)
+    # a twin: a call of another function with exactly the name of one in ops
+    twins = [n for n in nodes if n.op == "call_function" and n.target not in ops
+             and any(n.target.__name__ == op.__name__ and n.target.__qualname__ ==
+                     op.__qualname__ and n.target.__module__ == op.__module__ for op in ops)]
+    assert twins
     attrs = [n for case in seen for n in seen[case][0] if n.op == "get_attr"]
     assert any(next(iter(a.users)).target is mix for a in attrs)     # read first by a split op
     # a hoisted get_attr read before a split op and after it (its first user matters)
@@ -254,12 +289,17 @@ def test_split_labels_graphs_hold_every_case():
 
 def make_replay_piece(*, copy="ptr", rows=True, replay=1, copy_after=False, ret="output",
                       numbers="!=", wrong_direction=False, replace=False, zero_pad=False,
-                      setitem=False, exc=RuntimeError):
+                      setitem=False, exc=RuntimeError, message="values",
+                      raise_after_replay=False, host=None, check_first=False, bug=False):
     """The reference, with one mistake (or a harmless variation) switched on by each flag."""
     def replay_piece(graph, static_args, output, args):
         def moved(new, static):
             if copy == "ptr":
                 return new.data_ptr() != static.data_ptr()
+            if copy == "storage":                 # the storage's address: misses a view
+                return new.untyped_storage().data_ptr() != static.untyped_storage().data_ptr()
+            if copy == "equal":                   # by value: a host read every step
+                return not torch.equal(new, static[: new.size(0)])
             if copy == "is":
                 return new is not static
             if copy == "shape":
@@ -282,15 +322,42 @@ def make_replay_piece(*, copy="ptr", rows=True, replay=1, copy_after=False, ret=
                 static[: new.shape[0]] = new
             else:
                 static[: new.size(0)].copy_(new)
+            if host == "item":                    # a sanity check that syncs
+                assert not torch.isnan(static).any().item()
+            elif host == "tolist":
+                assert static.tolist()
+            elif host == "bool":
+                if (static != static).any():
+                    raise RuntimeError("nan")
+            elif host == "int":
+                int(new[0, 0] * 0)
 
-        todo = []
+        def differs(new, static):
+            return {"!=": new != static, "is": new is not static, "any": True, "none": False,
+                    "int": int(new) != int(static)}[numbers]
+
+        def refuse(i, new, static):
+            text = {"values": f"argument {new!r} differs from the {static!r} it was captured "
+                              f"with",
+                    "position": f"argument {i} differs",
+                    "none": "a non-tensor argument changed"}[message]
+            if exc == "assert":
+                assert False, text
+            return exc(text)
+
+        if check_first:          # every number checked before anything is copied
+            for i, (new, static) in enumerate(zip(args, static_args)):
+                if not isinstance(new, torch.Tensor) and differs(new, static):
+                    raise refuse(i, new, static)
+        todo, err = [], None
         for i, (new, static) in enumerate(zip(args, static_args)):
             if not isinstance(new, torch.Tensor):
-                bad = {"!=": new != static, "is": new is not static, "any": True,
-                       "none": False}[numbers]
-                if bad:
-                    raise exc(f"argument {new!r} differs from the {static!r} it was captured "
-                              f"with")
+                if differs(new, static):
+                    if bug:
+                        new.rows                  # an AttributeError of the learner's
+                    err = refuse(i, new, static)
+                    if not raise_after_replay:
+                        raise err
             elif moved(new, static):
                 todo.append((i, new, static))
         if not copy_after:
@@ -298,6 +365,8 @@ def make_replay_piece(*, copy="ptr", rows=True, replay=1, copy_after=False, ret=
                 copy_in(*t)
         for _ in range(replay):
             graph.replay()
+        if err is not None:
+            raise err
         if copy_after:
             for t in todo:
                 copy_in(*t)
@@ -307,10 +376,16 @@ def make_replay_piece(*, copy="ptr", rows=True, replay=1, copy_after=False, ret=
             return tuple(o.clone() for o in output) if isinstance(output, tuple) else output.clone()
         if ret == "first":
             return output[0] if isinstance(output, tuple) else output
+        if ret == "list":
+            return list(output) if isinstance(output, tuple) else output
         if ret == "graph":
             return graph
         return None
     return replay_piece
+
+
+class ArgumentChanged(RuntimeError):
+    """A learner's own RuntimeError subclass."""
 
 
 def test_replay_piece_reference_passes(B, capsys):
@@ -319,9 +394,17 @@ def test_replay_piece_reference_passes(B, capsys):
     assert_usable(B)
 
 
+def test_replay_piece_checker_reference_passes():
+    from labkit.checks.lesson09.replay_piece import reference_replay_piece
+    assert check_replay_piece(reference_replay_piece)
+
+
 @pytest.mark.parametrize("flags", [
     {"setitem": True},              # static[:n] = new
-    {"exc": ValueError},            # any exception refuses the changed number
+    {"message": "position"},        # the message names the position only
+    {"exc": ArgumentChanged},       # a RuntimeError subclass
+    {"check_first": True},          # every number checked first, then copies and the replay
+    {"check_first": True, "message": "position"},
 ])
 def test_replay_piece_harmless_variations_pass(flags):
     assert check_replay_piece(make_replay_piece(**flags), trials=6)
@@ -332,6 +415,9 @@ def test_replay_piece_harmless_variations_pass(flags):
     ({"copy": "all"}, "arrived in new memory"),
     ({"copy": "is"}, "comparing the objects, `is`, says that every view moved"),
     ({"copy": "shape"}, "decide by data_ptr(), not by shape"),
+    # a view into the captured tensor's buffer at another offset: same storage, moved rows
+    ({"copy": "storage"}, "compare data_ptr() (the address of the tensor's first element), "
+                          "not the storage's"),
     ({"rows": False}, "one row per real token"),
     ({"zero_pad": True}, "only the first"),
     ({"replay": 0}, "did not replay the graph"),
@@ -341,11 +427,28 @@ def test_replay_piece_harmless_variations_pass(flags):
     ({"ret": "clone"}, "the right values, but in new tensors"),
     ({"ret": "graph"}, "returned the graph"),
     ({"ret": "first"}, "returned one tensor, but the piece returns a tuple"),
-    ({"numbers": "none"}, "Raise (a RuntimeError naming the argument)"),
+    ({"ret": "list"}, "returned a new list holding output's tensors, not output itself"),
+    ({"numbers": "none"}, "Raise a RuntimeError naming the argument"),
     ({"numbers": "is"}, "a float arrives as a new object every call"),
-    ({"numbers": "any"}, "Your code raised on a step where every argument was right"),
+    ({"numbers": "any"}, "refused a step where every argument was right"),
+    # a float changed by less than 1, without crossing an integer
+    ({"numbers": "int"}, "differ by less than 1: compare the values themselves"),
     ({"replace": True}, "replaced static_args["),
     ({"wrong_direction": True}, "Copy it INTO the captured tensor"),
+    # only a RuntimeError refuses, and its message names the argument
+    ({"exc": ValueError}, "refused it with a ValueError, not a RuntimeError"),
+    ({"exc": Exception}, "refused it with an Exception, not a RuntimeError"),
+    ({"exc": "assert"}, "refused it with an assert (AssertionError)"),
+    ({"message": "none"}, "RuntimeError('a non-tensor argument changed'), which names no "
+                          "argument"),
+    ({"raise_after_replay": True}, "raised, but only after replaying the graph once"),
+    # reading values on the host: a sync every step
+    ({"copy": "equal"}, "reads tensor values back to the host (torch.equal, at line"),
+    ({"host": "item"}, "reads tensor values back to the host (.item(), int(t), float(t) or "
+                       "an `if` on a tensor, at line"),
+    ({"host": "tolist"}, "reads tensor values back to the host (.tolist(), at line"),
+    ({"host": "bool"}, "reads tensor values back to the host (.item(), int(t)"),
+    ({"host": "int"}, "a device→host sync on every step; decide by data_ptr()"),
 ])
 def test_replay_piece_mistakes(flags, words):
     r = check_replay_piece(make_replay_piece(**flags))
@@ -353,10 +456,75 @@ def test_replay_piece_mistakes(flags, words):
     assert_usable(E)
 
 
+def test_replay_piece_a_host_read_names_its_line_and_first_hint():
+    r = check_replay_piece(make_replay_piece(copy="equal"))
+    assert not r and "`return not torch.equal(new, static[: new.size(0)])`" in r.message
+    assert "data_ptr()" in r.more_hints[0], r.more_hints
+
+
+def test_replay_piece_other_exceptions_are_bugs_not_refusals():
+    """Only a RuntimeError of the learner's own refuses: another exception, on a right
+    step or on the changed one, is reported as a bug, with its line."""
+    r = check_replay_piece(make_replay_piece(numbers="any", exc=ValueError))
+    assert not r and r.kind == "exception"
+    assert "your code raised ValueError" in r.message and "refused a step" not in r.message
+    assert "at line" in r.message
+    r = check_replay_piece(make_replay_piece(bug=True))
+    assert not r and "your code raised AttributeError" in r.message, r.message
+    assert "That is a bug in your code, not a refusal" in r.message and "new.rows" in r.message
+
+
+def test_replay_piece_the_refusing_step_replays_nothing():
+    """The replays on the step with the changed number are counted: none is allowed."""
+    r = check_replay_piece(make_replay_piece(raise_after_replay=True, check_first=False))
+    assert not r and "check every argument before graph.replay()" in r.message
+    assert check_replay_piece(make_replay_piece(check_first=True))
+
+
+def test_replay_piece_changed_float_stays_within_its_integer():
+    """The changed float differs by a non-integer amount without crossing an integer, so
+    int(new) != int(static) misses it; the changed int is another int."""
+    from labkit.checks.lesson09.replay_piece import _Trial
+
+    gen = torch.Generator().manual_seed(3)
+    for number in (float, float, int):
+        t = _Trial(make_replay_piece(), E, gen, number)
+        seen = []
+
+        def spy(graph, static_args, output, args, t=t):
+            seen.extend(a for a in args if not isinstance(a, torch.Tensor))
+            return make_replay_piece()(graph, static_args, output, args)
+        t.fn = spy
+        assert t.changed_number() is None
+        new = seen[-1]
+        assert new != t.num and int(new) == int(t.num) if number is float else \
+            isinstance(new, int) and new != t.num
+
+
+def test_replay_piece_host_reads_spares_labkit_and_the_reference():
+    """HostReads notes the learner's own reads only: a graph's replay, data_ptr() and the
+    reference's comparisons of Python numbers are none."""
+    from labkit.checks.lesson09._common import HostReads
+
+    reads = HostReads()
+    x = torch.arange(6.0)
+    with reads:
+        x.data_ptr()
+        x.untyped_storage().data_ptr()
+        _ = x.shape, x.size(0), len(x)
+        x[:3].copy_(x[3:])
+    assert reads.message() is None
+    with reads:
+        float(x[0])
+    assert ".item(), int(t), float(t)" in reads.message()
+    assert "test_checks_lesson09.py" in reads.message()
+
+
 def test_replay_piece_mistakes_on_every_backend(B):
     for flags, words in (({"copy": "none"}, "stale result"),
                          ({"copy": "is"}, "copy only where new.data_ptr() != static"),
-                         ({"numbers": "none"}, "Raise (a RuntimeError")):
+                         ({"numbers": "none"}, "Raise a RuntimeError"),
+                         ({"copy": "equal"}, "reads tensor values back to the host")):
         r = check_replay_piece(make_replay_piece(**flags), B=B)
         assert not r and words in r.message, r.message
 
@@ -368,26 +536,35 @@ def test_replay_piece_blank_and_not_a_function():
     assert "expected your function replay_piece" in check_replay_piece(3).message
 
 
-def test_replay_piece_trials_cover_ints_floats_and_tuples():
+def test_replay_piece_trials_cover_ints_floats_tuples_and_views():
     from labkit.checks.lesson09.replay_piece import _Trial
 
     gen = torch.Generator().manual_seed(0)
     a, b = _Trial(None, E, gen, int), _Trial(None, E, gen, float)
     assert isinstance(a.num, int) and isinstance(b.num, float)
-    assert {"attn", "prev", "ids", "num"} <= set(a.kinds)
+    assert {"attn", "view", "prev", "ids", "num"} <= set(a.kinds)
+    # the view: the captured tensor's storage, another data_ptr()
+    i = a.kinds.index("view")
+    new, static = a.args_for(2)[i], a.static_args[i]
+    assert new.untyped_storage().data_ptr() == static.untyped_storage().data_ptr()
+    assert new.data_ptr() != static.data_ptr()
 
 
 # ---- exercise 3: greedy_accept --------------------------------------------------------------
 
 def make_greedy_accept(*, count="cumprod", view="bs", shift=0, cols="all", order="at",
-                       dtype=None, host=None, inplace=False, memo=False, via_cumsum=False):
-    """The reference, with one mistake (or a harmless variation) switched on by each flag."""
+                       dtype=None, host=None, inplace=False, memo=None, via_cumsum=False):
+    """The reference, with one mistake (or a harmless variation) switched on by each flag.
+    ``memo``: results kept from an earlier call, by shape ("shape": wrong when called
+    again with new inputs) or by the inputs' address ("ptr": right eagerly, but the
+    capture records no work, so the replays repeat the captured call's result)."""
     cache = {}
 
     def greedy_accept(draft_tokens, target_logits):
         bs, k = draft_tokens.shape
-        if memo and (bs, k) in cache:
-            return cache[(bs, k)]
+        key = (bs, k) if memo == "shape" else (draft_tokens.data_ptr(), target_logits.data_ptr())
+        if memo and key in cache:
+            return cache[key]
         if view == "bs":
             t = target_logits.view(bs, k + 1, -1).argmax(-1)
         else:
@@ -429,7 +606,7 @@ def make_greedy_accept(*, count="cumprod", view="bs", shift=0, cols="all", order
         tokens = t if cols == "all" else t[:, :k]
         out = (accepted, tokens) if order == "at" else (tokens, accepted)
         if memo:
-            cache[(bs, k)] = out
+            cache[key] = out
         return out
     return greedy_accept
 
@@ -467,7 +644,11 @@ def test_greedy_accept_with_labkit_greedy_passes():
     ({"host": "nonzero"}, "capturing your greedy_accept failed"),
     ({"host": "if"}, "capturing your greedy_accept failed"),
     ({"inplace": True}, "changed its inputs"),
-    ({"memo": True}, "after capture, replay 1 with new draft tokens"),
+    # a result kept from an earlier call: wrong eagerly too, named as a logic mistake
+    ({"memo": "shape"}, "called again with new draft tokens and logits: target_tokens["),
+    # right eagerly, but the capture recorded no work: the replays repeat one result
+    ({"memo": "ptr"}, "after capture, replay 1 with new draft tokens and logits is wrong "
+                      "(your function called eagerly on them is right)"),
 ])
 def test_greedy_accept_mistakes(flags, words):
     r = check_greedy_accept(make_greedy_accept(**flags))
@@ -479,6 +660,16 @@ def test_greedy_accept_host_read_on_every_backend(B):
     r = check_greedy_accept(make_greedy_accept(host="item"), B=B)
     assert not r and r.kind == "exception" and "nothing may wait for the device" in r.message
     assert_usable(B)
+
+
+def test_greedy_accept_hints_follow_the_mistake():
+    """A host read gets the host-read hint first; a wrong replay the replay hint."""
+    r = check_greedy_accept(make_greedy_accept(host="tolist"))
+    assert not r and r.more_hints[0].startswith("Inside a graph nothing may wait"), r.more_hints
+    r = check_greedy_accept(make_greedy_accept(memo="ptr"))
+    assert not r and r.more_hints[0].startswith("A replay runs only the device work")
+    r = check_greedy_accept(make_greedy_accept(count="sum"))
+    assert not r and r.more_hints[0].startswith("t = argmax")
 
 
 def test_greedy_accept_returns_nonsense():
@@ -514,12 +705,22 @@ def _lens(model, n, zero_ok=False):
 
 def make_capture_batch(*, slot=0, split=True, restart=True, count=0, mode=ForwardMode.EXTEND,
                        loc="index", cpu_lens="same", ext="lens", zero_tail=False,
-                       seq_int64=False, ids="zeros", lens_order="full first"):
-    """The reference, with one mistake (or a harmless variation) switched on by each flag."""
+                       ids="zeros", lens_order="full first", dtypes=None, seq="lens",
+                       start=0, pool_index=None):
+    """The reference, with one mistake (or a harmless variation) switched on by each flag.
+    ``dtypes``: {field: dtype} overriding the text's; ``seq``: "lens" or "full" (every
+    request max_seq_len long, its tokens at the end: a prefix); ``start``: the first
+    position of every request; ``pool_index``: req_pool_indices' value (else ``slot``)."""
+    dt = {"input_ids": torch.int64, "positions": torch.int64, "out_cache_loc": torch.int64,
+          "req_pool_indices": torch.int64, "seq_lens": torch.int32, **(dtypes or {})}
+
     def capture_batch(model, num_tokens):
         L = model.args.max_seq_len
         n = num_tokens + count
         lens = _lens(model, n, zero_ok=zero_tail) if split else [n]
+        if start:
+            cut = L - start          # positions start..L-1 at most
+            lens = [x for m in lens for x in ([m] if m <= cut else [cut, m - cut])]
         if lens_order == "rest first":
             lens = lens[::-1]
         elif lens_order == "even":        # ceil(n / L) requests of (nearly) equal length
@@ -527,27 +728,43 @@ def make_capture_batch(*, slot=0, split=True, restart=True, count=0, mode=Forwar
             lens = [n // k + (i < n % k) for i in range(k)]
         dev = model.device
         s = model.num_slots - 1 if slot == "last" else slot
-        pos = (torch.cat([torch.arange(x, device=dev) for x in lens]) if restart
-               else torch.arange(n, device=dev))
+        if seq == "full":
+            pos = torch.cat([torch.arange(L - x, L, device=dev) for x in lens])
+            seq_lens = [L] * len(lens)
+        else:
+            pos = (torch.cat([torch.arange(start, start + x, device=dev) for x in lens])
+                   if restart else torch.arange(n, device=dev))
+            seq_lens = list(lens)        # with start: positions run past seq_len
+        row = model.req_to_token[s]
         if loc == "index":
-            locs = model.req_to_token[s].index_select(0, pos)
+            locs = row.index_select(0, pos)
         elif loc == "slice":
-            locs = model.req_to_token[s, :n]
+            locs = row[:n]
         elif loc == "mod":
-            locs = model.req_to_token[s].index_select(0, pos % L)
+            locs = row.index_select(0, pos % L)
+        elif loc == "pos":       # location == position: true of an identity table only
+            locs = pos.clone()
+        elif loc == "next":      # slot 0's locations, one position off
+            locs = row.index_select(0, (pos + 1).clamp(max=L - 1))
+        elif loc == "minus1":    # vLLM's "skip this token" slot mapping
+            locs = torch.full_like(pos, -1)
         else:   # "arange": pool locations 0..n-1
             locs = torch.arange(n, device=dev)
+        idx = s if pool_index is None else pool_index
         return ForwardBatch(
             forward_mode=mode,
-            input_ids=(torch.zeros(n, dtype=torch.int64, device=dev) if ids == "zeros"
-                       else torch.randint(0, model.args.vocab_size, (n,), device=dev)),
-            positions=pos,
-            out_cache_loc=locs,
-            req_pool_indices=torch.full((len(lens),), s, dtype=torch.int64, device=dev),
-            seq_lens=torch.tensor(lens, dtype=torch.int64 if seq_int64 else torch.int32,
-                                  device=dev),
-            seq_lens_cpu=lens if cpu_lens == "same" else [n],
-            extend_lens=lens if ext == "lens" else None,
+            input_ids=(torch.zeros(n, device=dev) if ids == "zeros"
+                       else torch.randint(0, model.args.vocab_size, (n,), device=dev)
+                       ).to(dt["input_ids"]),
+            positions=pos.to(dt["positions"]),
+            out_cache_loc=locs.to(dt["out_cache_loc"]),
+            req_pool_indices=torch.full((len(lens),), idx, dtype=dt["req_pool_indices"],
+                                        device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=dt["seq_lens"], device=dev),
+            seq_lens_cpu={"same": seq_lens, "one": [n], "tensor": torch.tensor(seq_lens),
+                          "tuple": tuple(seq_lens)}[cpu_lens],
+            extend_lens={"lens": lens, None: None, "tensor": torch.tensor(lens),
+                         "tuple": tuple(lens)}[ext],
         )
     return capture_batch
 
@@ -566,7 +783,6 @@ def test_capture_batch_reference_passes(B, capsys):
 
 
 @pytest.mark.parametrize("flags", [
-    {"seq_int64": True},            # seq_lens int64: the runners accept either
     {"ids": "random"},              # any token ids in the vocabulary
     {"lens_order": "rest first"},   # the partial request first
     {"lens_order": "even"},         # any split into requests of at most max_seq_len
@@ -589,11 +805,79 @@ def test_capture_batch_harmless_variations_pass(flags):
     (make_capture_batch(mode=ForwardMode.DECODE), "ForwardMode.EXTEND"),
     (make_capture_batch(cpu_lens="one"), "seq_lens_cpu"),
     (make_capture_batch(ext=None), "extend_lens is None"),
-    (make_capture_batch(loc="arange"), "(slot 1's), which is not one of slot 0's"),
+    # the models' req_to_token is a permutation: locations must be looked up in it
+    (make_capture_batch(loc="arange"), "a live request's: attention stores each token's K/V"),
+    (make_capture_batch(loc="pos"), "your locations equal the positions: that holds for an "
+                                    "identity table only"),
+    (make_capture_batch(loc="next"), "for position 0 of slot 0 (out_cache_loc[0]) is not "
+                                     "req_to_token[0, 0] = 0"),
+    (make_capture_batch(loc="minus1"), "there is no 'skip' location"),
+    # every request starts at position 0: seq_lens == extend_lens
+    (make_capture_batch(seq="full"), "but a request of"),
+    (make_capture_batch(start=1), "but every capture request starts at position 0"),
+    # the dtypes the text lists, a message per field
+    (make_capture_batch(dtypes={"seq_lens": torch.int64}),
+     "batch.seq_lens is torch.int64; the text asks for torch.int32"),
+    (make_capture_batch(dtypes={"input_ids": torch.int32}),
+     "batch.input_ids is torch.int32; the text asks for torch.int64"),
+    (make_capture_batch(dtypes={"input_ids": torch.float32}), "batch.input_ids is torch.float32"),
+    (make_capture_batch(dtypes={"positions": torch.int32}), "batch.positions is torch.int32"),
+    (make_capture_batch(dtypes={"out_cache_loc": torch.int32}),
+     "batch.out_cache_loc is torch.int32"),
+    (make_capture_batch(dtypes={"req_pool_indices": torch.int32}),
+     "batch.req_pool_indices is torch.int32"),
+    # host lists
+    (make_capture_batch(cpu_lens="tensor"), "seq_lens_cpu is a tensor (torch.int64, on cpu); "
+                                            "it is host data: a list of Python ints"),
+    (make_capture_batch(ext="tensor"), "extend_lens is a tensor"),
+    (make_capture_batch(ext="tuple"), "extend_lens is ("),
+    # slots: -1 is the last row, a live request's; past the table's rows
+    (make_capture_batch(slot=-1), "-1 is row 3, slot 3, a live request's slot"),
+    (make_capture_batch(pool_index=4), "req_pool_indices holds 4, but req_to_token has rows "
+                                       "0..3 only"),
 ])
 def test_capture_batch_mistakes(fn, words):
     r = check_capture_batch(fn, B=E)
     assert not r and words in r.message, r.message
+
+
+def test_capture_batch_seq_lens_message_names_seq_lens():
+    r = check_capture_batch(make_capture_batch(seq="full"), B=E)
+    assert not r and "seq_lens[0] is" in r.message and \
+        "starting at position 0 has length" in r.message, r.message
+
+
+def test_capture_batch_layout_mistakes_get_the_layout_hint_first():
+    for fn in (make_capture_batch(seq="full"), make_capture_batch(start=1),
+               make_capture_batch(ext="tensor"), make_capture_batch(zero_tail=True)):
+        r = check_capture_batch(fn, B=E)
+        assert not r and r.more_hints[0].startswith("Every request of the capture batch is "
+                                                     "a fresh prefill in slot 0"), r.message
+    r = check_capture_batch(broken_capture_batch, B=E)
+    assert not r and r.more_hints[0].startswith("Which cache does attention write")
+
+
+def test_capture_batch_models_have_a_permuted_table():
+    """The checker's models: req_to_token a permutation of the pool's locations (location
+    0 at the dummy slot's position 0), through which eager and piecewise runs agree with an
+    identity-table model."""
+    from labkit.checks.lesson09.capture_batch import _model
+    from labkit.decode import EagerRunner, make_decode_batch, make_extend_batch
+
+    model = _model(E, 12, 0)
+    table = model.req_to_token
+    assert sorted(table.flatten().tolist()) == list(range(table.numel()))
+    assert int(table[0, 0]) == 0
+    assert not torch.equal(table.flatten(), torch.arange(table.numel()))
+    plain = build_model(ModelArgs.from_name("tiny", max_seq_len=12), max_requests=3,
+                        device=E.device, dtype=torch.float32, seed=0)
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
+    outs = []
+    for m in (model, plain):
+        runner = EagerRunner(m)
+        runner.forward(make_extend_batch(m, [1, 2, 3], prompts))
+        outs.append(runner.forward(make_decode_batch(m, [1, 2, 3], [7, 7, 7], [5, 3, 7])))
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_capture_batch_broken_on_every_backend(B):
@@ -630,6 +914,73 @@ def test_capture_batch_blank_and_not_a_function():
 
 def test_show_symptom(capsys):
     without, after = show_symptom(broken_capture_batch, B=E, steps=6)
-    assert without != after and "nothing raised" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert without != after and "nothing raised" in out
+    lines = out.splitlines()
+    assert lines[0].index("[") == lines[1].index("["), out      # the two lists aligned
     without, after = show_symptom(reference_capture_batch, B=E, steps=6)
     assert without == after and "the same tokens" in capsys.readouterr().out
+
+
+def test_show_symptom_reports_a_raise_and_a_blank(capsys):
+    def blank(model, num_tokens):
+        raise NotImplementedError()
+    assert show_symptom(blank, B=E, steps=2) is None
+    assert capsys.readouterr().out.startswith("❌ blank: not done yet")
+
+    def typo(model, num_tokens):
+        return model.req_to_tokens[0]
+    assert show_symptom(typo, B=E, steps=2) is None
+    out = capsys.readouterr().out
+    assert out.startswith("❌ show_symptom(typo): your function raised AttributeError"), out
+    assert "return model.req_to_tokens[0]" in out and "check_capture_batch(typo)" in out
+    assert "Traceback" not in out
+    assert show_symptom(make_capture_batch(ext=None), B=E, steps=2) is None
+    out = capsys.readouterr().out
+    assert out.startswith("❌ show_symptom(capture_batch): the capture with your function's "
+                          "batch raised"), out
+    assert_usable(E)
+
+
+# ---- hints ------------------------------------------------------------------------------
+
+def _hint(capsys) -> str:
+    import labkit.checks
+
+    capsys.readouterr()
+    assert labkit.checks.hint() is None
+    return capsys.readouterr().out.rstrip("\n")
+
+
+def test_hint_after_not_done_names_that_exercise(capsys):
+    """A not-done ❌ after another exercise's failure: hint() is about the blank one."""
+    assert not check_split_labels(lambda gm, ops: {})
+
+    def blank(draft_tokens, target_logits):
+        raise NotImplementedError()
+    r = check_greedy_accept(blank)
+    assert "stuck?" not in r.message                 # nothing tried yet: no hint tail
+    out = _hint(capsys)
+    assert out.startswith("greedy_accept is not done yet: fill in the cell marked YOUR CODE "
+                          "HERE, then run its checker again. hint 1 of 2 for greedy_accept: "
+                          "t = argmax"), out
+    assert "split_labels" not in out
+
+
+def test_hint_after_a_pass_gives_no_stale_hint(capsys):
+    """A ✅ forgets that exercise's failure."""
+    assert not check_greedy_accept(make_greedy_accept(count="sum"))
+    assert check_greedy_accept(make_greedy_accept())
+    out = _hint(capsys)
+    assert out.startswith("No failed check: greedy_accept passed"), out
+    assert "hint 1" not in out
+
+
+def test_hint_follows_the_mistake_seen(capsys):
+    """Where the checker knows the mistake, the first hint is about it."""
+    check_greedy_accept(make_greedy_accept(host="item"))
+    assert "Inside a graph nothing may wait for the device" in _hint(capsys)
+    check_capture_batch(make_capture_batch(restart=False, loc="mod"), B=E)
+    assert "a fresh prefill in slot 0" in _hint(capsys)
+    check_replay_piece(make_replay_piece(host="tolist"))
+    assert "data_ptr()" in _hint(capsys)

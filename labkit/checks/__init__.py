@@ -20,7 +20,9 @@ Hints come in steps. A failure report names what is wrong and where to look; it 
 starts with the answer. A checker may attach ``more_hints`` (each more specific than the
 last); :func:`hint` prints the next one for the most recent failed check. A ``compare``
 function may return a :class:`Reason` instead of a plain string: its ``hints`` then replace
-``more_hints`` for that failure, so that the first hint is about the mistake seen.
+``more_hints`` for that failure, so that the first hint is about the mistake seen. After a
+"not done yet" report, :func:`hint` names the exercise and gives its first hint; a printed
+✅ forgets that exercise's failure (a quiet pass, in a test or script, forgets nothing).
 
 Learner code runs under a time budget (:func:`call_learner`): an endless loop gets a
 verdict ("did not finish within 10 s") instead of a cell that never returns.
@@ -93,23 +95,45 @@ class CheckResult:
 
 # --- hints in steps ----------------------------------------------------------------------
 
-_last_failure: dict[str, Any] = {"result": None, "shown": 0}
+_last_failure: dict[str, Any] = {"result": None, "shown": 0, "passed": None}
 
 
-def _remember(result: CheckResult) -> None:
-    if not result.passed and result.kind != "not_implemented":
-        _last_failure["result"], _last_failure["shown"] = result, 0
+def _remember(result: CheckResult, quiet: bool = True) -> None:
+    """Keep a failed (or not done) result for :func:`hint`; a printed pass of the same
+    exercise forgets it (its hints would be stale)."""
+    if not result.passed:
+        _last_failure.update(result=result, shown=0, passed=None)
+    elif not quiet and _last_failure["result"] is not None \
+            and _last_failure["result"].name == result.name:
+        _last_failure.update(result=None, shown=0, passed=result.name)
 
 
 def hint() -> None:
     """Print the next hint for the most recent failed check.
 
     Each call goes one step further; when the checker has nothing more to say, it says so.
-    It returns None, so that a notebook cell shows the hint once (not again as its value).
+    After a "not done yet" report it names the exercise and gives its first hint. It
+    returns None, so that a notebook cell shows the hint once (not again as its value).
     """
     result = _last_failure["result"]
-    if result is None:
+    if result is None and _last_failure["passed"]:
+        text = (f"No failed check: {_last_failure['passed']} passed since its last failure, "
+                f"so its hints are no longer needed.")
+    elif result is None:
         text = "No failed check yet: run a checker first."
+    elif result.kind == "not_implemented":
+        todo = f"{result.name} is not done yet: fill in the cell marked YOUR CODE HERE"
+        i = _last_failure["shown"]
+        if not result.more_hints:
+            text = f"{todo} first, then run its checker again."
+        elif i >= len(result.more_hints):
+            text = (f"No more hints for {result.name}: fill in the cell marked YOUR CODE "
+                    f"HERE, then run its checker again.")
+        else:
+            _last_failure["shown"] = i + 1
+            text = (f"{todo}, then run its checker again. "
+                    f"hint {i + 1} of {len(result.more_hints)} for {result.name}: "
+                    f"{result.more_hints[i]}")
     elif not result.more_hints:
         text = (f"No further hint for this failure of {result.name}: its message says what "
                 "to change and where to look.")
@@ -148,10 +172,13 @@ def fail(name: str, message: str, *, more_hints: list[str] | None = None,
          kind: str = "mismatch", quiet: bool = False, **fields: Any) -> CheckResult:
     """Build, remember and print a failed :class:`CheckResult`: ``❌ name: message``.
 
-    An untouched blank (``kind="not_implemented"``) gets no hints: nothing was tried yet.
+    An untouched blank (``kind="not_implemented"``) gets no hint tail in its message
+    (nothing was tried yet); its ``more_hints`` are kept for :func:`hint`, which names
+    the exercise that is not done and gives the first one.
     """
-    hints = list(more_hints or []) if kind != "not_implemented" else []
-    text = _with_hint_tail(f"{FAIL} {name}: {message}", hints)
+    hints = list(more_hints or [])
+    tail = hints if kind != "not_implemented" else None
+    text = _with_hint_tail(f"{FAIL} {name}: {message}", tail)
     return _report(CheckResult(name, False, text, kind=kind, more_hints=hints, **fields), quiet)
 
 
@@ -395,7 +422,7 @@ def _generator(seed: int) -> torch.Generator:
 
 
 def _report(result: CheckResult, quiet: bool) -> CheckResult:
-    _remember(result)
+    _remember(result, quiet)
     if not quiet:
         print(result.message)
     return result
@@ -464,7 +491,7 @@ def check(
         except NotImplementedError:
             msg = f"{FAIL} {name}: {NOT_DONE}"
             return _report(CheckResult(name, False, msg, trials=trial - 1, failed_trial=trial,
-                                       kind="not_implemented"), quiet)
+                                       kind="not_implemented", more_hints=hints), quiet)
         except LearnerTimeout as exc:
             msg = _with_hint_tail(f"{FAIL} {name}: trial {trial} of {trials}: {exc}", hints)
             return _report(CheckResult(name, False, msg, trials=trial - 1, failed_trial=trial,

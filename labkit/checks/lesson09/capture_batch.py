@@ -10,26 +10,37 @@ and values; the broken capture batch (``make_extend_batch(model, [1], ...)``) si
 request owns, and splits the tokens into requests of at most ``max_seq_len``.
 
 The checker first reads the learner's batch for many sizes (one token, below, at and
-above ``max_seq_len``, exact multiples of it): a ForwardBatch in EXTEND mode with exactly
-``num_tokens`` tokens, every request in slot 0, none longer than ``max_seq_len`` nor
-empty, ``seq_lens``/``extend_lens``/``positions`` consistent, every ``out_cache_loc`` one
-of slot 0's locations. Then it plugs the function into a ``PiecewiseGraphRunner``
-subclass (``make_capture_batch``), prefills every live slot, captures buckets that include
-one larger than ``max_seq_len`` and one that is an exact multiple of it, and checks that
-the live slots' K/V are byte-identical after the capture and that the pieces then compute
-what eager does.
+above ``max_seq_len``, exact multiples of it), as the text states it: a ForwardBatch in
+EXTEND mode with exactly ``num_tokens`` tokens; ``input_ids``, ``positions``,
+``out_cache_loc``, ``req_pool_indices`` flat int64 tensors and ``seq_lens`` int32, all on
+``model.device``; ``seq_lens_cpu`` and ``extend_lens`` lists of Python ints; every request
+in slot 0 (a negative slot counts from the end: -1 is the last, live, slot), none longer
+than ``max_seq_len`` nor empty; every request a fresh prefill starting at position 0
+(positions ``0..n-1``, ``seq_lens == extend_lens == seq_lens_cpu``); and
+``out_cache_loc[i] == model.req_to_token[0, positions[i]]``. Its models' ``req_to_token``
+is a random permutation of the pool's locations, as a real server hands them out (location
+0 stays slot 0's first, where a decode graph's padded rows write), so a location taken to
+equal the position, or read from another slot's row, is caught. Then it plugs the
+function into a ``PiecewiseGraphRunner`` subclass (``make_capture_batch``), prefills
+every live slot, captures buckets that include one larger than ``max_seq_len`` and one
+that is an exact multiple of it, and checks that the live slots' K/V are byte-identical
+after the capture and that the pieces then compute what eager does.
+
+Devices cannot be told apart on a CPU: a tensor built without ``device=`` passes the
+device check on the emulator; the same check on a GPU (``pytest -m cuda``,
+``B=backend.get("cuda")``) catches it.
 """
 
 from __future__ import annotations
-
-import numbers
 
 import torch
 
 from labkit import backend
 from labkit.checks import (
+    FAIL,
     NOT_DONE,
     LearnerTimeout,
+    Reason,
     call_learner,
     compare_outputs,
     describe_exception,
@@ -50,6 +61,14 @@ HINTS = [
     "sized requests plus the remainder, positions = torch.cat of torch.arange(n) per "
     "request, out_cache_loc = model.req_to_token[DUMMY_SLOT].index_select(0, positions), "
     "req_pool_indices all DUMMY_SLOT, seq_lens = extend_lens = seq_lens_cpu = lens.",
+]
+_LAYOUT_HINTS = [
+    "Every request of the capture batch is a fresh prefill in slot 0: request i feeds "
+    "lens[i] new tokens at positions 0..lens[i]-1, so seq_lens, seq_lens_cpu and "
+    "extend_lens all equal lens (none above max_seq_len, none 0, summing to num_tokens).",
+    "lens = [L] * (num_tokens // L) + ([num_tokens % L] if num_tokens % L else []); "
+    "positions = torch.cat([torch.arange(n, device=dev) for n in lens]); seq_lens = "
+    "torch.tensor(lens, dtype=torch.int32, device=dev); seq_lens_cpu = extend_lens = lens.",
 ]
 _WHY = ("The warm-ups and the capture run attention eagerly, and attention stores the "
         "batch's keys and values in its slot's cache: whatever request owns that slot loses "
@@ -118,8 +137,36 @@ def _explain_raise(e, model, n) -> str:
     return text
 
 
+_DTYPES = {   # field: (dtype, what it holds)
+    "input_ids": (torch.int64, "token ids"),
+    "positions": (torch.int64, "each token's position"),
+    "out_cache_loc": (torch.int64, "each token's location in the KV pool"),
+    "req_pool_indices": (torch.int64, "each request's slot"),
+    "seq_lens": (torch.int32, "each request's length"),
+}
+
+
+def _host_ints(name, value) -> str | None:
+    """Why ``value`` (``seq_lens_cpu`` or ``extend_lens``) is not a list of Python ints."""
+    what = {"extend_lens": "new tokens per request", "seq_lens_cpu": "the host copy of "
+            "seq_lens"}[name]
+    if isinstance(value, torch.Tensor):
+        return (f"{name} is a tensor ({value.dtype}, on {value.device}); it is host data: a "
+                f"list of Python ints ({what}), such as the lens list itself, not "
+                f"torch.tensor(lens)")
+    if not isinstance(value, list):
+        return (f"{name} is {value!r:.60} ({type(value).__name__}); the batch needs a list "
+                f"of Python ints ({what}), e.g. {name}=lens")
+    bad = next((x for x in value if type(x) is not int), None)
+    if bad is not None:
+        return (f"{name} holds {bad!r} ({type(bad).__name__}); it is a list of Python ints "
+                f"({what}): int(x) for each, or build it from Python ints")
+    return None
+
+
 def judge_batch(model, n, batch) -> str | None:
-    """Why ``batch`` is not a capture batch of ``n`` tokens for ``model``, or None."""
+    """Why ``batch`` is not a capture batch of ``n`` tokens for ``model``, or None. A
+    :class:`~labkit.checks.Reason` where the mistake has hints of its own."""
     from labkit.decode.batch import ForwardBatch, ForwardMode
     from labkit.decode.model import DUMMY_SLOT
 
@@ -132,13 +179,21 @@ def judge_batch(model, n, batch) -> str | None:
         mode = getattr(batch.forward_mode, "name", repr(batch.forward_mode))
         return (f"forward_mode is ForwardMode.{mode}; the capture batch is a prefill, "
                 f"ForwardMode.EXTEND: a piecewise bucket serves prefill and mixed batches")
-    for name in ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens"):
+    for name, (dtype, what) in _DTYPES.items():
         t = getattr(batch, name)
         if not isinstance(t, torch.Tensor):
-            return f"batch.{name} is a {type(t).__name__}; expected a tensor"
-        if t.dtype not in (torch.int64, torch.int32) or t.dim() != 1:
-            return (f"batch.{name} is a {t.dtype} tensor of shape {tuple(t.shape)}; expected a "
-                    f"flat integer tensor (torch.int64; seq_lens torch.int32)")
+            return (f"batch.{name} is a {type(t).__name__}; expected a tensor ({what}, "
+                    f"{dtype}, on model.device)")
+        if t.dim() != 1:
+            per = "request" if name in ("req_pool_indices", "seq_lens") else "token"
+            return (f"batch.{name} has shape {tuple(t.shape)}; expected a flat tensor, one "
+                    f"entry per {per}")
+        if t.dtype != dtype:
+            make = ("build it with torch.tensor(lens, dtype=torch.int32, device=dev)"
+                    if name == "seq_lens" else "build it with dtype=torch.int64, or keep the "
+                    "int64 that torch.arange and an index_select of req_to_token give")
+            return (f"batch.{name} is {t.dtype}; the text asks for {dtype} ({what}): "
+                    f"{make}")
         if t.device != model.device:
             return f"batch.{name} is on {t.device}; the model is on {model.device}"
     over = (f" (num_tokens={n} is more than max_seq_len={L}: slot 0 has {L} cache "
@@ -153,6 +208,23 @@ def judge_batch(model, n, batch) -> str | None:
             return (f"batch.{name} has {getattr(batch, name).numel()} entries; expected one "
                     f"per token, {n}{over}")
     slots = batch.req_pool_indices.tolist()
+    rows = model.num_slots
+    neg = [s for s in slots if s < 0]
+    if neg:
+        s, row = neg[0], rows + neg[0]
+        if row < 0:
+            return (f"req_pool_indices holds {s}, outside req_to_token's rows 0..{rows - 1}: "
+                    f"every request of the capture batch is in slot 0 (DUMMY_SLOT)")
+        whose = ("a live request's slot" if row != DUMMY_SLOT else "the dummy slot, by a "
+                 "detour: write DUMMY_SLOT (0) itself")
+        return (f"req_pool_indices holds {s}: a negative index counts from the end of "
+                f"req_to_token, so {s} is row {row}, slot {row}, {whose} ({_slots_word(model)}). "
+                f"{_WHY}")
+    high = [s for s in slots if s >= rows]
+    if high:
+        return (f"req_pool_indices holds {high[0]}, but req_to_token has rows 0..{rows - 1} "
+                f"only (slot 0, the dummy slot, then one per request): every request of the "
+                f"capture batch is in slot 0 (DUMMY_SLOT)")
     live = sorted({s for s in slots if s != DUMMY_SLOT})
     if live:
         which = (f"slot {live[0]}" if len(live) == 1
@@ -160,54 +232,88 @@ def judge_batch(model, n, batch) -> str | None:
         return (f"req_pool_indices holds {which}: {_slots_word(model)}, and a live request's "
                 f"slot is not the capture's to write. {_WHY}")
     ext = batch.extend_lens
-    if not isinstance(ext, (list, tuple)) or not all(
-            isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in ext):
-        return (f"extend_lens is {ext!r:.60}; an EXTEND batch needs extend_lens, a list of "
-                f"ints on the host (new tokens per request)")
+    if ext is None:
+        return Reason("extend_lens is None; an EXTEND batch needs extend_lens, a list of "
+                      "Python ints (new tokens per request)", _LAYOUT_HINTS)
+    for name, value in (("extend_lens", ext), ("seq_lens_cpu", batch.seq_lens_cpu)):
+        msg = _host_ints(name, value)
+        if msg:
+            return Reason(msg, _LAYOUT_HINTS)
     bs = len(slots)
     if len(ext) != bs or sum(ext) != n:
-        return (f"extend_lens {list(ext)} does not match the batch: {bs} request(s) "
-                f"(req_pool_indices) and {n} tokens; one entry per request, summing to "
-                f"num_tokens")
+        return Reason(f"extend_lens {list(ext)} does not match the batch: {bs} request(s) "
+                      f"(req_pool_indices) and {n} tokens; one entry per request, summing to "
+                      f"num_tokens", _LAYOUT_HINTS)
     if any(x == 0 for x in ext):
         exact = (f" (num_tokens={n} is a multiple of max_seq_len={L}: there is no partial "
                  f"request then)" if n % L == 0 else "")
-        return (f"extend_lens {list(ext)} holds a request of 0 tokens{exact}: every request "
-                f"feeds at least one token")
-    if max(ext) > L:
-        return (f"a request of {max(ext)} tokens (extend_lens {list(ext)}), more than "
-                f"max_seq_len={L}: a request holds at most max_seq_len tokens (slot 0 has "
-                f"{L} cache locations, the rotary table {L} rows). Split the tokens into "
-                f"requests of at most max_seq_len, all in slot 0")
+        return Reason(f"extend_lens {list(ext)} holds a request of 0 tokens{exact}: every "
+                      f"request feeds at least one token", _LAYOUT_HINTS)
+    if min(ext) < 0 or max(ext) > L:
+        big = max(ext)
+        return Reason(f"a request of {big} tokens (extend_lens {list(ext)}), more than "
+                      f"max_seq_len={L}: a request holds at most max_seq_len tokens (slot 0 "
+                      f"has {L} cache locations, the rotary table {L} rows). Split the tokens "
+                      f"into requests of at most max_seq_len, all in slot 0", _LAYOUT_HINTS)
     seq = batch.seq_lens.tolist()
-    cpu = list(batch.seq_lens_cpu) if hasattr(batch.seq_lens_cpu, "__len__") else None
+    cpu = list(batch.seq_lens_cpu)
     if cpu != seq:
-        return (f"seq_lens_cpu {cpu} and seq_lens {seq} disagree: seq_lens_cpu is the host "
-                f"copy of the same lengths")
-    if len(seq) != bs or any(s < x or s > L for s, x in zip(seq, ext)):
-        return (f"seq_lens {seq} do not fit extend_lens {list(ext)}: a request's length "
-                f"counts its new tokens (and any prefix before them), at most "
-                f"max_seq_len={L}; a fresh request's seq_len is its extend_len")
+        return Reason(f"seq_lens_cpu {cpu} and seq_lens {seq} disagree: seq_lens_cpu is the "
+                      f"host copy of the same lengths", _LAYOUT_HINTS)
+    for i, (s, x) in enumerate(zip(seq, ext)):
+        if s != x:
+            return Reason(f"seq_lens[{i}] is {s}, but a request of {x} new "
+                          f"token{'s' if x != 1 else ''} starting at position 0 has length "
+                          f"{x}: every capture request is a fresh prefill from position 0, so "
+                          f"seq_lens == extend_lens (seq_lens {seq}, extend_lens {list(ext)})",
+                          _LAYOUT_HINTS)
     pos = batch.positions.tolist()
     start = 0
-    for r, (x, s) in enumerate(zip(ext, seq)):
-        mine, want = pos[start:start + x], list(range(s - x, s))
+    for r, x in enumerate(ext):
+        mine, want = pos[start:start + x], list(range(x))
         if mine != want:
             restart = (" (the positions run on from the request before: each request has its "
                        "own positions, from 0)" if r and mine and mine[0] == start else "")
-            return (f"the positions of request {r} are {_span(mine)}, but a request of "
-                    f"{x} new token{'s' if x != 1 else ''} and length {s} has positions "
-                    f"{_span(want)}{restart}")
+            return Reason(f"the positions of request {r} are {_span(mine)}, but every capture "
+                          f"request starts at position 0: a request of {x} new "
+                          f"token{'s' if x != 1 else ''} has positions {_span(want)}{restart}",
+                          _LAYOUT_HINTS)
         start += x
-    own = set(model.req_to_token[DUMMY_SLOT].tolist())
+    table = model.req_to_token
     locs = batch.out_cache_loc.tolist()
-    bad = [loc for loc in locs if loc not in own]
-    if bad:
-        rows = (model.req_to_token == bad[0]).nonzero()
-        whose = f" (slot {int(rows[0, 0])}'s)" if rows.numel() else ""
-        return (f"out_cache_loc holds location {bad[0]}{whose}, which is not one of slot 0's: "
-                f"attention stores each token's K/V at its out_cache_loc, so every location "
-                f"must be the dummy slot's, model.req_to_token[DUMMY_SLOT][position]")
+    own = table[DUMMY_SLOT].index_select(
+        0, batch.positions.to(table.device)).tolist()
+    for j, (loc, want, p) in enumerate(zip(locs, own, pos)):
+        if loc == want:
+            continue
+        same = (" (your locations equal the positions: that holds for an identity table "
+                "only; a server's req_to_token maps each (slot, position) to any location in "
+                "the pool, so look it up)" if locs == pos else "")
+        size = table.numel()
+        if not -size <= loc < size:
+            return (f"out_cache_loc[{j}] is {loc}, which is no location of the KV pool "
+                    f"(0..{size - 1}): position {p} of slot 0 is location "
+                    f"req_to_token[0, {p}] = {want}")
+        at = (table == loc % size).nonzero()
+        s_, c = int(at[0, 0]), int(at[0, 1])
+        if loc < 0:
+            return (f"out_cache_loc[{j}] is {loc}: labkit's attention stores every token's "
+                    f"K/V, there is no 'skip' location (vLLM's dummy runs pass -1 to a kernel "
+                    f"that skips it), and a negative index counts from the end of the pool: "
+                    f"location {loc % size}, req_to_token[{s_}, {c}]"
+                    f"{', a live request' + chr(39) + 's' if s_ != DUMMY_SLOT else ''}. "
+                    f"Position {p} of slot 0 is location req_to_token[0, {p}] = {want}")
+        if s_ != DUMMY_SLOT:
+            return (f"out_cache_loc[{j}] is location {loc}, slot {s_}'s (req_to_token[{s_}, "
+                    f"{c}]), a live request's: attention stores each token's K/V at its "
+                    f"out_cache_loc, so the capture would overwrite that request's cache. "
+                    f"Position {p} of slot 0 is location req_to_token[0, {p}] = {want}: "
+                    f"out_cache_loc = model.req_to_token[DUMMY_SLOT].index_select(0, "
+                    f"positions){same}")
+        return (f"location {loc} for position {p} of slot 0 (out_cache_loc[{j}]) is not "
+                f"req_to_token[0, {p}] = {want}: attention stores each token's K/V at its "
+                f"out_cache_loc and reads a request's keys back through req_to_token, so "
+                f"out_cache_loc[i] = model.req_to_token[DUMMY_SLOT, positions[i]]{same}")
     ids = batch.input_ids
     if bool(((ids < 0) | (ids >= model.args.vocab_size)).any()):
         return (f"input_ids holds ids outside the vocabulary 0..{model.args.vocab_size - 1}: "
@@ -230,7 +336,22 @@ def _model(B, L, seed):
     from labkit.decode.model import ModelArgs
 
     args = ModelArgs.from_name("tiny", max_seq_len=L)
-    return build_model(args, max_requests=3, device=B.device, dtype=torch.float32, seed=seed)
+    model = build_model(args, max_requests=3, device=B.device, dtype=torch.float32, seed=seed)
+    permute_table(model, seed)
+    return model
+
+
+def permute_table(model, seed: int) -> None:
+    """Give ``model.req_to_token`` a random permutation of the pool's locations, as a real
+    server hands pages out (build_model's table is the identity): each (slot, position)
+    then has its own location anywhere in the pool. labkit's decode and piecewise code go
+    through the table everywhere; location 0 stays at ``req_to_token[0, 0]``, because a
+    decode graph's padded rows write their throw-away K/V at location 0."""
+    table = model.req_to_token
+    g = torch.Generator().manual_seed(10_007 + seed)
+    rest = 1 + torch.randperm(table.numel() - 1, generator=g)
+    perm = torch.cat([torch.zeros(1, dtype=torch.int64), rest])
+    table.copy_(perm.view_as(table).to(table.device))
 
 
 def _prefill(model, gen):
@@ -328,10 +449,10 @@ def _check(fn, B, trials, seed):
                 msg = judge_batch(model, n, batch)
                 if msg:
                     return fail(NAME, f"{where}: capture_batch(model, {n}): {msg}",
-                                more_hints=HINTS)
+                                more_hints=getattr(msg, "hints", None) or HINTS)
             msg = _trial(fn, B, gen, seed + t, L, buckets)
         except NotImplementedError:
-            return fail(NAME, NOT_DONE, kind="not_implemented")
+            return fail(NAME, NOT_DONE, kind="not_implemented", more_hints=HINTS)
         except LearnerTimeout as e:
             return fail(NAME, str(e), kind="timeout")
         except Exception as e:
@@ -352,14 +473,39 @@ def _check(fn, B, trials, seed):
 def show_symptom(make_batch, *, B=None, steps: int = 8, buckets=(8, 16, 32)):
     """Print slot 1's next ``steps`` greedy tokens without a capture, then on a twin model
     captured with ``make_batch`` as its capture batch (lesson 09's tiny model, one request
-    prefilled before the capture). Returns ``(tokens_without, tokens_after)``."""
+    prefilled before the capture). Returns ``(tokens_without, tokens_after)``, or None when
+    ``make_batch`` (or the capture it is used in) raised: then one ❌ line says what raised
+    and what to do, as a checker would."""
     B = backend.get("auto") if B is None else backend.ensure(B, "show_symptom(B=...)")
+    name = getattr(make_batch, "__name__", "capture_batch")
     with one_thread(B.device):
         try:
             return _symptom(make_batch, B, steps, buckets)
         except NotImplementedError:
-            print(f"{getattr(make_batch, '__name__', 'capture_batch')}: {NOT_DONE}")
-            return None
+            print(f"{FAIL} {name}: {NOT_DONE}")
+        except LearnerTimeout as e:
+            backend.recover(B)
+            print(f"{FAIL} show_symptom({name}): {e}")
+        except Exception as e:
+            backend.recover(B)
+            who = ("your function" if _learner_raised(e) else
+                   "the capture with your function's batch")
+            print(f"{FAIL} show_symptom({name}): {who} raised {short_description(e)}\n"
+                  f"   No tokens to compare: run check_capture_batch({name}), which says what "
+                  f"is wrong with the batch")
+    return None
+
+
+def _learner_raised(e) -> bool:
+    """Did the exception start in the learner's own code (a frame outside labkit and torch)?"""
+    from labkit.core.errors import capture_cause, in_library
+
+    tb = capture_cause(e).__traceback__
+    while tb is not None:
+        if not in_library(tb.tb_frame.f_code.co_filename):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _symptom(make_batch, B, steps, buckets):
@@ -391,8 +537,10 @@ def _symptom(make_batch, B, steps, buckets):
     runner.capture()                                 # after the prefill, before decoding
     after = decode(model, tok, runner.forward)
     same = sum(a == b for a, b in zip(without, after))
-    print(f"slot 1, no capture:                 {without}")
-    print(f"slot 1, a capture after its prefill: {after}")
+    labels = ("slot 1, no capture:", "slot 1, a capture after its prefill:")
+    width = max(map(len, labels)) + 1
+    print(f"{labels[0]:<{width}}{without}")
+    print(f"{labels[1]:<{width}}{after}")
     print("the same tokens" if without == after else
           f"{steps - same} of {steps} tokens differ, and nothing raised")
     return without, after

@@ -14,7 +14,10 @@ mistake it matches: agreements summed instead of the prefix (``sum`` without
 counted, drafts compared with the target one position off. Then the function is captured
 on the emulator, which refuses a host read (``.item()``, ``.tolist()``, ``nonzero``,
 ``if`` on a tensor) as a GPU does, and the graph is replayed with new inputs: it must
-follow them.
+follow them. Before each replay the function is also called eagerly on the same new
+inputs: a wrong eager result (a result cached from an earlier call) is named as the eager
+trials name it; only a right eager result beside a wrong replay is blamed on a value
+worked out on the host during the capture.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from labkit.capture import capture
 from labkit.checks import (
     NOT_DONE,
     LearnerTimeout,
+    Reason,
     call_learner,
     describe_exception,
     fail,
@@ -43,6 +47,19 @@ HINTS = [
     "agree = (draft_tokens == t[:, :k]).long(); agree.cumprod(1) stays 1 up to the first "
     "mismatch and is 0 from there on, so its sum over dim 1 is the accepted prefix. Return "
     "(that sum, t).",
+]
+_HOST_READ_HINTS = [
+    "Inside a graph nothing may wait for the device: every value stays a tensor. The report "
+    "names the line that turns a tensor into a Python number, list or bool (.item(), "
+    ".tolist(), int(t), an `if` or a loop over a tensor's values, nonzero()): that line goes.",
+    HINTS[1],
+]
+_REPLAY_HINTS = [
+    "A replay runs only the device work recorded during the capture: a number your code "
+    "worked out on the host then, or a result it kept from an earlier call, is not "
+    "recomputed. Compute everything from draft_tokens and target_logits with tensor ops, "
+    "at every call.",
+    HINTS[1],
 ]
 
 
@@ -180,7 +197,7 @@ def _check(fn, B, trials, seed):
         try:
             got = call_learner(fn, d, logits)
         except NotImplementedError:
-            return fail(NAME, NOT_DONE, kind="not_implemented")
+            return fail(NAME, NOT_DONE, kind="not_implemented", more_hints=HINTS)
         except LearnerTimeout as e:
             return fail(NAME, str(e), kind="timeout")
         except Exception as e:
@@ -194,17 +211,32 @@ def _check(fn, B, trials, seed):
         msg = _judge(d0, l0, got)
         if msg:
             return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
-        msg = _captured(fn, B, gen, bs, k, vocab, where)
+        try:
+            msg = _captured(fn, B, gen, bs, k, vocab, where)
+        except NotImplementedError:
+            return fail(NAME, NOT_DONE, kind="not_implemented", more_hints=HINTS)
+        except LearnerTimeout as e:
+            return fail(NAME, str(e), kind="timeout")
         if msg:
-            kind = "exception" if msg.startswith(where + ": capturing") else "mismatch"
-            return fail(NAME, msg, kind=kind, more_hints=HINTS)
+            return fail(NAME, msg, kind=msg.kind, more_hints=msg.hints or HINTS)
     return passed(NAME, f"the accepted prefix and the target's tokens right in {trials} random "
                         f"batches (all accepted, none, a mismatch anywhere), captured without "
                         f"a host read, and the replays follow new inputs")
 
 
-def _captured(fn, B, gen, bs, k, vocab, where) -> str | None:
-    """Capture ``fn`` on B and replay it with new inputs: no host read, results that follow."""
+class _Found(Reason):
+    """A message of the captured trial, with its kind (for the report) and hints."""
+
+    def __new__(cls, text, kind="mismatch", hints=()):
+        self = super().__new__(cls, text, hints)
+        self.kind = kind
+        return self
+
+
+def _captured(fn, B, gen, bs, k, vocab, where) -> _Found | None:
+    """Capture ``fn`` on B and replay it with new inputs: no host read, results that follow.
+    Before each replay ``fn`` runs eagerly on the same new inputs: a wrong eager result is
+    a mistake in the logic, named as the eager trials name it."""
     d, logits = _case(gen, bs, k, vocab, B.device)
     try:
         g, out = call_learner(capture, fn, d, logits, B=B, warmup=1)
@@ -212,20 +244,33 @@ def _captured(fn, B, gen, bs, k, vocab, where) -> str | None:
         raise
     except Exception as e:
         backend.recover(B)
-        return (f"{where}: capturing your greedy_accept failed: {short_description(e)}\n"
-                f"   Inside a captured graph nothing may wait for the device: no .item(), "
-                f".tolist(), int(t), nonzero() or `if`/`for` over a tensor's values (each "
-                f"reads a value on the host). Use tensor ops only: compare, cumprod, sum")
+        return _Found(f"{where}: capturing your greedy_accept failed: {short_description(e)}\n"
+                      f"   Inside a captured graph nothing may wait for the device: no .item(), "
+                      f".tolist(), int(t), nonzero() or `if`/`for` over a tensor's values (each "
+                      f"reads a value on the host). Use tensor ops only: compare, cumprod, sum",
+                      "exception", _HOST_READ_HINTS)
     for r in range(2):
         nd, nl = _case(gen, bs, k, vocab, B.device)
+        again = f"{where}, called again with new draft tokens and logits"
+        try:
+            eager = call_learner(fn, nd.clone(), nl.clone())
+        except (NotImplementedError, LearnerTimeout):
+            raise
+        except Exception as e:
+            return _Found(f"{again}: your code raised {describe_exception(e)}", "exception")
+        msg = _judge(nd, nl, eager)
+        if msg:
+            return _Found(f"{again}: {msg}")
         d.copy_(nd)
         logits.copy_(nl)
         g.replay()
         B.synchronize()
         msg = _judge(nd, nl, out)
         if msg:
-            return (f"{where}: after capture, replay {r + 1} with new draft tokens and logits "
-                    f"is wrong: {msg}. The graph replays only the device work: a value your "
-                    f"code worked out on the host while capturing (.numpy(), a Python loop) "
-                    f"stays what it was then")
+            return _Found(f"{where}: after capture, replay {r + 1} with new draft tokens and "
+                          f"logits is wrong (your function called eagerly on them is right): "
+                          f"{msg}. The graph replays only the device work: a value your code "
+                          f"worked out on the host while capturing (.numpy(), a Python loop, a "
+                          f"result kept from an earlier call) stays what it was then",
+                          hints=_REPLAY_HINTS)
     return None

@@ -1,23 +1,36 @@
 """Exercise 2: ``replay_piece(graph, static_args, output, args)``, one piece's replay.
 
 What :meth:`labkit.piecewise.runner.PiecewiseBackend.replay_piece` does for the piece of
-one token bucket: copy into the captured tensors only the arguments whose storage moved
-(an attention output is a new tensor every step; the previous piece's output and the
-runner's static buffers arrive as views of the captured tensors, new objects at the same
-address), and only their real rows (``static[:new.size(0)].copy_(new)``); refuse a
-non-tensor argument that differs from the one captured; replay; return the static output.
+one token bucket: copy into the captured tensors only the arguments whose memory moved
+(``new.data_ptr() != static.data_ptr()``: an attention output is a new tensor every step;
+the previous piece's output and the runner's static buffers arrive as views of the
+captured tensors, new objects at the same address), and only their real rows
+(``static[:new.size(0)].copy_(new)``); refuse a non-tensor argument that differs from the
+one captured with a ``RuntimeError`` naming it, before any replay; replay once; return
+``output`` itself.
 
 The checker captures a random row-wise piece on the emulator (any backend can be passed)
 with a graph class that records, at each replay, what the captured tensors held and how
 often they were written (their version counters), and calls the learner's function as the
 runner would, step after step: a bucket filled exactly, a few tokens, one token; the
-arguments in a random order (one or two attention outputs, the previous piece's output,
-a static int buffer, an int or a float, which arrives as a new float object every call).
-A last call changes the number: it must raise.
+arguments in a random order (one or two attention outputs, a view into the same buffer as
+its captured tensor but at another offset (same storage, another ``data_ptr()``: it must
+be copied), the previous piece's output, a static int buffer, an int or a float, which
+arrives as a new float object every call). Every call runs under :class:`HostReads`: a
+read of a tensor's value on the host (``torch.equal``, ``.item()``, ``.tolist()``, an
+``if`` on a tensor) is a device→host sync on every step and is refused. A last call
+changes the number (a float by less than 1, without crossing an integer, so that
+``int(new) != int(static)`` misses it): the learner's code must raise a ``RuntimeError``
+whose message names the argument (its position in ``args`` or the value given), without
+replaying. Only a ``RuntimeError`` counts as a refusal: another exception is a bug,
+reported with its line.
 """
 
 from __future__ import annotations
 
+import linecache
+import math
+import re
 import types
 
 import torch
@@ -27,12 +40,14 @@ from labkit.capture import capture
 from labkit.checks import (
     NOT_DONE,
     LearnerTimeout,
+    Reason,
     call_learner,
     compare_outputs,
+    describe_exception,
     fail,
     passed,
 )
-from labkit.checks.lesson09._common import one_thread, short_description
+from labkit.checks.lesson09._common import HostReads, one_thread, short_description
 from labkit.core.errors import in_library
 
 __all__ = ["check_replay_piece", "reference_replay_piece"]
@@ -42,8 +57,21 @@ HINTS = [
     "Walk zip(args, static_args). A tensor whose data_ptr() differs from its captured "
     "tensor's arrived in new memory: copy it in. One at the same data_ptr() is the captured "
     "memory itself. Anything else (an int, a float) must equal what was captured.",
-    "static[:new.size(0)].copy_(new) for a moved tensor; raise RuntimeError(...) when a "
-    "non-tensor != its captured value; then graph.replay() and return output.",
+    "static[:new.size(0)].copy_(new) for a moved tensor; raise RuntimeError(f\"argument {i} "
+    "is {new!r}, captured with {static!r}\") when a non-tensor != its captured value, before "
+    "any replay; then graph.replay() and return output.",
+]
+_REFUSE_HINTS = [
+    "A graph replays the number it was captured with, whatever the caller passes now: the "
+    "only safe answer to a changed number is to refuse the call, before the graph runs.",
+    "Check every non-tensor argument first: if new != static: raise RuntimeError(f\"argument "
+    "{i} is {new!r}, captured with {static!r}\"). Only then copy and replay.",
+]
+_HOST_READ_HINTS = [
+    "Whether a tensor moved is a question about its address, which the host knows without "
+    "reading any value: new.data_ptr() != static.data_ptr().",
+    "Copy without looking at the values: static[:new.size(0)].copy_(new) whenever the "
+    "addresses differ. Compare only the non-tensor arguments by value (new != static).",
 ]
 
 
@@ -75,6 +103,7 @@ def _spy_backend(B):
 # ---- one trial ---------------------------------------------------------------------------
 
 _ORDINAL = {1: "once", 2: "twice"}
+_MOVED = ("attn", "view")     # the kinds of argument that arrive in new memory
 
 
 class _Trial:
@@ -87,7 +116,7 @@ class _Trial:
         self.b = int(torch.randint(4, 10, (), generator=gen))         # the bucket
         self.d = int(torch.randint(2, 6, (), generator=gen))
         n_attn = int(torch.randint(1, 3, (), generator=gen))
-        kinds = ["attn"] * n_attn + ["prev", "ids", "num"]
+        kinds = ["attn"] * n_attn + ["view", "prev", "ids", "num"]
         order = torch.randperm(len(kinds), generator=gen).tolist()
         self.kinds = [kinds[i] for i in order]
         self.tuple_out = (bool(torch.rand((), generator=gen) < 0.5) if tuple_out is None
@@ -97,10 +126,14 @@ class _Trial:
         b, d = self.b, self.d
         self.prev_buffer = torch.randn(b, d, generator=gen).to(dev)   # the last piece's output
         self.ids_buffer = torch.randint(0, 50, (b + 3,), generator=gen).to(dev)  # runner's buffer
+        # captured as its first b rows; later steps pass rows further down the same buffer
+        self.view_buffer = torch.randn(2 * b + 1, d, generator=gen).to(dev)
         self.static_args = []
         for k in self.kinds:
             if k == "attn":
                 self.static_args.append(torch.randn(b, d, generator=gen).to(dev))
+            elif k == "view":
+                self.static_args.append(self.view_buffer[:b])
             elif k == "prev":
                 self.static_args.append(self.prev_buffer)
             elif k == "ids":
@@ -110,6 +143,7 @@ class _Trial:
         self.graph, self.output = capture(self.piece, *self.static_args, B=self.B, warmup=1)
         self.static_kept = list(self.static_args)
         self.copied_fewer = False      # a step with fewer rows than the bucket was copied
+        self.current = "capturing the piece"
 
     def piece(self, *args):
         """A row-wise piece (norms, MLPs, residual adds work token by token)."""
@@ -117,6 +151,8 @@ class _Trial:
         for k, a in zip(self.kinds, args):
             if k == "attn":
                 h = h + a
+            elif k == "view":
+                h = h + 0.5 * a
             elif k == "prev":
                 h = h + a.tanh()
             elif k == "ids":
@@ -126,7 +162,8 @@ class _Trial:
         return (out, out.sum(1)) if self.tuple_out else out
 
     def label(self) -> str:
-        names = {"attn": "attention output", "prev": "previous piece's output",
+        names = {"attn": "attention output", "view": "a view at another offset of its "
+                 "captured tensor's buffer", "prev": "previous piece's output",
                  "ids": "static int buffer", "num": f"the {type(self.num).__name__} {self.num}"}
         return (f"bucket {self.b}, arguments ({', '.join(names[k] for k in self.kinds)}), "
                 f"{'a tuple' if self.tuple_out else 'one tensor'} out")
@@ -140,6 +177,10 @@ class _Trial:
         for k in self.kinds:
             if k == "attn":
                 args.append(torch.randn(n, self.d, generator=self.gen).to(dev))
+            elif k == "view":      # same storage as the captured rows, another data_ptr()
+                rows = self.view_buffer[self.b + 1: self.b + 1 + n]
+                rows.copy_(torch.randn(n, self.d, generator=self.gen).to(dev))
+                args.append(rows)
             elif k == "prev":
                 args.append(self.prev_buffer.view(self.b, self.d))   # same memory, new object
             elif k == "ids":
@@ -154,12 +195,21 @@ class _Trial:
         out = self.piece(*[r.clone() if isinstance(r, torch.Tensor) else r for r in rows])
         return out
 
+    def call(self, args, reads=None):
+        """The learner's function on this step's arguments (under ``reads`` if given)."""
+        if reads is None:
+            return call_learner(self.fn, self.graph, self.static_args, self.output, args)
+        with reads:
+            return call_learner(self.fn, self.graph, self.static_args, self.output, args)
+
     def step(self, n):
         """Call the learner for a step of n real tokens; return a message or None."""
+        where = f"a step of {n} token{'s' if n > 1 else ''}"
+        self.current = where
         args = self.args_for(n)
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        moved = [i for i in tensors if self.kinds[i] == "attn"]
-        same = [i for i in tensors if self.kinds[i] != "attn"]
+        moved = [i for i in tensors if self.kinds[i] in _MOVED]
+        same = [i for i in tensors if self.kinds[i] not in _MOVED]
         statics = self.static_args
         before = {i: (statics[i]._version, statics[i].clone()) for i in tensors}
         caller = {i: (args[i]._version, args[i].clone()) for i in moved}
@@ -169,9 +219,17 @@ class _Trial:
             seen.append({i: (statics[i]._version, statics[i].clone()) for i in tensors})
         self.spy.on_replay = on_replay
         want = self.expected(n, args)
-        got = call_learner(self.fn, self.graph, statics, self.output, args)
-        self.spy.on_replay = lambda: None
-        where = f"a step of {n} token{'s' if n > 1 else ''}"
+        reads = HostReads()
+        try:
+            got = self.call(args, reads)
+        finally:
+            self.spy.on_replay = lambda: None
+        read = reads.message()
+        if read:
+            return Reason(f"{where}: your code reads tensor values back to the host "
+                          f"({read}): a device→host sync on every step; decide by data_ptr() "
+                          f"whether a tensor moved (new.data_ptr() != static.data_ptr()), and "
+                          f"compare only the non-tensor arguments by value", _HOST_READ_HINTS)
         if not seen:
             if any(a is not b for a, b in zip(statics, self.static_kept)):
                 return self.replaced(where)
@@ -184,9 +242,12 @@ class _Trial:
                     f"Replay once per call: each replay runs every kernel of the piece again")
         for i in moved:
             v, val = caller[i]
-            if args[i]._version != v or not torch.equal(args[i], val):
-                return (f"{where}: your code wrote into argument {i}, the new attention "
-                        f"output (the caller's tensor). Copy it INTO the captured tensor: "
+            # a view shares its buffer's version counter with the captured rows: values only
+            wrote = (args[i]._version != v) if self.kinds[i] == "attn" else False
+            if wrote or not torch.equal(args[i], val):
+                return (f"{where}: your code wrote into argument {i}, the new "
+                        f"{'attention output' if self.kinds[i] == 'attn' else 'tensor'} "
+                        f"(the caller's tensor). Copy it INTO the captured tensor: "
                         f"static[:new.size(0)].copy_(new)")
         at = seen[0]
         if any(a is not b for a, b in zip(statics, self.static_kept)):
@@ -195,17 +256,10 @@ class _Trial:
             real = at[i][1][:n]
             if not torch.equal(real, args[i]):
                 if torch.equal(statics[i][:n], args[i]):
-                    return (f"{where}: your code copied argument {i} (an attention output) "
+                    return (f"{where}: your code copied argument {i} (a tensor in new memory) "
                             f"after graph.replay(): the replay read the last step's values. "
                             f"Copy first, then replay")
-                shape = (f" (this time its shape equals the captured tensor's, "
-                         f"{tuple(args[i].shape)}, and your code did copy it when it had "
-                         f"fewer rows: decide by data_ptr(), not by shape)"
-                         if args[i].shape == statics[i].shape and self.copied_fewer else "")
-                return (f"{where}: a stale result: argument {i} (an attention output, a new "
-                        f"tensor at every step) was not copied into the tensor the graph was "
-                        f"captured with{shape}. The graph reads the captured tensor's address "
-                        f"only: copy the new tensor's rows there before the replay")
+                return self.stale(where, i, args[i])
             if not torch.equal(at[i][1][n:], before[i][1][n:]):
                 rows = f"row {n}" if n == self.b - 1 else f"rows {n}..{self.b - 1}"
                 return (f"{where}: your code wrote {rows} of the captured "
@@ -226,6 +280,24 @@ class _Trial:
                     f"objects, `is`, says that every view moved)")
         return self.judge_output(where, got, want, n)
 
+    def stale(self, where, i, new):
+        """Argument i moved and was not copied before the replay."""
+        static = self.static_args[i]
+        shape = (f" (this time its shape equals the captured tensor's, {tuple(new.shape)}, and "
+                 f"your code did copy it when it had fewer rows: decide by data_ptr(), not by "
+                 f"shape)" if new.shape == static.shape and self.copied_fewer else "")
+        if self.kinds[i] == "view":
+            return (f"{where}: a stale result: argument {i} is a view into the same buffer as "
+                    f"its captured tensor, at another offset (the same untyped_storage(), "
+                    f"another data_ptr()), and it was not copied{shape}. Its rows sit elsewhere "
+                    f"in that buffer, and the graph reads the captured rows only: compare "
+                    f"data_ptr() (the address of the tensor's first element), not the storage's, "
+                    f"and copy it in")
+        return (f"{where}: a stale result: argument {i} (an attention output, a new "
+                f"tensor at every step) was not copied into the tensor the graph was "
+                f"captured with{shape}. The graph reads the captured tensor's address "
+                f"only: copy the new tensor's rows there before the replay")
+
     def replaced(self, where):
         i = next(j for j, (a, b) in enumerate(zip(self.static_args, self.static_kept))
                  if a is not b)
@@ -236,6 +308,9 @@ class _Trial:
 
     def judge_output(self, where, got, want, n):
         out = self.output
+        if got is out:
+            diff = compare_outputs(_rows(want, n), _rows(got, n), atol=1e-5)
+            return f"{where}: the output's first {n} rows are wrong: {diff}" if diff else None
         if got is None:
             return f"{where}: your code returned None: return output, the piece's static output"
         if got is self.graph:
@@ -245,65 +320,141 @@ class _Trial:
             if isinstance(got, torch.Tensor):
                 return (f"{where}: your code returned one tensor, but the piece returns a tuple "
                         f"of {len(out)}: return output as it is")
-            same = (isinstance(got, (tuple, list)) and len(got) == len(out)
-                    and all(a is b for a, b in zip(got, out)))
-        else:
-            same = got is out
-        if not same:
-            values = compare_outputs(_rows(want, n), _rows(got, n), atol=1e-5) is None
-            why = ("the right values, but in new tensors" if values else "other tensors")
-            return (f"{where}: your code returned {why}, not output, the static output the "
-                    f"graph writes. Return output itself: the next piece was captured reading "
-                    f"it, so a new tensor there would have to be copied at every step")
-        diff = compare_outputs(_rows(want, n), _rows(got, n), atol=1e-5)
-        if diff:
-            return f"{where}: the output's first {n} rows are wrong: {diff}"
-        return None
+            if (isinstance(got, (tuple, list)) and len(got) == len(out)
+                    and all(a is b for a, b in zip(got, out))):
+                return (f"{where}: your code returned a new {type(got).__name__} holding "
+                        f"output's tensors, not output itself: return output as it is (the "
+                        f"same object: `result is output`), whatever the captured function "
+                        f"returned, a tensor or a tuple of them")
+        values = compare_outputs(_rows(want, n), _rows(got, n), atol=1e-5) is None
+        why = ("the right values, but in new tensors" if values else "other tensors")
+        return (f"{where}: your code returned {why}, not output, the static output the "
+                f"graph writes. Return output itself: the next piece was captured reading "
+                f"it, so a new tensor there would have to be copied at every step")
 
     def changed_number(self):
-        """The number differs from the captured one: the call must raise."""
-        other = self.num + 1 if isinstance(self.num, int) else self.num + 0.5
+        """The number differs from the captured one: the call must raise a RuntimeError
+        naming the argument, before any replay. Returns a message, or None."""
+        gen = self.gen
+        if isinstance(self.num, int):
+            other = self.num + int(torch.randint(1, 4, (), generator=gen))
+        else:   # less than 1 away, the same integer part: int(new) == int(static)
+            base, frac = math.floor(self.num), self.num - math.floor(self.num)
+            while True:
+                f = round(0.05 + 0.9 * float(torch.rand((), generator=gen)), 2)
+                if abs(f - frac) >= 0.1:
+                    break
+            other = base + f
+        self.current = f"the step whose number changed to {other!r}"
         args = self.args_for(self.b, num=other)
         i = self.kinds.index("num")
+        replays = []
+        self.spy.on_replay = lambda: replays.append(1)
+        err = None
         try:
-            call_learner(self.fn, self.graph, self.static_args, self.output, args)
+            self.call(args)
         except (NotImplementedError, LearnerTimeout):
             raise
-        except Exception:
-            return None
-        return (f"argument {i} was the {type(other).__name__} {other!r}, but the graph was "
-                f"captured with {self.num!r}, and your code replayed it anyway: a graph "
-                f"replays the values it was captured with, so the result is silently computed "
-                f"with {self.num!r}. Raise (a RuntimeError naming the argument) when a "
-                f"non-tensor argument differs")
+        except Exception as e:
+            err = e
+        finally:
+            self.spy.on_replay = lambda: None
+        given = (f"argument {i} was the {type(other).__name__} {other!r}, but the graph was "
+                 f"captured with {self.num!r}")
+        if err is None:
+            close = (f" ({other!r} and {self.num!r} differ by less than 1: compare the values "
+                     f"themselves, new != static, not int(new) or a rounded value)"
+                     if int(other) == int(self.num) else "")
+            return (f"{given}, and your code replayed it anyway{close}: a graph replays the "
+                    f"values it was captured with, so the result is silently computed with "
+                    f"{self.num!r}. Raise a RuntimeError naming the argument when a "
+                    f"non-tensor argument differs, before graph.replay()")
+        text = describe_exception(err)
+        if not isinstance(err, RuntimeError) or not _raised_here(err):
+            if not _raised_here(err):
+                return (f"{given}, and your code raised {text}\n   That is a bug in your "
+                        f"code, not a refusal: refuse a changed number yourself, with "
+                        f"raise RuntimeError(...) naming the argument")
+            if isinstance(err, AssertionError):
+                return (f"{given}; your code refused it with an assert (AssertionError): "
+                        f"{text}\n   An assert is for bugs in your own code (python -O removes "
+                        f"it); a caller's changed number is refused with raise "
+                        f"RuntimeError(...) naming the argument")
+            kind = type(err).__name__
+            return (f"{given}; your code refused it with {_a(kind)} {kind}, not a "
+                    f"RuntimeError: {text}\n   The text asks for a RuntimeError (what torch "
+                    f"and the runner raise for a call a graph cannot serve): raise "
+                    f"RuntimeError(...) naming the argument")
+        if replays:
+            times = _ORDINAL.get(len(replays), f"{len(replays)} times")
+            return (f"{given}; your code raised, but only after replaying the graph {times} "
+                    f"with the captured {self.num!r}: check every argument before "
+                    f"graph.replay(), and replay only when all of them match")
+        if not _names_argument(str(err), i, other):
+            return (f"{given}; your code raised RuntimeError({str(err)!r}), which names no "
+                    f"argument: say which one changed, by its position in args ({i}) or the "
+                    f"value given ({other!r}), e.g. f\"argument {{i}} is {{new!r}}, captured "
+                    f"with {{static!r}}\"")
+        return None
+
+
+def _a(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def _names_argument(text: str, i: int, value) -> bool:
+    """Does the message name argument ``i``: its position, or the value given (a float
+    in any rounding to 2 decimals or more)?"""
+    for tok in _NUMBER.findall(text):
+        if tok.isdigit() and int(tok) == i:
+            return True
+        if isinstance(value, int) and tok.isdigit() and int(tok) == value:
+            return True
+        if isinstance(value, float) and not tok.isdigit() and abs(float(tok) - value) <= 0.006:
+            return True
+    return False
 
 
 def _rows(x, n):
     return tuple(t[:n] for t in x) if isinstance(x, (tuple, list)) else x[:n]
 
 
+_RAISE = re.compile(r"\b(raise|assert)\b")
+
+
 def _raised_here(e) -> bool:
-    """Did the learner's own code raise ``e`` (a ``raise`` statement), not torch?"""
+    """Did the learner's own code raise ``e`` on purpose (a ``raise`` or ``assert``
+    statement of its own), not torch, labkit or a bug (an attribute that does not exist)?
+    The reference above counts as the learner's."""
     tb, last = e.__traceback__, None
     while tb is not None:
         last = tb
         tb = tb.tb_next
-    return last is not None and not in_library(last.tb_frame.f_code.co_filename)
+    if last is None:
+        return False
+    name = last.tb_frame.f_code.co_filename
+    if name != __file__ and in_library(name):
+        return False
+    line = linecache.getline(name, last.tb_lineno)
+    return not line or bool(_RAISE.search(line))
 
 
 def _explain(e, trial) -> str:
-    """The learner's exception, with what it most likely means."""
+    """The learner's exception on a step where every argument was right."""
     text = short_description(e)
     s = str(e)
     if "must match the size" in s or "expanded size" in s:
         return (f"{text}\n   The attention output has one row per real token, fewer than the "
                 f"bucket's {trial.b} rows of the captured tensor: copy into the first rows, "
                 f"static[:new.size(0)].copy_(new)")
-    if _raised_here(e):
+    if isinstance(e, RuntimeError) and _raised_here(e):
         i = trial.kinds.index("num")
         floats = (": a float arrives as a new object every call, so `is not` says two equal "
                   "floats differ" if isinstance(trial.num, float) else "")
-        return (f"{text}\n   Your code raised on a step where every argument was right: "
+        return (f"{text}\n   Your code refused a step where every argument was right: "
                 f"argument {i} was {trial.num!r}, equal to the value captured. Refuse only a "
                 f"non-tensor that differs (new != static){floats}")
     return text
@@ -338,18 +489,21 @@ def _check(fn, B, trials, seed):
             for n in steps:
                 msg = trial.step(n)
                 if msg:
-                    return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
+                    return fail(NAME, f"{where}: {msg}",
+                                more_hints=getattr(msg, "hints", None) or HINTS)
             msg = trial.changed_number()
         except NotImplementedError:
-            return fail(NAME, NOT_DONE, kind="not_implemented")
+            return fail(NAME, NOT_DONE, kind="not_implemented", more_hints=HINTS)
         except LearnerTimeout as e:
             return fail(NAME, str(e), kind="timeout")
         except Exception as e:
             backend.recover(B)
-            return fail(NAME, f"{where}: your code raised {_explain(e, trial)}",
+            return fail(NAME, f"{where}, {trial.current}: your code raised "
+                              f"{_explain(e, trial)}",
                         kind="exception", more_hints=HINTS)
         if msg:
-            return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
-    return passed(NAME, f"copies only the moved arguments' real rows, replays once, returns "
-                        f"the static output, refuses a changed number ({trials} random pieces, "
+            return fail(NAME, f"{where}: {msg}", more_hints=_REFUSE_HINTS)
+    return passed(NAME, f"copies only the moved arguments' real rows, reads no value on the "
+                        f"host, replays once, returns output itself, refuses a changed number "
+                        f"with a RuntimeError naming it ({trials} random pieces, "
                         f"{4 * trials} steps)")

@@ -2,7 +2,8 @@
 
 The learner's function returns ``{node: subgraph id}`` for every node of ``gm`` but the
 placeholders, the output and the ``get_attr`` nodes (``split_module`` asks for no label of
-those; a label on a ``get_attr`` node is accepted and ignored): every call of one of
+those; an entry for a ``get_attr`` node, whatever its value, None included, is ignored):
+every call of one of
 ``ops`` gets an id of its own, the nodes between two of them share one, ids increase in
 node order and are numbered as vLLM numbers them (split ops odd, pieces even, an empty
 piece leaves its id unused) (:func:`labkit.piecewise.split.split_graph`).
@@ -10,7 +11,10 @@ piece leaves its id unused) (:func:`labkit.piecewise.split.split_graph`).
 The checker builds graphs that hold every case the text names: lesson 09's own model
 traced with ``torch.fx.symbolic_trace`` (cut at ``attend``), and hand-built graphs with no
 split op, one, several, two in a row, a split op first and last, two different ops in
-``ops`` beside a decoy function whose name starts like one of them, and ``get_attr`` nodes
+``ops`` beside a decoy function whose name starts like one of them and another function
+with exactly the ``__name__`` (and ``__qualname__``) of one of them, a different object
+that is not in ``ops`` (a function redefined in a later notebook cell is such an object;
+matching by name is caught), and ``get_attr`` nodes
 (read first by a split op, hoisted to the top of the graph, or read by several pieces),
 which a labelling must step over.
 Each answer is judged by structure first (which nodes share an id), so that a wrong split
@@ -88,6 +92,15 @@ def gate(x):
 def mix_norm(x):
     """A decoy: not a split op, although its name starts like one."""
     return x / (x.norm() + 1.0)
+
+
+def _gate_twin(x):
+    """A decoy named exactly like ``gate`` (``__name__``, ``__qualname__``, module), as a
+    function redefined in a later cell is, but another object: not in ``ops``."""
+    return x * torch.sigmoid(x)
+
+
+_gate_twin.__name__ = _gate_twin.__qualname__ = gate.__qualname__
 
 
 class _Root(nn.Module):
@@ -226,10 +239,12 @@ def _hand_built(gen, case):
         b.use(shared)
         plain(0, 2)
         b.split(mix)
+        b.push(b.g.call_function(_gate_twin, (b.cur,)))
         plain(1, 3)
         b.use(shared)
         b.split(gate)
-        label = f"ops={tuple(op.__name__ for op in ops)}, a decoy mix_norm between"
+        label = (f"ops={tuple(op.__name__ for op in ops)}, a decoy mix_norm and another "
+                 f"function named gate between")
     b.use_hoisted()
     gm = b.finish()
     rows = int(torch.randint(2, 5, (), generator=gen))
@@ -294,6 +309,9 @@ _VARIANTS = {
     # node.name in the ops' names: the first call of each op only (mix, not mix_1)
     "by name": lambda n, ops: n.op == "call_function" and n.name in
     [getattr(op, "__name__", "") for op in ops],
+    # the called function's name in the ops' names: also another function named so
+    "by function name": lambda n, ops: n.op == "call_function" and getattr(
+        n.target, "__name__", None) in [getattr(op, "__name__", "") for op in ops],
     # only the first function of ops
     "first op only": lambda n, ops: n.op == "call_function" and n.target is ops[0],
 }
@@ -320,10 +338,11 @@ def judge_labels(gm, ops, got, want) -> str | None:
             return (f"labelled the {what} `{n.name}`: placeholders and the output get no "
                     f"label (split_module makes them the split module's own inputs and "
                     f"output)")
+    got = {n: v for n, v in got.items() if n.op != "get_attr"}   # never read: ignored
     for n in nodes:
         if n in want and n not in got:
-            return (f"node {_desc(n)} has no label: every node except the placeholders and "
-                    f"the output gets one")
+            return (f"node {_desc(n)} has no label: every node except the placeholders, the "
+                    f"output and get_attr nodes gets one")
     for n, v in got.items():
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             return (f"the label of `{n.name}` is {v!r} ({type(v).__name__}); labels are "
@@ -334,14 +353,21 @@ def judge_labels(gm, ops, got, want) -> str | None:
     for variant, is_split in _VARIANTS.items():
         other = _labels_by(gm, lambda n, f=is_split: f(n, ops))
         if any(other[n] != want[n] for n in main) and all(got[n] == other[n] for n in main):
+            if variant == "by function name":
+                twin = next(n for n in main if is_split(n, ops) and not _is_split(n, ops))
+                name = getattr(twin.target, "__name__", str(twin.target))
+                return (f"your code split at {_desc(twin)}, a call of another function that "
+                        f"is also named {name} (the same __name__ and __qualname__, a "
+                        f"different object, not in ops): compare node.target with the "
+                        f"functions in ops, not names (node.target in ops)")
             s = next(n for n in splits if not is_split(n, ops))
             op = getattr(s.target, "__name__", str(s.target))
             if variant == "by name":
                 first = next(n for n in splits if n.target is s.target and is_split(n, ops))
                 return (f"the split op {_desc(s)} was not split out, although {_desc(first)}, "
                         f"another call of {op}, was. node.name is each node's own name "
-                        f"({first.name}, {s.name}, ...): compare node.target, the function "
-                        f"the node calls, with the functions in ops")
+                        f"({first.name}, {s.name}, ...): compare node.target (the function "
+                        f"the node calls) with the functions in ops, not names")
             return (f"the calls of {op} (such as {_desc(s)}) were not split out, although "
                     f"those of {ops[0].__name__} were: {op} is in ops too. Split at a call "
                     f"of ANY function in ops (node.target in ops)")
@@ -404,11 +430,11 @@ def judge_labels(gm, ops, got, want) -> str | None:
 
 
 def _numbering(gm, ops, got, want) -> str | None:
+    """``got``: the learner's labels without get_attr entries (split_module reads none)."""
     diff = [n for n in gm.graph.nodes if n in want and got[n] != want[n]]
-    if not diff:      # a get_attr label beside them changes nothing: split_module reads none
+    if not diff:
         return None
-    n = next((d for d in diff if _is_split(d, ops)),
-             next((d for d in diff if d.op != "get_attr"), diff[0]))
+    n = next((d for d in diff if _is_split(d, ops)), diff[0])
     start = (" Your ids start at 1." if min(got.values()) == 1 and min(want.values()) == 0
              else "")
     return (f"the pieces are right, but the ids are not vLLM's: {_desc(n)} has id {got[n]}, "
@@ -454,14 +480,16 @@ def _check(fn, trials, seed):
         try:
             got = call_learner(fn, gm, ops)
         except NotImplementedError:
-            return fail(NAME, NOT_DONE, kind="not_implemented")
+            return fail(NAME, NOT_DONE, kind="not_implemented", more_hints=HINTS)
         except LearnerTimeout as e:
             return fail(NAME, str(e), kind="timeout")
         except Exception as e:
             return fail(NAME, f"{where}: your code raised {describe_exception(e)}",
                         kind="exception", more_hints=HINTS)
-        msg = (judge_labels(gm, ops, got, want) or _same_output(gm, got, inputs)
-               or _numbering(gm, ops, got, want))
+        msg = judge_labels(gm, ops, got, want)
+        if not msg:
+            labels = {n: v for n, v in got.items() if n.op != "get_attr"}
+            msg = _same_output(gm, labels, inputs) or _numbering(gm, ops, labels, want)
         if msg:
             return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
     return passed(NAME, f"vLLM's labels in {trials} graphs (lesson 09's model, no split op, "
