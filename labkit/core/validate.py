@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numbers
 
-__all__ = ["is_int", "check_int"]
+__all__ = ["is_int", "check_int", "int_at_least"]
 
 
 def is_int(value) -> bool:
@@ -43,3 +43,19 @@ def check_int(name: str, value, minimum: int | None = 0, maximum: int | None = N
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise ValueError(f"{name} must be {wanted}, got {value}{tail}")
     return int(value)
+
+
+def int_at_least(lo: int):
+    """An ``argparse`` type: an int >= ``lo``, or the error argparse prints with usage."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        return v
+    parse.__name__ = f"integer >= {lo}"
+    return parse

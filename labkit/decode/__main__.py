@@ -18,23 +18,11 @@ import os
 import torch
 
 from labkit import backend
+from labkit.core.validate import int_at_least
 
 from . import CONFIGS, DecodeGraphRunner, build_model, explore_buckets, serve, synthetic_workload
 
 SCHEMES = ("sglang", "every", "pow2")
-
-
-def _int_at_least(lo: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
-        return v
-    parse.__name__ = f"integer >= {lo}"
-    return parse
 
 
 def _positive_float(text: str) -> float:
@@ -63,14 +51,14 @@ def _parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", default="auto", choices=backend.NAMES)
     ap.add_argument("--config", default="tiny", choices=list(CONFIGS), help="model config")
-    ap.add_argument("--max-bs", type=_int_at_least(1), default=16,
+    ap.add_argument("--max-bs", type=int_at_least(1), default=16,
                     help="largest batch to capture (also the model's request slots)")
     ap.add_argument("--buckets", type=_buckets, default="sglang",
                     help=f"{' | '.join(SCHEMES)} | 1,2,4,... (sizes <= --max-bs)")
-    ap.add_argument("--requests", type=_int_at_least(1), default=64)
+    ap.add_argument("--requests", type=int_at_least(1), default=64)
     ap.add_argument("--rate", type=_positive_float, default=2.0, help="arrivals per decode step")
     ap.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
-    ap.add_argument("--seed", type=_int_at_least(0), default=0)
+    ap.add_argument("--seed", type=int_at_least(0), default=0)
     ap.add_argument("--json", default=None, help="write results here")
     return ap
 

@@ -39,15 +39,14 @@ import torch.nn as nn
 
 from labkit.backend import ensure as ensure_backend
 from labkit.capture import own_cublas_workspace
-from labkit.core.validate import check_int
 from labkit.decode.attention import make_attn_backend
 from labkit.decode.batch import ForwardBatch, ForwardMode, _check_model, check_batch
 from labkit.decode.buckets import pad_to_bucket
 from labkit.decode.model import DUMMY_SLOT, attend
 from labkit.decode.runner import (
-    _WARMUP_WHY,
     BaseGraphRunner,
     EagerRunner,
+    FullGraphBackend,
     _check_device,
     _check_same_caches,
 )
@@ -61,31 +60,21 @@ __all__ = ["PiecewiseBackend", "PiecewiseGraphRunner", "GraphedPiece", "EagerAtt
 _FALLBACKS = ("eager", "error")
 
 
-class PiecewiseBackend:
+class PiecewiseBackend(FullGraphBackend):
     """Piecewise graphs: one graph per (token bucket, piece), all in one pool.
 
-    The pieces themselves (:class:`GraphedPiece`) read ``mode`` and ``bucket`` from here,
-    as vLLM's wrappers read the forward context: ``"eager"`` runs them as they are,
-    ``"capture"`` captures each one as it is reached, ``"replay"`` replays the graph of
-    ``bucket``.
+    Lesson 06's :class:`~labkit.decode.runner.FullGraphBackend` with a graph per piece
+    instead of one per bucket. The pieces themselves (:class:`GraphedPiece`) read ``mode``
+    and ``bucket`` from here, as vLLM's wrappers read the forward context: ``"eager"``
+    runs them as they are, ``"capture"`` captures each one as it is reached, ``"replay"``
+    replays the graph of ``bucket``.
     """
 
     def __init__(self, B, num_warmups: int = 2):
-        self.B = ensure_backend(B, "PiecewiseBackend(B)")
-        self.num_warmups = check_int("num_warmups", num_warmups, 1, fix=_WARMUP_WHY)
-        self.graphs: dict = {}       # (bucket, piece index) -> graph
+        super().__init__(ensure_backend(B, "PiecewiseBackend(B)"), num_warmups)
         self.inputs: dict = {}       # (bucket, piece index) -> the arguments it was captured with
-        self.outputs: dict = {}      # (bucket, piece index) -> its static output
-        self.pool = None
-        self.stream = None
         self.mode = "eager"
         self.bucket: int | None = None
-
-    @contextlib.contextmanager
-    def capture_session(self):
-        self.pool = self.B.graph_pool_handle()  # ONE pool for every piece of every bucket
-        self.stream = self.B.Stream()
-        yield self
 
     @contextlib.contextmanager
     def running(self, mode: str, bucket: int | None):
@@ -133,15 +122,13 @@ class PiecewiseBackend:
         self.graphs[key].replay()
         return self.outputs[key]
 
+    def replay(self, key):
+        raise TypeError("PiecewiseBackend has no one graph per bucket to replay: run the "
+                        "split model with PiecewiseGraphRunner.replay(batch)")
+
     def cleanup(self) -> None:
-        for g in self.graphs.values():
-            try:
-                g.reset()
-            except Exception:  # a graph whose capture failed may not reset: drop it anyway
-                pass
-        self.graphs.clear()
+        super().cleanup()
         self.inputs.clear()
-        self.outputs.clear()
         self.mode, self.bucket = "eager", None
 
 

@@ -21,25 +21,13 @@ import torch
 
 from labkit import backend
 from labkit.core.timing import device_name
+from labkit.core.validate import int_at_least
 from labkit.decode import CONFIGS
 
 from .measure import PARTS, format_table, graph_savings, measure
 
 COLUMNS = ["batch", "tail_scale", "method", "mode", "draft", "acceptance_%", "tokens_per_round",
            "tokens_per_s", "vs_greedy", "round_ms", *(f"{p}_ms" for p in PARTS), "same_tokens"]
-
-
-def _int_at_least(lo: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
-        return v
-    parse.__name__ = f"integer >= {lo}"
-    return parse
 
 
 def _non_negative(text: str) -> float:
@@ -61,20 +49,20 @@ def _parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", default="auto", choices=backend.NAMES)
     ap.add_argument("--config", default="tiny", choices=list(CONFIGS), help="target config")
-    ap.add_argument("--batch-size", type=_int_at_least(1), nargs="+", default=[4])
-    ap.add_argument("--num-steps", type=_int_at_least(1), default=4,
+    ap.add_argument("--batch-size", type=int_at_least(1), nargs="+", default=[4])
+    ap.add_argument("--num-steps", type=int_at_least(1), default=4,
                     help="draft tokens per round (k)")
-    ap.add_argument("--max-new-tokens", type=_int_at_least(1), default=32)
-    ap.add_argument("--prompt-len", type=_int_at_least(1), default=8)
-    ap.add_argument("--draft-layers", type=_int_at_least(1), default=1,
+    ap.add_argument("--max-new-tokens", type=int_at_least(1), default=32)
+    ap.add_argument("--prompt-len", type=int_at_least(1), default=8)
+    ap.add_argument("--draft-layers", type=int_at_least(1), default=1,
                     help="blocks of the target the draft keeps")
     ap.add_argument("--noises", type=_non_negative, nargs="+", default=[0.0, 0.1, 0.3],
                     help="relative weight noise of each draft")
     ap.add_argument("--tail-scale", type=_non_negative, nargs="+", default=[1.0],
                     help="damping of the target's blocks after the draft's (1: none)")
-    ap.add_argument("--repeats", type=_int_at_least(1), default=3)
+    ap.add_argument("--repeats", type=int_at_least(1), default=3)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    ap.add_argument("--seed", type=_int_at_least(0), default=0)
+    ap.add_argument("--seed", type=int_at_least(0), default=0)
     ap.add_argument("--json", default=None, help="write every row here")
     return ap
 

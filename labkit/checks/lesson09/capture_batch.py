@@ -83,24 +83,10 @@ def broken_capture_batch(model, num_tokens):
 
 
 def reference_capture_batch(model, num_tokens):
-    """The answer (labkit.piecewise.runner.capture_batch)."""
-    from labkit.decode.batch import ForwardBatch, ForwardMode
-    from labkit.decode.model import DUMMY_SLOT
+    """The answer: :func:`labkit.piecewise.runner.capture_batch`."""
+    from labkit.piecewise.runner import capture_batch
 
-    L = model.args.max_seq_len
-    lens = [L] * (num_tokens // L) + ([num_tokens % L] if num_tokens % L else [])
-    dev = model.device
-    pos = torch.cat([torch.arange(n, device=dev) for n in lens])
-    return ForwardBatch(
-        forward_mode=ForwardMode.EXTEND,
-        input_ids=torch.zeros(num_tokens, dtype=torch.int64, device=dev),
-        positions=pos,
-        out_cache_loc=model.req_to_token[DUMMY_SLOT].index_select(0, pos),
-        req_pool_indices=torch.full((len(lens),), DUMMY_SLOT, dtype=torch.int64, device=dev),
-        seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
-        seq_lens_cpu=lens,
-        extend_lens=lens,
-    )
+    return capture_batch(model, num_tokens)
 
 
 def _runner_class(make_batch):
