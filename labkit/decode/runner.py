@@ -47,7 +47,7 @@ from .buckets import make_buckets, pad_to_bucket
 from .buffers import Pad, StaticBuffers
 
 __all__ = ["FullGraphBackend", "BaseGraphRunner", "DecodeGraphRunner", "EagerRunner",
-           "demo_stale_tail"]
+           "demo_stale_tail", "warn_fallback_once"]
 
 logger = logging.getLogger("labkit.decode")
 
@@ -102,6 +102,15 @@ def _quiet_autotune():
     with inductor_config.patch(quiet), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
         yield
+
+
+def warn_fallback_once(owner, message: str, category: type[Warning] = RuntimeWarning) -> None:
+    """A batch ran eagerly for want of a graph: warn the first time for ``owner`` (its
+    ``_warned_fallback`` flag), log every time at INFO. Never silent, never a flood."""
+    if not owner._warned_fallback:
+        owner._warned_fallback = True
+        warnings.warn(message, category, stacklevel=3)
+    logger.info(message)
 
 
 class FullGraphBackend:
@@ -721,13 +730,9 @@ class DecodeGraphRunner(BaseGraphRunner):
                 and batch.batch_size > self.max_bucket):
             if self.fallback == "error":
                 pad_to_bucket(batch.batch_size, self.buckets)  # raises BatchTooLargeError
-            msg = (f"batch of {batch.batch_size} requests > largest captured graph "
-                   f"({self.max_bucket}); running it eagerly")
-            if not self._warned_fallback:
-                warnings.warn(msg + " (warned once; see runner.stats['eager_fallback'])",
-                              RuntimeWarning, stacklevel=2)
-                self._warned_fallback = True
-            logger.info(msg)
+            warn_fallback_once(self, f"batch of {batch.batch_size} requests > largest "
+                                     f"captured graph ({self.max_bucket}); running it eagerly "
+                                     "(warned once; see runner.stats['eager_fallback'])")
             self.stats["eager_fallback"] += 1
         return self.eager_forward(batch)
 

@@ -1,6 +1,6 @@
 """labkit.piecewise — lesson 09: piecewise CUDA graphs for prefill and mixed batches.
 
-    split     split_at_attention, split_graph, SplitModel   (vLLM's split_graph, on torch.fx)
+    split     split_at_attention, split_graph, split_labels  (vLLM's split_graph, on torch.fx)
     buckets   vllm_token_buckets, token_buckets             (token-count buckets)
     runner    PiecewiseBackend, PiecewiseGraphRunner        (pieces per bucket, eager attention)
     dispatch  GraphMode, Dispatcher, make_mixed_batch       (vLLM's FULL / PIECEWISE / NONE)
@@ -15,10 +15,10 @@ from .runner import (
     PiecewiseGraphRunner,
     capture_batch,
 )
-from .split import SplitItem, SplitModel, split_at_attention, split_graph
+from .split import SplitItem, SplitModel, split_at_attention, split_graph, split_labels
 
 __all__ = ["Dispatcher", "GraphMode", "make_mixed_batch",
            "token_buckets", "vllm_token_buckets",
            "EagerAttention", "GraphedPiece", "capture_batch", "PiecewiseBackend",
            "PiecewiseGraphRunner",
-           "SplitItem", "SplitModel", "split_at_attention", "split_graph"]
+           "SplitItem", "SplitModel", "split_at_attention", "split_graph", "split_labels"]

@@ -17,13 +17,12 @@ in that order: a FULL key for it, then a PIECEWISE key, else ``NONE`` (eager). H
 from __future__ import annotations
 
 import enum
-import warnings
 from typing import Mapping, Sequence
 
 import torch
 
 from labkit.decode.batch import ForwardBatch, ForwardMode, _check_model, make_extend_batch
-from labkit.decode.runner import DecodeGraphRunner, EagerRunner
+from labkit.decode.runner import DecodeGraphRunner, EagerRunner, warn_fallback_once
 
 from .runner import PiecewiseGraphRunner
 
@@ -97,7 +96,7 @@ class Dispatcher:
         self.eager = EagerRunner(model)
         self.stats = {m.value: 0 for m in GraphMode}
         self.last_mode: GraphMode | None = None
-        self._warned = False
+        self._warned_fallback = False
 
     def dispatch(self, batch: ForwardBatch) -> GraphMode:
         """The mode ``batch`` runs in (nothing runs)."""
@@ -116,12 +115,11 @@ class Dispatcher:
         elif mode is GraphMode.PIECEWISE:
             logits = self.piecewise.replay(batch)
         else:
-            if not self._warned:
-                self._warned = True
-                warnings.warn(f"Dispatcher: no graph fits this {batch.forward_mode.name} batch "
-                              f"({batch.batch_size} requests, {batch.num_tokens} tokens); it runs "
-                              "eagerly (counted in dispatcher.stats['none']; this warning is "
-                              "shown once)", stacklevel=2)
+            warn_fallback_once(self, f"Dispatcher: no graph fits this "
+                                     f"{batch.forward_mode.name} batch ({batch.batch_size} "
+                                     f"requests, {batch.num_tokens} tokens); it runs eagerly "
+                                     "(counted in dispatcher.stats['none']; this warning is "
+                                     "shown once)", UserWarning)
             logits = self.eager.forward(batch)
         self.stats[mode.value] += 1
         self.last_mode = mode

@@ -31,7 +31,6 @@ Typical use (any backend)::
 from __future__ import annotations
 
 import contextlib
-import warnings
 from typing import Callable, Iterable
 
 import torch
@@ -49,6 +48,7 @@ from labkit.decode.runner import (
     FullGraphBackend,
     _check_device,
     _check_same_caches,
+    warn_fallback_once,
 )
 
 from .buckets import token_buckets
@@ -139,10 +139,10 @@ class GraphedPiece(nn.Module):
         super().__init__()
         self.index = index
         self.submod = submod
-        self.backend = [backend]  # a list: not registered as a submodule
+        self.backend = backend
 
     def forward(self, *args):
-        backend = self.backend[0]
+        backend = self.backend
         if backend.mode == "capture":
             return backend.capture_piece(self.index, self.submod, args)
         if backend.mode == "replay":
@@ -260,7 +260,7 @@ class PiecewiseGraphRunner(BaseGraphRunner):
 
     def capture_prepare(self, bucket: int) -> Callable[[], torch.Tensor]:
         batch = self.make_capture_batch(bucket)
-        self.input_ids[:bucket].zero_()
+        self.input_ids[:bucket].copy_(batch.input_ids)
         self.positions[:bucket].copy_(batch.positions)
         return lambda: self._run_split(batch, bucket)
 
@@ -277,11 +277,15 @@ class PiecewiseGraphRunner(BaseGraphRunner):
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
         """Run ``batch`` through the pieces of its token bucket → logits (num_tokens, vocab)."""
         self._check(batch, "PiecewiseGraphRunner.replay")
-        n = batch.num_tokens
         if not self.can_run(batch):
-            raise ValueError(f"PiecewiseGraphRunner.replay: the batch has {n} tokens, and the "
-                             f"largest captured bucket holds {self.max_num_tokens}: call "
-                             "forward(batch), which runs it eagerly, or capture larger buckets")
+            raise ValueError(f"PiecewiseGraphRunner.replay: the batch has {batch.num_tokens} "
+                             f"tokens, and the largest captured bucket holds "
+                             f"{self.max_num_tokens}: call forward(batch), which runs it "
+                             "eagerly, or capture larger buckets")
+        return self._replay(batch)
+
+    def _replay(self, batch: ForwardBatch) -> torch.Tensor:
+        n = batch.num_tokens
         bucket = pad_to_bucket(n, self.buckets)
         self.input_ids[:n].copy_(batch.input_ids)
         self.positions[:n].copy_(batch.positions)
@@ -296,16 +300,14 @@ class PiecewiseGraphRunner(BaseGraphRunner):
         """Pieces when the batch fits a bucket, else eager (or an error: ``fallback``)."""
         self._check(batch, "PiecewiseGraphRunner.forward")
         if self.can_run(batch):
-            return self.replay(batch)
+            return self._replay(batch)
         if self.fallback == "error" or not self.captured:
             self.replay(batch)   # raises, saying why
         self.stats["eager_fallback"] += 1
-        if not self._warned_fallback:
-            self._warned_fallback = True
-            warnings.warn(f"PiecewiseGraphRunner: a batch of {batch.num_tokens} tokens is above "
-                          f"the largest captured bucket ({self.max_num_tokens}); it runs "
-                          "eagerly (counted in runner.stats['eager_fallback']; this warning "
-                          "is shown once)", stacklevel=2)
+        warn_fallback_once(self, f"PiecewiseGraphRunner: a batch of {batch.num_tokens} tokens "
+                                 f"is above the largest captured bucket ({self.max_num_tokens}); "
+                                 "it runs eagerly (counted in runner.stats['eager_fallback']; "
+                                 "this warning is shown once)", UserWarning)
         return self.eager.forward(batch)
 
     def eager_forward(self, batch: ForwardBatch) -> torch.Tensor:

@@ -24,7 +24,7 @@ from torch.fx.passes.split_module import split_module
 
 from labkit.decode.model import attend
 
-__all__ = ["SplitItem", "SplitModel", "split_graph", "split_at_attention"]
+__all__ = ["SplitItem", "SplitModel", "split_labels", "split_graph", "split_at_attention"]
 
 
 @dataclass
@@ -80,26 +80,33 @@ def _is_splitting_op(node: fx.Node, ops) -> bool:
     return node.op == "call_function" and node.target in ops
 
 
-def split_graph(gm: fx.GraphModule, ops=(attend,)) -> SplitModel:
-    """Split ``gm`` at every call of one of ``ops``: vLLM's ``split_graph``.
+def split_labels(gm: fx.GraphModule, ops=(attend,)) -> dict[fx.Node, int]:
+    """The subgraph id of every node of ``gm``, cut at every call of one of ``ops`` (the
+    labelling of vLLM's ``split_graph``).
 
-    Every splitting op gets a subgraph id of its own; the nodes between two of them share
-    one. Placeholders, the output and ``get_attr`` nodes get no label: ``split_module``
-    asks for none (it hands every piece the modules and tensors it reads).
+    Every splitting op gets an id of its own; the nodes between two of them share one.
+    Placeholders, the output and ``get_attr`` nodes get no label: ``split_module`` asks for
+    none (it hands every piece the modules and tensors it reads).
     """
     subgraph_id = 0
     labels: dict[fx.Node, int] = {}
-    splitting: list[int] = []
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
         if _is_splitting_op(node, ops):
             subgraph_id += 1
             labels[node] = subgraph_id
-            splitting.append(subgraph_id)
             subgraph_id += 1
         else:
             labels[node] = subgraph_id
+    return labels
+
+
+def split_graph(gm: fx.GraphModule, ops=(attend,)) -> SplitModel:
+    """Split ``gm`` at every call of one of ``ops`` (:func:`split_labels`), then build one
+    ``GraphModule`` per id with torch's ``split_module``: vLLM's ``split_graph``."""
+    labels = split_labels(gm, ops)
+    splitting = {labels[n] for n in labels if _is_splitting_op(n, ops)}
     # keep_original_order: the pieces write in place (rotary embeddings, the KV cache), so
     # their nodes must run in the order the model wrote them.
     split_gm = split_module(gm, None, lambda node: labels[node], keep_original_order=True)

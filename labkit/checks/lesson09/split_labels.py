@@ -62,19 +62,10 @@ _NUMBERING = ("Number as vLLM does: start at 0; at a split op add 1, give the op
 
 
 def reference_split_labels(gm, ops):
-    """The answer (labkit.piecewise.split.split_graph's labelling)."""
-    subgraph_id = 0
-    labels = {}
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output", "get_attr"):
-            continue
-        if node.op == "call_function" and node.target in ops:
-            subgraph_id += 1
-            labels[node] = subgraph_id
-            subgraph_id += 1
-        else:
-            labels[node] = subgraph_id
-    return labels
+    """The answer: :func:`labkit.piecewise.split.split_labels`."""
+    from labkit.piecewise.split import split_labels
+
+    return split_labels(gm, ops)
 
 
 # ---- the split ops and the graphs --------------------------------------------------------
