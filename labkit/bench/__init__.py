@@ -32,7 +32,7 @@ import importlib
 # torch is imported where it is used, so that `python -m labkit.bench --render` (and its
 # error messages) do not wait for it
 
-__all__ = ["SUITES", "make_row", "skipped_row", "run_suite", "SuiteSkip"]
+__all__ = ["SUITES", "make_row", "skipped_row", "unmeasured_rows", "run_suite", "SuiteSkip"]
 
 SUITES = ("launch", "decode", "serve", "train", "capture", "piecewise")
 
@@ -75,6 +75,20 @@ def skipped_row(B, suite, config_name, config, batch_size, variant, why: str) ->
     """A row saying a variant was not measured, and why."""
     return make_row(B, suite, config_name, config, batch_size, variant, None,
                     note=f"skipped: {why}")
+
+
+def unmeasured_rows(B, suite: str, config_name: str, config: dict, batch_sizes, variant: str,
+                    exc: Exception, log=print) -> list[dict]:
+    """The rows of a variant that did not run, one per batch size, and the line that says
+    why: ``skipped`` for a :class:`SuiteSkip`, ``FAILED`` with the error's first line for
+    anything else (one broken variant must not lose the other variants' numbers)."""
+    if isinstance(exc, SuiteSkip):
+        why, word = str(exc), "skipped"
+    else:
+        first = (str(exc).splitlines() or [""])[0][:200]
+        why, word = f"{type(exc).__name__}: {first}", "FAILED"
+    log(f"  {suite} {variant:31s} {word}: {why}")
+    return [skipped_row(B, suite, config_name, config, bs, variant, why) for bs in batch_sizes]
 
 
 def run_suite(name: str, B, quick: bool = False, log=print, **kw) -> list[dict]:

@@ -56,7 +56,7 @@ import gc
 
 import torch
 
-from labkit.bench import SuiteSkip, make_row, skipped_row
+from labkit.bench import SuiteSkip, make_row, skipped_row, unmeasured_rows
 from labkit.core.timing import (
     back_to_back_us,
     events_busy_us,
@@ -285,16 +285,8 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
                        note=note, extra_of=lambda bs: {"max_abs_diff": float(f"{diffs[bs]:.3g}")})
             else:
                 raise ValueError(f"unknown decode variant {variant!r}")
-        except SuiteSkip as why:
-            for bs in batch_sizes:
-                rows.append(skipped_row(B, "decode", name, config, bs, variant, str(why)))
-            log(f"  decode {variant:31s} skipped: {why}")
-        except Exception as e:
-            first = (str(e).splitlines() or [""])[0][:200]
-            for bs in batch_sizes:
-                rows.append(skipped_row(B, "decode", name, config, bs, variant,
-                                        f"{type(e).__name__}: {first}"))
-            log(f"  decode {variant:31s} FAILED: {type(e).__name__}: {first}")
+        except Exception as e:              # SuiteSkip too: a row saying why, never none
+            rows += unmeasured_rows(B, "decode", name, config, batch_sizes, variant, e, log)
         finally:
             gc.collect()
             if on_gpu:

@@ -30,7 +30,7 @@ import random
 
 import torch
 
-from labkit.bench import SuiteSkip, make_row, skipped_row
+from labkit.bench import SuiteSkip, make_row, unmeasured_rows
 from labkit.core.timing import back_to_back_us, events_busy_us, profile_gpu_events, time_call
 
 VARIANTS = ("eager", "piecewise", "compile_dynamic", "full_graph")
@@ -172,14 +172,8 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
                 full.backend.cleanup()
             else:
                 raise ValueError(f"unknown piecewise variant {variant!r}")
-        except SuiteSkip as why:
-            rows.append(skipped_row(B, "piecewise", name, config, None, variant, str(why)))
-            log(f"  piecewise {variant:16s} skipped: {why}")
-        except Exception as e:
-            first = (str(e).splitlines() or [""])[0][:200]
-            rows.append(skipped_row(B, "piecewise", name, config, None, variant,
-                                    f"{type(e).__name__}: {first}"))
-            log(f"  piecewise {variant:16s} FAILED: {type(e).__name__}: {first}")
+        except Exception as e:              # SuiteSkip too: a row saying why, never none
+            rows += unmeasured_rows(B, "piecewise", name, config, [None], variant, e, log)
         finally:
             gc.collect()
             if on_gpu:

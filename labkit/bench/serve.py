@@ -30,7 +30,7 @@ import gc
 
 import torch
 
-from labkit.bench import SuiteSkip, make_row, skipped_row
+from labkit.bench import SuiteSkip, make_row, unmeasured_rows
 from labkit.bench.decode import CPU_MODEL, MODEL
 
 VARIANTS = ("eager", "labkit_graph", "labkit_graph_overlap", "labkit_graph_compiled",
@@ -107,14 +107,8 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
             log(f"  serve {variant:31s} step p50 {med:8.1f} µs | decode "
                 f"{s['decode_tokens_per_s']:9.0f} tokens/s | end to end "
                 f"{s['tokens_per_s']:9.0f} tokens/s" + (f" | {note}" if note else ""))
-        except SuiteSkip as why:
-            rows.append(skipped_row(B, "serve", name, config, None, variant, str(why)))
-            log(f"  serve {variant:31s} skipped: {why}")
-        except Exception as e:
-            first = (str(e).splitlines() or [""])[0][:200]
-            rows.append(skipped_row(B, "serve", name, config, None, variant,
-                                    f"{type(e).__name__}: {first}"))
-            log(f"  serve {variant:31s} FAILED: {type(e).__name__}: {first}")
+        except Exception as e:              # SuiteSkip too: a row saying why, never none
+            rows += unmeasured_rows(B, "serve", name, config, [None], variant, e, log)
     for r in runners.values():
         r.backend.cleanup()
     gc.collect()

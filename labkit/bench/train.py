@@ -37,7 +37,7 @@ import itertools
 import torch
 
 from labkit import full_step as FS
-from labkit.bench import SuiteSkip, make_row, skipped_row
+from labkit.bench import SuiteSkip, make_row, unmeasured_rows
 from labkit.core.timing import back_to_back_us, profile_gpu_busy_us, time_call
 
 VARIANTS = ("eager", "labkit_bridge", "torch_make_graphed_callables", "labkit_full_step",
@@ -135,15 +135,9 @@ def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
                                  extra={"host_us": round(host, 1)}))
             log(f"  train {variant:30s} synced {med / 1e3:9.3f} ms | back to back "
                 f"{b2b / 1e3:9.3f} ms" + (f" | busy {busy / 1e3:8.3f} ms" if busy else ""))
-        except SuiteSkip as why:
-            rows.append(skipped_row(B, "train", name, config, cfg.micro_batch, variant,
-                                    str(why)))
-            log(f"  train {variant:30s} skipped: {why}")
-        except Exception as e:  # one broken variant must not lose the others' numbers
-            first = (str(e).splitlines() or [""])[0][:200]
-            rows.append(skipped_row(B, "train", name, config, cfg.micro_batch, variant,
-                                    f"{type(e).__name__}: {first}"))
-            log(f"  train {variant:30s} FAILED: {type(e).__name__}: {first}")
+        except Exception as e:              # SuiteSkip too: a row saying why, never none
+            rows += unmeasured_rows(B, "train", name, config, [cfg.micro_batch], variant, e,
+                                    log)
         finally:
             trainer = step = None
             gc.collect()
