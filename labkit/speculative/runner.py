@@ -194,12 +194,13 @@ class DraftGraphRunner(BaseGraphRunner):
         buffers in one copy. Graph when captured and the batch fits, else eager.
         """
         bs, values, final = self._stage_values(slots, positions, prev_tokens, tokens)
-        padded = pad_to_bucket(bs, self.buckets) if self.can_run(bs) else bs
+        graphed = self.can_run(bs)
+        padded = pad_to_bucket(bs, self.buckets) if graphed else bs
         self.buffers.stage(values, bs, padded, self.B)
         fill = self.buffers.slots["seq_lens"].fill_value
         self._plan(padded, final + [fill + self.num_steps] * (padded - bs))
         self.last_replay = (bs, padded)
-        if self.can_run(bs):
+        if graphed:
             self.stats["graph"] += 1
             return self.backend.replay(padded)[:bs]
         self.stats["eager"] += 1
