@@ -28,13 +28,15 @@ For ``"cuda"`` each attribute *is* torch.cuda's own object, so nothing in labkit
 between a learner and PyTorch on a GPU. For ``"emulated"`` each attribute comes from
 :mod:`labkit.emulator`, which reproduces what CUDA graphs do wherever a CPU can show it.
 
-Extras beyond the contract (both backends): ``B.Event`` (timing events),
+Extras beyond the contract (both backends): ``B.Generator()`` (a generator for random ops
+on ``B.device``; a host one on the emulator), ``B.Event`` (timing events),
 ``B.default_stream()``, ``B.set_stream(s)``, ``B.pool_stats(pool)``,
 ``B.is_emulated``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import types
 
@@ -72,10 +74,12 @@ def _cuda_pool_stats(pool=None) -> dict:
 
 def _make_cuda() -> types.SimpleNamespace:
     c = torch.cuda
+    device = torch.device("cuda", c.current_device())
     return types.SimpleNamespace(
         name="cuda",
         is_emulated=False,
-        device=torch.device("cuda", c.current_device()),
+        device=device,
+        Generator=functools.partial(torch.Generator, device=device),
         CUDAGraph=c.CUDAGraph,
         graph=c.graph,
         graph_pool_handle=c.graph_pool_handle,
@@ -94,11 +98,14 @@ def _make_cuda() -> types.SimpleNamespace:
 
 def _make_emulated() -> types.SimpleNamespace:
     from labkit import emulator as e
+    from labkit.emulator.device import install
 
     return types.SimpleNamespace(
         name="emulated",
         is_emulated=True,
-        device=torch.device("cpu"),
+        device=install(),
+        # the emulator's kernels run on host data, so they draw from a host generator
+        Generator=torch.Generator,
         CUDAGraph=e.CUDAGraph,
         graph=e.graph,
         graph_pool_handle=e.graph_pool_handle,

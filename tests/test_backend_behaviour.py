@@ -199,7 +199,7 @@ def test_default_generator_advances_per_replay(B):
 
 
 def test_custom_generator_must_be_registered(B):
-    gen = torch.Generator(device=B.device)
+    gen = B.Generator()
     gen.manual_seed(0)
     with pytest.raises(RuntimeError, match="Attempt to increase offset for a CUDA generator"):
         capture(B, lambda: torch.rand(4, device=B.device, generator=gen))

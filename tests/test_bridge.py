@@ -197,7 +197,7 @@ def test_copy_only_when_data_ptr_differs(B):
 
 
 def test_registered_generator_keeps_dropout_random(B):
-    gen = torch.Generator(device=B.device)
+    gen = B.Generator()
     gen.manual_seed(0)
     sample = (torch.randn(2, 4, 16, device=B.device, requires_grad=True),)
     with pytest.raises(RuntimeError, match="Attempt to increase offset"):

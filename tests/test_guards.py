@@ -223,7 +223,7 @@ def _line(fn, marker):
 
 def test_lint_reports_every_hazard_with_its_line(B):
     _state.update(h=torch.zeros(4, device=B.device), scale=1.0,
-                  gen=torch.Generator(device=B.device))
+                  gen=B.Generator())
     report = lint_capture(_hazards, torch.randn(4, device=B.device), 0.5, B=B)
     assert isinstance(report, LintReport) and not report.ok and report.calls == 2
     got = {(f.kind, f.lineno) for f in report.findings}
@@ -253,7 +253,7 @@ def test_lint_reports_every_hazard_with_its_line(B):
 
 
 def test_lint_clean_function_and_registered_generator(B):
-    gen = torch.Generator(device=B.device)
+    gen = B.Generator()
 
     def fine(x):
         noise = torch.rand(x.shape, device=x.device, generator=gen)

@@ -198,7 +198,7 @@ def _demo_03(B, small):
     from labkit.capture import capture
     from labkit.guards import error_lines, lint_capture
 
-    gen = torch.Generator(device=B.device)
+    gen = B.Generator()
     state = {"h": torch.zeros(4, device=B.device), "decay": 1.0}
 
     # lesson 03 §10: every pitfall in one function

@@ -14,6 +14,7 @@ import labkit.emulator.streams as _streams
 from labkit.emulator.recorder import Capture, StuckGeneratorMode, run_steps
 from labkit.emulator.state import (
     CAPTURE_INVALIDATED,
+    CAPTURE_UNJOINED,
     active_capture,
     capture_error,
     refuse_device_sync,
@@ -53,7 +54,7 @@ def graph_pool_handle() -> tuple[int, int]:
 def is_current_stream_capturing() -> bool:
     """True while a capture is underway on the current stream, False otherwise."""
     cap = active_capture()
-    return cap is not None and cap.stream == current_stream()
+    return cap is not None and cap.records_now()
 
 
 class CUDAGraph:
@@ -122,6 +123,16 @@ class CUDAGraph:
             raise RuntimeError("capture_end() called without a capture in progress")
         cap.stop()
         self._capture = None
+        unjoined = cap.unjoined() if cap.invalid is None else []
+        if unjoined:
+            _pool.release_pool(self._pool)
+            self._pool = None
+            _stuck_generator(True)
+            raise capture_error(CAPTURE_UNJOINED, "cudaErrorStreamCaptureUnjoined",
+                                f"{len(unjoined)} stream(s) joined this capture (wait_stream "
+                                "on the capturing stream) and issued work that the capturing "
+                                "stream never waited for: end each fork with "
+                                "capturing_stream.wait_stream(side_stream).")
         if cap.invalid is not None:
             _pool.release_pool(self._pool)
             self._pool = None
@@ -155,6 +166,10 @@ class CUDAGraph:
         if outer is not None:       # replay inside another capture: record it as one step
             if outer.graph is self:
                 raise RuntimeError("a graph cannot replay itself during its own capture")
+            if not outer.records_now():
+                run_steps(self._steps)
+                return
+            outer._node()
             outer.steps.append(self.replay)
             outer.ops.append(f"<graph replay: {len(self._steps)} ops>")
             return

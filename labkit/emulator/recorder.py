@@ -24,12 +24,14 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 import labkit.emulator.pool as _pool
 from labkit.core import rules
 from labkit.core.rules import HOST_COPY_MESSAGE, RNG_MESSAGE
+from labkit.emulator import device as _dev
 from labkit.emulator.state import (
     CAPTURE_UNSUPPORTED,
     active_capture,
     capture_error,
     set_active_capture,
 )
+from labkit.emulator.streams import current_stream
 
 aten = torch.ops.aten
 
@@ -108,6 +110,24 @@ def _extent_bytes(size, stride, itemsize) -> int:
     return (1 + sum((s - 1) * st for s, st in zip(size, stride))) * itemsize
 
 
+def _on_device(args, kwargs) -> bool:
+    """Does an op touch the emulated device (a device tensor, or ``device=B.device``)?"""
+    for x in tree_flatten((args, kwargs))[0]:
+        if type(x) is _dev.DeviceTensor:
+            return True
+        if type(x) is torch.device and x.type == _dev.DEVICE_TYPE:
+            return True
+    return False
+
+
+def _host_tensors(args, kwargs) -> list:
+    return [x for x in tree_flatten((args, kwargs))[0]
+            if isinstance(x, torch.Tensor) and type(x) is not _dev.DeviceTensor]
+
+
+_COPY_OPS = {"_to_copy", "copy_"}
+
+
 def _to_meta(x):
     if isinstance(x, torch.Tensor):
         return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta")
@@ -131,6 +151,9 @@ class Capture:
         self.ops: list[str] = []
         self.invalid: str | None = None
         self.host_value = False      # inside `t[mask] = number` (rules.sets_from_host_number)
+        # streams in this capture -> the recorded nodes their next op depends on
+        self.members: dict = {stream: ()}
+        self.parents: list[tuple] = []       # node -> the nodes it depends on
         self._aliases: dict[tuple, torch.Tensor] = {}
         self._modes = (_CaptureFunctionMode(self), _CaptureDispatchMode(self))
 
@@ -140,20 +163,58 @@ class Capture:
             raise RuntimeError("Another capture is already underway on this thread: "
                                "finish it (capture_end) before starting a new one.")
         set_active_capture(self)
+        # autograd runs a device's backward on a worker thread of its own; a capture
+        # watches this thread, so backward must run here (CPU tensors' backward does)
+        self._autograd_threads = torch._C._is_multithreading_enabled()
+        torch._C._set_multithreading_enabled(False)
         for m in self._modes:
             m.__enter__()
 
     def stop(self) -> None:
         for m in reversed(self._modes):
             m.__exit__(None, None, None)
+        torch._C._set_multithreading_enabled(self._autograd_threads)
         set_active_capture(None)
 
     def invalidate(self, why: str = "error") -> None:
         if self.invalid is None:
             self.invalid = why
 
+    # streams: which are in this capture, and is every fork joined back
+    def records_now(self) -> bool:
+        """Is the current stream part of this capture? (Other streams run their work now.)"""
+        return current_stream() in self.members
+
+    def join(self, waiter, source) -> None:
+        """``waiter`` waits for the work captured so far on ``source`` (a member stream)."""
+        self.join_deps(waiter, self.members[source])
+
+    def join_deps(self, waiter, deps: tuple) -> None:
+        mine = self.members.get(waiter, ())
+        self.members[waiter] = tuple(sorted(set(mine) | set(deps)))
+
+    def _node(self) -> None:
+        s = current_stream()
+        self.parents.append(self.members.get(s, ()))
+        self.members[s] = (len(self.parents) - 1,)
+
+    def unjoined(self) -> list:
+        """Member streams with captured work the capturing stream never waited for."""
+        seen, todo = set(), list(self.members[self.stream])
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo.extend(self.parents[n])
+        return [s for s, deps in self.members.items()
+                if s != self.stream and not set(deps) <= seen]
+
     # addresses
     def alias(self, t: torch.Tensor) -> torch.Tensor:
+        t = _dev.host(t)
+        return self._alias(t)
+
+    def _alias(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor on the same memory as ``t`` that does not keep ``t``'s block allocated.
 
         Pool memory is aliased through its segment, so user code can still free the block
@@ -176,16 +237,20 @@ class Capture:
             self._aliases[key] = a
         return a
 
-    def allocate(self, like: torch.Tensor) -> torch.Tensor:
+    def allocate(self, like: torch.Tensor, on_device: bool = True) -> torch.Tensor:
         """A poisoned tensor from the graph's pool with ``like``'s size, stride, dtype."""
         nbytes = _extent_bytes(like.size(), like.stride(), like.element_size())
         storage, _ = self.pool.allocate(nbytes)
         t = torch.empty(0, dtype=like.dtype).set_(storage, 0, like.size(), like.stride())
         _poison(t)
-        return t
+        return _dev.wrap(t) if on_device else t
 
     # recording
     def record(self, func, args, kwargs):
+        if not self.records_now():          # a stream outside this capture: it runs now
+            return func(*args, **kwargs)
+        if not _on_device(args, kwargs):    # host work: the CPU runs it now, as on a GPU
+            return func(*args, **kwargs)
         kind = _kind(func)
         name = func.overloadpacket.__name__
         rule = rules.aten_rule(name, args, kwargs, host_value=self.host_value)
@@ -194,14 +259,58 @@ class Capture:
         if rule is not None and rule.emulator == rules.HOST_COPY:
             self.refuse_host_copy(rule)
 
+        hosts = _host_tensors(args, kwargs)
+        if hosts and name in _COPY_OPS:
+            return self._record_copy(func, name, args, kwargs)
         if kind in ("view", "meta_inplace"):
             return func(*args, **kwargs)
+        if hosts:
+            if not _dev.allows_host_tensors(func.overloadpacket, hosts):
+                raise _dev.same_device_error()
+            if any(h.dim() for h in hosts):
+                self.refuse_host_copy(why=f"aten.{name} was given a host index tensor, which "
+                                      "it copies to the device first, from pageable memory: "
+                                      "make the indices a device tensor before capture")
 
         meta_out = self._meta(func, args, kwargs)
         if kind == "empty":
             return tree_map(lambda m: self.allocate(m) if isinstance(m, torch.Tensor) else m,
                             meta_out)
         return self._record_compute(func, name, args, kwargs, meta_out)
+
+    def check_copy(self, dst, src, non_blocking: bool) -> None:
+        """A copy between host and device memory during capture: pinned and async, or refused."""
+        side = dst if _dev.is_device(src) else src
+        way = "device-to-host" if _dev.is_device(src) else "host-to-device"
+        if not _dev.is_pinned(side):
+            self.refuse_host_copy(why=f"a {way} copy with pageable host memory (not from "
+                                  f"pin_memory()) is refused during capture")
+        if not non_blocking:
+            self.refuse(rules.Rule("cpu_sync", f"a blocking {way} copy", "with "
+                                   "non_blocking=False the CPU waits for the copy to finish; "
+                                   "from pinned memory write copy_(src, non_blocking=True), "
+                                   "which is captured"))
+
+    def _record_copy(self, func, name, args, kwargs):
+        """``copy_`` / ``_to_copy`` between host and device: a captured copy that re-reads
+        (or re-writes) the pinned host buffer on every replay."""
+        if name == "copy_":
+            dst, src = args[0], args[1]
+            non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+            self.check_copy(dst, src, non_blocking)
+            self._add_step(func, args, kwargs, [], True, bake=False)
+            return dst
+        src = args[0]
+        target = kwargs.get("device")
+        if target is None or torch.device(target).type != _dev.DEVICE_TYPE:
+            self.refuse_host_copy(why="this copies a captured tensor to a new (pageable) host "
+                                  "tensor; read results after replay() instead")
+        self.check_copy(None, src, kwargs.get("non_blocking", False))
+        meta = self._meta(func, args, kwargs)
+        out = self.allocate(meta)
+        copy = torch.ops.aten.copy_.default
+        self._add_step(copy, (out, src), {}, [], True, bake=False)
+        return out
 
     def _meta(self, func, args, kwargs):
         margs, mkwargs = tree_map(_to_meta, (args, kwargs))
@@ -248,19 +357,26 @@ class Capture:
                 results.append(t)
             else:
                 results.append(m)
-        if name == "copy_" and isinstance(args[0], torch.Tensor) and isinstance(
-                args[1], torch.Tensor) and args[0].device != args[1].device:
-            self.refuse_host_copy()
         self._add_step(func, args, kwargs, fresh, len(meta_flat) == 1 and spec.num_leaves == 1
                        and not isinstance(meta_out, (list, tuple)))
         out = tree_unflatten(results, spec)
         return out
 
-    def _add_step(self, func, args, kwargs, fresh, single):
-        al = self.alias
-        aargs, akwargs = tree_map(lambda x: al(x) if isinstance(x, torch.Tensor) else x,
-                                  (args, kwargs))
-        outs = [(i, al(t)) for i, t in fresh]
+    def _add_step(self, func, args, kwargs, fresh, single, bake: bool = True):
+        def arg(x):
+            if type(x) is _dev.DeviceTensor:
+                return self.alias(x)
+            if isinstance(x, torch.Tensor):
+                # a host tensor next to device ones: a 0-dim scalar is read now and baked in
+                # (bake); pinned memory in a copy is read by address on every replay
+                return x.detach().clone() if bake else self.alias(x)
+            if type(x) is torch.device and x.type == _dev.DEVICE_TYPE:
+                return torch.device("cpu")
+            return x
+
+        self._node()
+        aargs, akwargs = tree_map(arg, (args, kwargs))
+        outs = [(i, self.alias(t)) for i, t in fresh]
         self.ops.append(str(func))
         variant = _out_variant(func) if (outs and len(outs) == len(func._schema.returns)
                                          and all(i == j for j, (i, _) in enumerate(outs))) else None
@@ -300,11 +416,12 @@ class Capture:
                             f"{rule.shown}: {rule.why}. Nothing inside a captured region "
                             "may wait for the GPU.")
 
-    def refuse_host_copy(self, rule: rules.Rule | None = None):
-        why = (f"{rule.shown}: {rule.why}." if rule is not None else
-               "this copies a captured tensor to host memory; read results after replay() "
-               "instead.")
-        raise RuntimeError(HOST_COPY_MESSAGE + f"\n[labkit emulator] {why}")
+    def refuse_host_copy(self, rule: rules.Rule | None = None, why: str | None = None):
+        if why is None:
+            why = (f"{rule.shown}: {rule.why}" if rule is not None else
+                   "this copies a captured tensor to host memory; read results after "
+                   "replay() instead")
+        raise RuntimeError(HOST_COPY_MESSAGE + f"\n[labkit emulator] {why}.")
 
 
 class _CaptureDispatchMode(TorchDispatchMode):
@@ -325,6 +442,8 @@ class _CaptureFunctionMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if not (self.cap.records_now() and _on_device(args, kwargs)):
+            return func(*args, **kwargs)      # host work, or a stream outside the capture
         name = getattr(func, "__name__", "")
         rule = rules.function_rule(name, args, kwargs)
         if rule is not None and rule.emulator == rules.HOST_COPY:

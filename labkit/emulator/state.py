@@ -17,7 +17,7 @@ import threading
 import torch
 
 __all__ = ["active_capture", "set_active_capture", "captures_underway", "capture_error",
-           "refuse_sync", "refuse_device_sync", "CAPTURE_UNSUPPORTED", "CAPTURE_INVALIDATED"]
+           "refuse_sync", "refuse_device_sync", "refuse_read_during_capture", "CAPTURE_UNSUPPORTED", "CAPTURE_INVALIDATED", "CAPTURE_UNJOINED"]
 
 _CUDA_TAIL = (
     "\nSearch for `{code}' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
@@ -27,6 +27,7 @@ _CUDA_TAIL = (
 )
 CAPTURE_UNSUPPORTED = "CUDA error: operation not permitted when stream is capturing"
 CAPTURE_INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
+CAPTURE_UNJOINED = "CUDA error: capturing stream has unjoined work"
 
 _Accel = getattr(torch, "AcceleratorError", RuntimeError)
 
@@ -83,6 +84,17 @@ def refuse_sync(what: str) -> None:
             f"{what} waits for the GPU to finish, but during capture nothing runs: "
             "move it out of the captured region.",
         )
+
+
+def refuse_read_during_capture(what: str) -> None:
+    """Reading a device tensor's values on the host (printing it) while this thread captures."""
+    cap = active_capture()
+    if cap is not None and cap.records_now():
+        cap.invalidate(what)
+        raise capture_error(
+            CAPTURE_UNSUPPORTED, "cudaErrorStreamCaptureUnsupported",
+            f"{what} reads its values on the host, so the CPU waits for the GPU; nothing "
+            "inside a captured region may wait for the GPU.")
 
 
 def refuse_device_sync(what: str) -> None:

@@ -16,6 +16,7 @@ import torch
 
 from labkit.emulator.state import (  # noqa: F401  (old names)
     CAPTURE_INVALIDATED,
+    active_capture,
     CAPTURE_UNSUPPORTED,
     capture_error,
     refuse_device_sync,
@@ -36,13 +37,31 @@ class Stream:
     def __init__(self, device=None, priority: int = 0, **kwargs):
         self.stream_id = next(_ids)
         self.priority = priority
-        self.device = torch.device("cpu")
+
+    @property
+    def device(self) -> torch.device:
+        from labkit.emulator.device import install
+        return install()
 
     def wait_stream(self, other: "Stream") -> None:
+        """Later work on this stream waits for the work issued so far on ``other``.
+
+        During a capture that is how a stream joins it (``side.wait_stream(capturing)``,
+        a fork) and how its work is joined back (``capturing.wait_stream(side)``).
+        """
         check_stream(other, "Stream.wait_stream(other)", allow_none=False)
+        cap = active_capture()
+        if cap is not None and other in cap.members:
+            cap.join(self, other)
 
     def wait_event(self, event: "Event") -> None:
-        pass
+        """Later work on this stream waits for ``event`` (a fork or join during capture)."""
+        if not isinstance(event, Event):
+            raise TypeError(f"Stream.wait_event(event) takes an Event, got "
+                            f"{type(event).__name__}")
+        cap = active_capture()
+        if cap is not None and event._captured is not None and event._captured[0] is cap:
+            cap.join_deps(self, event._captured[1])
 
     def record_event(self, event: "Event | None" = None) -> "Event":
         event = event or Event()
@@ -132,12 +151,17 @@ class Event:
                  interprocess: bool = False):
         self.enable_timing = enable_timing
         self._t: int | None = None
+        self._captured = None     # (capture, the work it marks) when recorded in a capture
 
     def record(self, stream: Stream | None = None) -> None:
         self._t = time.perf_counter_ns()
+        s = stream if stream is not None else current_stream()
+        cap = active_capture()
+        self._captured = (cap, cap.members[s]) if cap is not None and s in cap.members \
+            else None
 
     def wait(self, stream: Stream | None = None) -> None:
-        pass
+        (stream if stream is not None else current_stream()).wait_event(self)
 
     def query(self) -> bool:
         return True

@@ -1,0 +1,374 @@
+"""The emulated device: tensors on ``emu:0`` whose data lives in host memory.
+
+On a GPU most rules of capture are about the line between the device and the host: a
+copy to the host, a tensor built from host data, a host scalar read once at capture. The
+emulator draws that line with a device of its own. PyTorch's ``PrivateUse1`` slot is
+named ``emu`` (``torch.utils.backend_registration._setup_privateuseone_for_python_backend``,
+the Python-only route of PyTorch's ``test_privateuseone_python_backend``), and a tensor on
+it is a :class:`DeviceTensor`: a wrapper subclass that reports ``device='emu:0'`` and
+holds a CPU tensor, the way PyTorch's fake tensors make a CPU-only machine see ``cuda``
+tensors. Every op on it goes through :meth:`DeviceTensor.__torch_dispatch__`, which runs
+the op on the CPU tensors inside and applies the device rules a GPU applies:
+
+* tensors of one op are on one device, except 0-dim host tensors (read as scalars) and
+  host index tensors (``x[idx]``); anything else raises CUDA's "Expected all tensors to
+  be on the same device" error;
+* host <-> device copies go through :func:`copy_between` (``.to``, ``.cpu()``, ``copy_``,
+  ``torch.tensor(data, device=...)``), which the recorder checks during capture;
+* ``.numpy()`` of a device tensor is refused, as for a CUDA tensor;
+* ``t.pin_memory()`` gives host memory the emulator treats as pinned (:func:`is_pinned`).
+
+.. warning::
+    ``pin_memory=True`` in a factory (``torch.empty(n, pin_memory=True)``) asks the
+    device's own pinned allocator, which a Python device cannot provide: on the emulator
+    write ``torch.empty(n).pin_memory()``. ``torch.Generator(device=B.device)`` fails for
+    the same reason: use ``torch.Generator()``. ``.cuda()`` needs CUDA: write
+    ``.to(B.device)``.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+__all__ = ["DEVICE_TYPE", "DEVICE", "DeviceTensor", "install", "is_device", "host",
+           "wrap", "is_pinned", "same_device_error", "NUMPY_MESSAGE"]
+
+DEVICE_TYPE = "emu"
+DEVICE: torch.device = None  # type: ignore[assignment]  # torch.device("emu", 0), by install()
+_CPU = torch.device("cpu")
+
+NUMPY_MESSAGE = ("can't convert {device} device type tensor to numpy. Use Tensor.cpu() to "
+                 "copy the tensor to host memory first.")
+
+
+def same_device_error(where: str = "") -> RuntimeError:
+    """CUDA's error for an op given a device tensor and a host tensor (as in TensorIterator)."""
+    return RuntimeError(f"Expected all tensors to be on the same device, but found at least "
+                        f"two devices, {DEVICE} and cpu!{where}")
+
+
+class DeviceTensor(torch.Tensor):
+    """A tensor on the emulated device: its metadata says ``emu:0``, its data is ``_host``.
+
+    Made only by the device's factories and copies (``torch.zeros(..., device=B.device)``,
+    ``t.to(B.device)``) and by ops on other device tensors; never construct one directly.
+    """
+
+    _host: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor):
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, data.size(), strides=data.stride(), storage_offset=data.storage_offset(),
+            dtype=data.dtype, device=DEVICE, requires_grad=False,
+            storage_size=data.untyped_storage().nbytes())
+        t._host = data
+        return t
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    # ---- what a wrapper has no storage for: answered from the host data ----------------
+    def data_ptr(self) -> int:
+        return self._host.data_ptr()
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        return self._host.untyped_storage()
+
+    def is_pinned(self, device=None) -> bool:
+        return False
+
+    # ---- reading values on the host: a device-to-host copy first, as on a GPU -----------
+    def tolist(self):
+        return self.cpu().tolist()
+
+    def numpy(self, *, force: bool = False):
+        raise TypeError(NUMPY_MESSAGE.format(device=self.device))
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(NUMPY_MESSAGE.format(device=self.device))
+
+    def __format__(self, spec):
+        if self.dim() == 0:
+            return self.item().__format__(spec)
+        return object.__format__(self, spec)
+
+    def __repr__(self, *, tensor_contents=None):
+        from labkit.emulator.state import refuse_read_during_capture
+        refuse_read_during_capture("printing a tensor")
+        with torch.no_grad():
+            contents = torch._tensor_str._tensor_str(self._host.detach(), len("tensor("))
+            text = torch._tensor_str._str(self, tensor_contents=contents)
+        return "tensor(" + text[text.index("(") + 1:]
+
+    __str__ = __repr__
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        packet = func.overloadpacket
+        if packet in _COPIES:
+            return copy_between(func, args, kwargs)
+        hosts: list = []
+        out = func(*_unwrap(args, hosts), **({k: _unwrap(v, hosts) for k, v in kwargs.items()}
+                                             if kwargs else {}))
+        if hosts and not allows_host_tensors(packet, hosts):
+            raise same_device_error()
+        return wrap_result(func, args, kwargs, out)
+
+
+# learners' code reads type(t).__name__: a device tensor is a "Tensor", as on a GPU
+DeviceTensor.__name__ = DeviceTensor.__qualname__ = "Tensor"
+
+
+# ---- unwrapping and wrapping ------------------------------------------------------------
+
+def _unwrap(a, hosts: list):
+    """``a`` with device tensors replaced by their host data; host tensors go to ``hosts``."""
+    t = type(a)
+    if t is DeviceTensor:
+        return a._host
+    if t is tuple or t is list:
+        return t(_unwrap(x, hosts) for x in a)
+    if t is torch.device:
+        return _CPU if a.type == DEVICE_TYPE else a
+    if isinstance(a, torch.Tensor):
+        hosts.append(a)
+    return a
+
+
+def host(t):
+    """The CPU tensor holding a device tensor's data (a host tensor is returned as is)."""
+    return t._host if type(t) is DeviceTensor else t
+
+
+def wrap(data: torch.Tensor) -> DeviceTensor:
+    """A device tensor over the CPU tensor ``data`` (shares its memory)."""
+    return DeviceTensor(data)
+
+
+def is_device(t) -> bool:
+    """True for a tensor on the emulated device."""
+    return type(t) is DeviceTensor
+
+
+_WRITES: dict = {}
+
+
+def _written_returns(func) -> list:
+    """For each return of ``func``: the index of the argument it aliases and writes, or None."""
+    found = _WRITES.get(func)
+    if found is None:
+        sets = {}
+        for i, a in enumerate(func._schema.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                for s in a.alias_info.before_set:
+                    sets[s] = (i, a.name)
+        found = []
+        for r in func._schema.returns:
+            ai = r.alias_info
+            found.append(sets.get(next(iter(ai.before_set))) if ai is not None and ai.is_write
+                         else None)
+        _WRITES[func] = found
+    return found
+
+
+def wrap_result(func, args, kwargs, out):
+    """The op's result on the device: in-place and ``out=`` ops return their own argument."""
+    writes = _written_returns(func)
+    if any(w is not None for w in writes):
+        def arg(w):
+            i, name = w
+            a = args[i] if i < len(args) else kwargs[name]
+            if type(a) is DeviceTensor:
+                _follow_metadata(a, func)
+            return a
+        if len(writes) == 1:
+            return arg(writes[0])
+        return tuple(arg(w) if w is not None else _wrap_any(o) for w, o in zip(writes, out))
+    return _wrap_any(out)
+
+
+def _follow_metadata(t: DeviceTensor, func) -> None:
+    """After ``unsqueeze_``, ``t_``, ``resize_``, ``out=``...: give ``t`` its data's shape."""
+    h = t._host
+    if h.size() == t.size() and h.stride() == t.stride() \
+            and h.storage_offset() == t.storage_offset():
+        return
+    try:
+        with torch._C._DisableTorchDispatch():
+            _aten.as_strided_.default(t, h.size(), h.stride(), h.storage_offset())
+    except RuntimeError:
+        raise RuntimeError(
+            f"{func} grew a tensor on the emulated device in place (from {tuple(t.size())} "
+            f"to {tuple(h.size())}), which the emulator cannot follow: allocate the output "
+            f"with its final shape (torch.empty(shape, device=B.device)), or use the "
+            f"op's functional form.") from None
+
+
+def _wrap_any(out):
+    t = type(out)
+    if t is torch.Tensor:
+        return DeviceTensor(out)
+    if t is tuple or t is list:
+        return t(_wrap_any(o) for o in out)
+    return out
+
+
+# ---- which ops take a host tensor next to device tensors --------------------------------
+
+_INDEX_OPS = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
+
+
+def allows_host_tensors(packet, hosts) -> bool:
+    """CUDA's rule: 0-dim host tensors are scalars anywhere; index ops take host indices."""
+    if all(h.dim() == 0 for h in hosts):
+        return True
+    return packet.__name__ in _INDEX_OPS
+
+
+# ---- copies between host and device -----------------------------------------------------
+
+_aten = torch.ops.aten
+_COPIES = {_aten._to_copy, _aten.copy_}
+
+
+def copy_between(func, args, kwargs):
+    """``_to_copy`` and ``copy_`` with a device tensor on either side, run on host data."""
+    packet = func.overloadpacket
+    if packet is _aten.copy_:
+        dst, src = args[0], args[1]
+        host(dst).copy_(host(src), *args[3:])
+        return dst
+    src = args[0]
+    kw = dict(kwargs)
+    target = kw.get("device")
+    to_device = target is None and is_device(src) or (
+        target is not None and torch.device(target).type == DEVICE_TYPE)
+    kw["device"] = _CPU
+    kw.pop("pin_memory", None)
+    out = func(host(src), **kw)
+    return DeviceTensor(out) if to_device else out
+
+
+# ---- pinned host memory ------------------------------------------------------------------
+
+_pinned: dict[int, weakref.finalize] = {}
+
+
+def is_pinned(t) -> bool:
+    """Whether host tensor ``t`` lives in memory from ``pin_memory()``."""
+    if is_device(t) or not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+        return False
+    return t.untyped_storage().data_ptr() in _pinned
+
+
+def _pin_memory(self, device=None):
+    out = torch.empty_like(self, memory_format=torch.contiguous_format)
+    out.copy_(self)
+    st = out.untyped_storage()
+    ptr = st.data_ptr()
+    if ptr:
+        _pinned[ptr] = weakref.finalize(st, _pinned.pop, ptr, None)
+    return out
+
+
+def _is_pinned(self, device=None) -> bool:
+    return is_pinned(self)
+
+
+# ---- the device's factories and PyTorch's registration -----------------------------------
+
+def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None,
+                         memory_format=None):
+    return DeviceTensor(torch.empty(size, dtype=dtype, layout=layout,
+                                    memory_format=memory_format or torch.contiguous_format))
+
+
+def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return DeviceTensor(torch.empty_strided(size, stride, dtype=dtype, layout=layout))
+
+
+def _copy_from(src, dst, non_blocking=False):
+    # torch.tensor(data, device=...) copies its host buffer here, below Python's modes
+    from labkit.emulator.state import active_capture
+    cap = active_capture()
+    if cap is not None and cap.records_now():
+        cap.check_copy(dst, src, non_blocking)
+    host(dst).copy_(host(src))
+    return dst
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks if hasattr(torch._C, "_acc") else object):
+    """PyTorch's questions about the device. Not "available" as an accelerator: the
+    emulator is no accelerator, and a GPU machine's current accelerator stays CUDA."""
+
+    def is_available(self) -> bool:
+        return False
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+#: Factories that fill an ``out=`` tensor they resize: made on the host, then wrapped.
+HOST_BUILT_FACTORIES = ("arange", "arange.start", "arange.start_step", "range",
+                        "range.step", "linspace", "logspace", "randperm",
+                        "randperm.generator", "eye", "eye.m", "tril_indices",
+                        "triu_indices")
+
+
+def _host_built(op):
+    def factory(*args, **kwargs):
+        kwargs["device"] = _CPU
+        kwargs.pop("pin_memory", None)
+        return DeviceTensor(op(*args, **kwargs))
+    return factory
+
+
+_installed: list = []
+
+
+def install() -> torch.device:
+    """Register the ``emu`` device with PyTorch (once per process); return it.
+
+    Raises:
+        RuntimeError: this torch has no Python device registration (``torch._C._acc``),
+            or another library already gave PyTorch's ``PrivateUse1`` slot its name.
+    """
+    global DEVICE
+    if _installed:
+        return DEVICE
+    if not hasattr(torch._C, "_acc"):
+        raise RuntimeError(
+            f"the emulated backend needs torch._C._acc (a device registered from Python), "
+            f"which torch {torch.__version__} lacks: install torch 2.11 or newer "
+            f"(pip install -U torch), or run on a GPU with backend.get('cuda').")
+    name = torch._C._get_privateuse1_backend_name()
+    if name not in ("privateuseone", DEVICE_TYPE):
+        raise RuntimeError(
+            f"the emulated backend names PyTorch's PrivateUse1 device {DEVICE_TYPE!r}, but "
+            f"another library in this process already named it {name!r}: run the lab in a "
+            f"process without that library (a fresh kernel).")
+    if name == "privateuseone":
+        from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+        _setup_privateuseone_for_python_backend(DEVICE_TYPE, hook=_Hooks())
+    DEVICE = torch.device(DEVICE_TYPE, 0)
+    # backward on this thread, as for CPU tensors (a device's own autograd thread would
+    # hand every op back and forth under the GIL)
+    torch._C._set_multithreading_enabled(False)
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
+    lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    for name in HOST_BUILT_FACTORIES:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(_aten, packet), overload or "default")
+        lib.impl(name, _host_built(op), "PrivateUse1")
+    lib.impl("_pin_memory", _pin_memory, "CPU")
+    lib.impl("is_pinned", _is_pinned, "CPU")
+    _installed.append(lib)
+    return DEVICE
