@@ -4,6 +4,7 @@ Each test states one rule of CUDA graphs (as observed on an H200 with torch 2.11
 GPU the rule is checked against torch.cuda itself; on the CPU against labkit's emulator.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -530,3 +531,323 @@ def test_synchronize_from_another_thread_invalidates_the_capture(B, mode):
     assert seen["other"] is not None and SYNC_MSG in error_text(seen["other"])
     assert "operation failed due to a previous error during capture" in error_text(info.value)
     assert_usable(B)
+
+
+# ---- the host is not the device (issue 17; every rule read off an H200, torch 2.11) ------
+
+INVALIDATED_MSG = "operation failed due to a previous error during capture"
+UNJOINED_MSG = "capturing stream has unjoined work"
+
+
+def _sync_replay(B, g):
+    g.replay()
+    B.synchronize()
+
+
+TO_HOST = {
+    "cpu": lambda y: y.cpu(),
+    "to_cpu": lambda y: y.to("cpu"),
+    "tolist": lambda y: y.tolist(),
+}
+
+
+@pytest.mark.parametrize("what", sorted(TO_HOST))
+def test_copy_to_the_host_during_capture_is_refused(B, what):
+    x = torch.arange(4.0, device=B.device)
+    with pytest.raises(RuntimeError) as info:
+        capture(B, lambda: TO_HOST[what](x * 2))
+    assert HOST_COPY_MSG in error_text(info.value)
+    assert_usable(B)
+
+
+def test_numpy_of_a_device_tensor_is_refused_always(B):
+    x = torch.arange(4.0, device=B.device)
+    with pytest.raises(TypeError, match="device type tensor to numpy. Use Tensor.cpu()"):
+        x.numpy()
+    assert x.cpu().numpy().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+FROM_HOST = {
+    "tensor_list": lambda B, x: torch.tensor([1.0, 2.0, 3.0, 4.0], device=B.device) + x,
+    "tensor_scalar": lambda B, x: x + torch.tensor(2.0, device=B.device),
+    "as_tensor_numpy": lambda B, x: torch.as_tensor(np.ones(4, dtype=np.float32),
+                                                    device=B.device) + x,
+    "host_to_device": lambda B, x: torch.ones(4).to(B.device) + x,
+}
+
+
+@pytest.mark.parametrize("what", sorted(FROM_HOST))
+def test_a_device_tensor_from_host_data_during_capture_is_refused(B, what):
+    x = torch.arange(4.0, device=B.device)
+    with pytest.raises(RuntimeError) as info:
+        capture(B, lambda: FROM_HOST[what](B, x))
+    assert HOST_COPY_MSG in error_text(info.value)
+    assert_usable(B)
+
+
+def test_to_the_device_it_is_on_is_no_copy(B):
+    x = torch.arange(4.0, device=B.device)
+    g, y = capture(B, lambda: x.to(B.device) + 1)
+    _sync_replay(B, g)
+    assert y.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_0dim_host_tensor_is_read_once_at_capture(B):
+    x = torch.arange(4.0, device=B.device)
+    scale = torch.tensor(2.0)                     # a host tensor, used as a scalar
+    g, y = capture(B, lambda: x * scale)
+    _sync_replay(B, g)
+    assert y.tolist() == [0.0, 2.0, 4.0, 6.0]
+    scale.fill_(5.0)                              # changes nothing: the 2.0 is baked in
+    _sync_replay(B, g)
+    assert y.tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert (x * scale).tolist() == [0.0, 5.0, 10.0, 15.0]    # eagerly it is read each call
+
+
+def test_host_work_during_capture_runs_on_the_host_now(B):
+    x = torch.arange(4.0, device=B.device)
+    host = torch.ones(3)
+
+    def body():
+        factor = torch.tensor(7.0).item()        # a host read: no device sync
+        assert torch.equal(host * 2, torch.full((3,), 2.0))
+        return x * factor
+
+    g, y = capture(B, body)
+    _sync_replay(B, g)
+    assert y.tolist() == [0.0, 7.0, 14.0, 21.0]
+
+
+def test_a_host_tensor_with_dimensions_is_on_another_device(B):
+    x = torch.arange(4.0, device=B.device)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x + torch.ones(4)
+    with pytest.raises(RuntimeError) as info:
+        capture(B, lambda: x * torch.tensor([2.0]))
+    assert "Expected all tensors to be on the same device" in error_text(info.value)
+    assert_usable(B)
+
+
+def test_host_index_tensor_eagerly_yes_in_capture_no(B):
+    x = torch.arange(4.0, device=B.device)
+    idx = torch.tensor([0, 2])
+    assert x[idx].tolist() == [0.0, 2.0]          # copied to the device for you
+    with pytest.raises(RuntimeError) as info:
+        capture(B, lambda: x[idx])                # ... from pageable memory: refused
+    assert HOST_COPY_MSG in error_text(info.value)
+    assert_usable(B)
+
+
+@pytest.mark.parametrize("non_blocking", [False, True])
+def test_copies_with_pageable_host_memory_are_refused(B, non_blocking):
+    x = torch.arange(4.0, device=B.device)
+    dst = torch.zeros(4, device=B.device)
+    for body in (lambda: dst.copy_(torch.full((4,), 3.0), non_blocking=non_blocking),
+                 lambda: torch.zeros(4).copy_(x * 2, non_blocking=non_blocking)):
+        with pytest.raises(RuntimeError) as info:
+            capture(B, body)
+        assert HOST_COPY_MSG in error_text(info.value)
+        assert_usable(B)
+
+
+def test_pin_memory_gives_pinned_host_memory(B):
+    pinned = torch.full((4,), 3.0).pin_memory()
+    assert pinned.is_pinned() and pinned.device.type == "cpu"
+    assert not torch.full((4,), 3.0).is_pinned()
+    assert pinned.tolist() == [3.0] * 4
+
+
+def test_async_copy_from_pinned_memory_rereads_it_every_replay(B):
+    dst = torch.zeros(4, device=B.device)
+    pinned = torch.full((4,), 3.0).pin_memory()
+    g, _ = capture(B, lambda: dst.copy_(pinned, non_blocking=True))
+    _sync_replay(B, g)
+    assert dst.tolist() == [3.0] * 4
+    pinned.fill_(9.0)                             # the graph reads the host buffer again
+    _sync_replay(B, g)
+    assert dst.tolist() == [9.0] * 4
+
+
+def test_async_copy_into_pinned_memory_writes_it_every_replay(B):
+    x = torch.arange(4.0, device=B.device)
+    host = torch.zeros(4).pin_memory()
+    g, _ = capture(B, lambda: host.copy_(x * 2, non_blocking=True))
+    assert host.tolist() == [0.0] * 4             # nothing ran at capture
+    x.fill_(1.0)
+    _sync_replay(B, g)
+    assert host.tolist() == [2.0] * 4
+
+
+def test_a_blocking_copy_with_pinned_memory_fails_the_capture(B):
+    x = torch.arange(4.0, device=B.device)
+    dst = torch.zeros(4, device=B.device)
+    pinned = torch.full((4,), 3.0).pin_memory()
+    for body in (lambda: dst.copy_(pinned), lambda: pinned.copy_(x * 2)):
+        with pytest.raises(RuntimeError) as info:
+            capture(B, body)
+        assert INVALIDATED_MSG in error_text(info.value)
+        assert_usable(B)
+
+
+def test_repr_of_a_device_tensor_outside_capture(B):
+    text = repr(torch.arange(3.0, device=B.device))
+    assert text.startswith("tensor([0., 1., 2.]") and f"device='{B.device}'" in text
+
+
+# ---- streams in capture ------------------------------------------------------------------
+
+def _fork(B):
+    cur, side = B.current_stream(), B.Stream()
+    side.wait_stream(cur)
+    return cur, side
+
+
+def test_a_fork_joined_back_is_captured(B):
+    x = torch.arange(4.0, device=B.device)
+
+    def body():
+        cur, side = _fork(B)
+        with B.stream(side):
+            assert B.is_current_stream_capturing()    # the side stream joined the capture
+            y = x * 2
+        cur.wait_stream(side)
+        return y
+
+    g, y = capture(B, body)
+    x.fill_(1.0)
+    _sync_replay(B, g)
+    assert y.tolist() == [2.0] * 4
+
+
+def test_a_fork_joined_by_events_is_captured(B):
+    x = torch.arange(4.0, device=B.device)
+
+    def body():
+        cur, side = B.current_stream(), B.Stream()
+        forked = B.Event()
+        forked.record(cur)
+        side.wait_event(forked)
+        with B.stream(side):
+            y = x * 3
+        done = B.Event()
+        done.record(side)
+        cur.wait_event(done)
+        return y
+
+    g, y = capture(B, body)
+    _sync_replay(B, g)
+    assert y.tolist() == [0.0, 3.0, 6.0, 9.0]
+
+
+def test_a_fork_through_two_side_streams_joined_at_the_end(B):
+    x = torch.arange(4.0, device=B.device)
+
+    def body():
+        cur, s1, s2 = B.current_stream(), B.Stream(), B.Stream()
+        s1.wait_stream(cur)
+        with B.stream(s1):
+            y = x * 2
+        s2.wait_stream(s1)
+        with B.stream(s2):
+            z = y + 1
+        cur.wait_stream(s2)
+        return z
+
+    g, z = capture(B, body)
+    _sync_replay(B, g)
+    assert z.tolist() == [1.0, 3.0, 5.0, 7.0]
+
+
+def test_a_fork_with_no_work_needs_no_join(B):
+    x = torch.arange(4.0, device=B.device)
+
+    def body():
+        _fork(B)
+        return x * 2
+
+    g, y = capture(B, body)
+    _sync_replay(B, g)
+    assert y.tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def _unjoined(B, x):
+    cur, side = _fork(B)
+    with B.stream(side):
+        return x * 2
+
+
+def _work_after_the_join(B, x):
+    cur, side = _fork(B)
+    with B.stream(side):
+        y = x * 2
+    cur.wait_stream(side)
+    with B.stream(side):
+        y.add_(1)
+    return y
+
+
+def _one_of_two_forks_joined(B, x):
+    cur, s1, s2 = B.current_stream(), B.Stream(), B.Stream()
+    s1.wait_stream(cur)
+    with B.stream(s1):
+        x * 2
+    s2.wait_stream(cur)
+    with B.stream(s2):
+        z = x + 1
+    cur.wait_stream(s2)
+    return z
+
+
+@pytest.mark.parametrize("body", [_unjoined, _work_after_the_join, _one_of_two_forks_joined])
+def test_side_stream_work_never_joined_fails_at_capture_end(B, body):
+    x = torch.arange(4.0, device=B.device)
+    with pytest.raises(RuntimeError) as info:
+        capture(B, lambda: body(B, x))
+    assert UNJOINED_MSG in error_text(info.value)
+    assert_usable(B)
+
+
+@pytest.mark.parametrize("which", ["unrelated side stream", "default stream"])
+def test_work_on_a_stream_outside_the_capture_runs_now(B, which):
+    x = torch.arange(4.0, device=B.device)
+    w = torch.zeros(4, device=B.device)
+    other = B.Stream() if which == "unrelated side stream" else B.default_stream()
+
+    def body():
+        with B.stream(other):
+            assert not B.is_current_stream_capturing()
+            w.add_(1)                             # not part of the graph: runs now
+        return x * 2
+
+    g, y = capture(B, body)
+    B.synchronize()
+    assert w.tolist() == [1.0] * 4
+    _sync_replay(B, g)
+    assert w.tolist() == [1.0] * 4 and y.tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+# ---- torch's own capturable optimizer ------------------------------------------------------
+
+def test_torch_capturable_adamw_is_captured_and_matches_eager(B):
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(6, device=B.device))
+    q = torch.nn.Parameter(p.detach().clone())
+    grads = [torch.randn(6, device=B.device) for _ in range(4)]
+    p.grad = torch.zeros_like(p)
+    opt = torch.optim.AdamW([p], lr=0.1, capturable=True, foreach=True)
+    ref = torch.optim.AdamW([q], lr=0.1)
+    p.grad.copy_(grads[0])
+    opt.step()                                    # the state exists before capture
+    s = B.Stream()
+    s.wait_stream(B.current_stream())
+    B.current_stream().wait_stream(s)
+    g, _ = capture(B, opt.step)
+    q.grad = grads[0].clone()
+    ref.step()
+    for grad in grads[1:]:
+        p.grad.copy_(grad)
+        _sync_replay(B, g)
+        q.grad = grad.clone()
+        ref.step()
+    torch.testing.assert_close(p.detach(), q.detach())
+    assert opt.state[p]["step"].item() == 4.0

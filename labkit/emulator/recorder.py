@@ -260,7 +260,9 @@ class Capture:
             self.refuse_host_copy(rule)
 
         hosts = _host_tensors(args, kwargs)
-        if hosts and name in _COPY_OPS:
+        target = kwargs.get("device") if name == "_to_copy" else None
+        if name in _COPY_OPS and (hosts or target is not None
+                                  and torch.device(target).type != _dev.DEVICE_TYPE):
             return self._record_copy(func, name, args, kwargs)
         if kind in ("view", "meta_inplace"):
             return func(*args, **kwargs)
