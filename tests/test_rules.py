@@ -11,13 +11,13 @@ from labkit.core import rules
 from labkit.guards import expect_error, lint_capture
 
 B = backend.get("emulated")
-REPEATS = torch.tensor([1, 2, 1, 1])
-GEN = torch.Generator()
+REPEATS = torch.tensor([1, 2, 1, 1], device=B.device)
+GEN = B.Generator()
 
 
 def _clone_set(x):
     y = x.clone()
-    y[x > 0] = torch.zeros(())        # a tensor value: nonzero on a GPU
+    y[x > 0] = torch.zeros((), device=x.device)   # a device tensor value: nonzero on a GPU
     return y
 
 
@@ -51,8 +51,8 @@ TRIGGERS = {
     "numpy": lambda x: (x.numpy(), x)[1],
     "__array__": lambda x: (np.asarray(x), x)[1],
     "cpu": lambda x: x.cpu() * 2,
-    "tensor": lambda x: x * torch.tensor([2.0]),
-    "as_tensor": lambda x: x * torch.as_tensor([2.0]),
+    "tensor": lambda x: x * torch.tensor([2.0], device=x.device),
+    "as_tensor": lambda x: x * torch.as_tensor([2.0], device=x.device),
     "_local_scalar_dense": lambda x: x * x.sum().item(),
     "is_nonzero": lambda x: (torch.is_nonzero(x.sum()), x)[1],
     "equal": lambda x: (torch.equal(x, x * 1), x)[1],
@@ -67,20 +67,21 @@ TRIGGERS = {
     "index (boolean mask)": lambda x: x[x > 0],
     "index_put_ (boolean mask)": _clone_set,
     "repeat_interleave (tensor repeats)": lambda x: x.repeat_interleave(REPEATS),
-    "unregistered generator": lambda x: x + torch.rand(4, generator=GEN),
+    "unregistered generator": lambda x: x + torch.rand(4, device=x.device, generator=GEN),
     "synchronize": lambda x: (B.synchronize(), x * 2)[1],
     "histc (no range)": lambda x: torch.histc(x),
-    "masked_fill (tensor value)": lambda x: x.masked_fill(x > 0, torch.zeros(())),
+    "masked_fill (tensor value)": lambda x: x.masked_fill(x > 0,
+                                                          torch.zeros((), device=x.device)),
 }
 
 # What the linter does not flag, the emulator does not refuse.
 CLEAN = {
-    "index with integer indices": lambda x: x[torch.arange(2)],
+    "index with integer indices": lambda x: x[torch.arange(2, device=x.device)],
     "repeat_interleave with output_size": lambda x: x.repeat_interleave(REPEATS, output_size=5),
     "repeat_interleave with an int": lambda x: x.repeat_interleave(2),
     "torch.where instead of a mask": lambda x: torch.where(x > 0, x, 0),
     "torch.as_tensor of a tensor": lambda x: torch.as_tensor(x) * 2,
-    "the default generator": lambda x: x + torch.rand(4, generator=torch.default_generator),
+    "the default generator": lambda x: x + torch.rand(4, device=x.device),
     "a boolean mask assigned a Python number": _clone_set_number,
     "masked_fill with a number": lambda x: x.masked_fill(x > 0, 0.0),
     "histc with a range": lambda x: torch.histc(x, bins=4, min=-1, max=2),
@@ -93,8 +94,11 @@ UNREACHED = {"nonzero_numpy", "_unique", "unique", "unique_dim_consecutive", "ar
 
 
 def _emulator_refuses(fn) -> bool:
-    x = torch.linspace(-1, 2, 4)
-    fn(x)                                      # eager first, as a warm-up would
+    x = torch.linspace(-1, 2, 4, device=B.device)
+    try:
+        fn(x)                                  # eager first, as a warm-up would
+    except TypeError:                          # .numpy() of a device tensor: never allowed
+        return True
     s = B.Stream()
     with expect_error(B) as caught, B.stream(s):
         g = B.CUDAGraph()
@@ -108,7 +112,7 @@ def test_every_rule_has_a_trigger():
     missing = keys - set(TRIGGERS) - UNREACHED
     assert not missing, f"add a trigger for {sorted(missing)}"
     flagged = {f.op for fn in TRIGGERS.values()
-               for f in lint_capture(fn, torch.linspace(-1, 2, 4), B=B)}
+               for f in lint_capture(fn, torch.linspace(-1, 2, 4, device=B.device), B=B)}
     unseen = {r.shown for k, r in rules.ATEN_RULES.items() if k not in UNREACHED} - flagged
     assert not unseen, f"no trigger reaches {sorted(unseen)}"
 
@@ -116,7 +120,7 @@ def test_every_rule_has_a_trigger():
 @pytest.mark.parametrize("name", sorted(TRIGGERS))
 def test_emulator_refuses_what_the_linter_flags(name, capsys):
     fn = TRIGGERS[name]
-    report = lint_capture(fn, torch.linspace(-1, 2, 4), B=B)
+    report = lint_capture(fn, torch.linspace(-1, 2, 4, device=B.device), B=B)
     flagged = [f for f in report if f.severity == "fails capture"]
     assert flagged, f"the linter flags nothing for {name}"
     base = name.split(" ")[0]
@@ -132,6 +136,6 @@ def test_emulator_refuses_what_the_linter_flags(name, capsys):
 @pytest.mark.parametrize("name", sorted(CLEAN))
 def test_what_the_linter_passes_the_emulator_captures(name, capsys):
     fn = CLEAN[name]
-    report = lint_capture(fn, torch.linspace(-1, 2, 4), B=B)
+    report = lint_capture(fn, torch.linspace(-1, 2, 4, device=B.device), B=B)
     assert not [f for f in report if f.severity == "fails capture"], str(report)
     assert not _emulator_refuses(fn)

@@ -85,8 +85,8 @@ class Rule(NamedTuple):
         why: why capture refuses it, one clause.
         emulator: what the emulator does during capture: :data:`REFUSE`,
             :data:`HOST_COPY`, :data:`AT_ATEN` (an ATen rule refuses the op the call
-            reaches: ``.item()`` reaches ``aten._local_scalar_dense``), or ``None`` where a
-            CPU cannot show it (``torch.tensor(data)`` copies nothing on a CPU).
+            reaches: ``.item()`` reaches ``aten._local_scalar_dense``), or ``None`` where
+            the emulator cannot show it.
     """
 
     kind: str
@@ -115,18 +115,20 @@ FUNCTION_RULES: dict[str, Rule] = {
                        "formatting reads the values on the host"),
     "tolist": Rule("host_tensor", ".tolist()", "copies a tensor to host memory (and waits "
                    "for it)", HOST_COPY),
-    "numpy": Rule("host_tensor", ".numpy()", "needs the tensor in host memory", HOST_COPY),
-    "__array__": Rule("host_tensor", "np.asarray(tensor)", "needs the tensor in host memory",
-                      HOST_COPY),
+    "numpy": Rule("host_tensor", ".numpy()", "needs the tensor in host memory (for a device "
+                  "tensor a TypeError, in or out of capture)", HOST_COPY),
+    "__array__": Rule("host_tensor", "np.asarray(tensor)", "needs the tensor in host memory "
+                      "(for a device tensor a TypeError, in or out of capture)", HOST_COPY),
     "cpu": Rule("host_tensor", ".cpu()", "copies a tensor to host memory: on a GPU, a "
                 "device-to-host copy during capture is refused", HOST_COPY),
     "tensor": Rule("host_tensor", "torch.tensor(...)", "builds a tensor from host data "
                    "through a temporary pageable buffer: on a GPU that host-to-device copy "
                    "is refused during capture (a copy from pinned memory can be captured, "
-                   "and then every replay reads the host buffer again)", None),
+                   "and then every replay reads the host buffer again); without device= it is "
+                   "a host tensor, which a device op refuses unless it is 0-dim", HOST_COPY),
     "as_tensor": Rule("host_tensor", "torch.as_tensor(...)", "builds a tensor from host data "
                       "(on a GPU a host-to-device copy, refused from pageable memory during "
-                      "capture)", None),
+                      "capture)", HOST_COPY),
 }
 
 #: ATen ops (seen by a ``TorchDispatchMode``), by overload packet name.

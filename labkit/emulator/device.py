@@ -31,6 +31,7 @@ from __future__ import annotations
 import weakref
 
 import torch
+from torch.overrides import handle_torch_function, has_torch_function_unary
 
 __all__ = ["DEVICE_TYPE", "DEVICE", "DeviceTensor", "install", "is_device", "host",
            "wrap", "is_pinned", "same_device_error", "NUMPY_MESSAGE"]
@@ -80,27 +81,43 @@ class DeviceTensor(torch.Tensor):
         return False
 
     # ---- reading values on the host: a device-to-host copy first, as on a GPU -----------
+    # (each first shows itself to an active TorchFunctionMode, as torch.Tensor's own do,
+    # so labkit's linter and the capture see `.tolist()` where the learner wrote it)
     def tolist(self):
+        if has_torch_function_unary(self):
+            return handle_torch_function(DeviceTensor.tolist, (self,), self)
         return self.cpu().tolist()
 
     def numpy(self, *, force: bool = False):
+        if has_torch_function_unary(self):
+            return handle_torch_function(DeviceTensor.numpy, (self,), self, force=force)
         raise TypeError(NUMPY_MESSAGE.format(device=self.device))
 
     def __array__(self, dtype=None, copy=None):
+        if has_torch_function_unary(self):
+            return handle_torch_function(DeviceTensor.__array__, (self,), self, dtype=dtype)
         raise TypeError(NUMPY_MESSAGE.format(device=self.device))
 
     def __format__(self, spec):
+        if has_torch_function_unary(self):
+            return handle_torch_function(DeviceTensor.__format__, (self,), self, spec)
         if self.dim() == 0:
             return self.item().__format__(spec)
         return object.__format__(self, spec)
 
     def __repr__(self, *, tensor_contents=None):
+        if has_torch_function_unary(self):
+            return handle_torch_function(DeviceTensor.__repr__, (self,), self)
         from labkit.emulator.state import refuse_read_during_capture
         refuse_read_during_capture("printing a tensor")
         with torch.no_grad():
             contents = torch._tensor_str._tensor_str(self._host.detach(), len("tensor("))
             text = torch._tensor_str._str(self, tensor_contents=contents)
-        return "tensor(" + text[text.index("(") + 1:]
+        param = text.startswith("Parameter(")       # torch's form for a subclass parameter
+        if param:
+            text = text[len("Parameter("):-1]
+        text = "tensor(" + text[text.index("(") + 1:]
+        return "Parameter containing:\n" + text if param else text
 
     __str__ = __repr__
 
