@@ -4,7 +4,16 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from labkit import backend
 from labkit.emulator import pool as P
+
+
+@pytest.fixture(autouse=True)
+def on_the_device():
+    """Every tensor these tests make is on the emulated device, unless they say otherwise:
+    capture records device work only (host work runs at once, as on a GPU)."""
+    with torch.device(backend.get("emulated").device):
+        yield
 
 
 def capture(E, fn, pool=None):
@@ -147,9 +156,8 @@ def test_host_copy_error_does_not_invalidate(E):
 def test_foreach_copy_and_index_put_recorded(E):
     dst = [torch.zeros(3), torch.zeros(2)]
     src = [torch.ones(3), torch.full((2,), 5.0)]
-    idx = torch.tensor([0, 2])
-    g, _ = capture(E, lambda: (torch._foreach_copy_(dst, src), dst[0].index_put_((idx,),
-                                                                               torch.tensor(9.0))))
+    idx, nine = torch.tensor([0, 2]), torch.tensor(9.0)     # made before capture
+    g, _ = capture(E, lambda: (torch._foreach_copy_(dst, src), dst[0].index_put_((idx,), nine)))
     assert dst[0].tolist() == [0.0, 0.0, 0.0]
     g.replay()
     assert dst[0].tolist() == [9.0, 1.0, 9.0] and dst[1].tolist() == [5.0, 5.0]

@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 import labkit.emulator.pool as _pool
 from labkit.core import rules
 from labkit.core.rules import HOST_COPY_MESSAGE, RNG_MESSAGE
-from labkit.emulator import device as _dev
+import labkit.emulator.device as _dev
 from labkit.emulator.state import (
     CAPTURE_UNSUPPORTED,
     active_capture,
