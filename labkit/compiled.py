@@ -58,7 +58,8 @@ class ReduceOverhead:
     (``CUDAGraphNode.run`` → ``_copy_inputs_and_remove_from_src`` in torch). A static
     input that arrives at another address records a new graph, as torch's
     ``CUDAGraphNode.check_invariants`` sends it to a new recording. Non-tensor
-    arguments are baked in at recording, as in any capture.
+    arguments are baked in at recording, as in any capture. Tensor arguments live on
+    ``B.device``: a graph records no host work (a ValueError names the input that is not).
 
     ``kinds`` lists what each call was: ``"warm-up"``, ``"record"``, ``"replay"``.
 
@@ -87,6 +88,7 @@ class ReduceOverhead:
                 f"ReduceOverhead: static={self.static} names input {max(self.static)}, but "
                 f"the call passed {len(args)} argument(s). List positions of this call's "
                 f"arguments.")
+        self._check_devices(args)
         if not self.kinds:
             self.kinds.append("warm-up")
             return self.fn(*args)
@@ -98,6 +100,17 @@ class ReduceOverhead:
             self._copy_inputs(args)
         self.graph.replay()
         return self.outputs
+
+    def _check_devices(self, args) -> None:
+        # a graph records only the device's work: a host tensor's ops would run once, at
+        # recording, and every replay would hand back that stale result (torch's trees
+        # skip such a function: "skipping cudagraphs due to cpu device")
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.device != self.B.device:
+                raise ValueError(
+                    f"ReduceOverhead: input {i} is on {a.device}, but the graph records work "
+                    f"on B.device ({self.B.device}) only: make it there "
+                    f"(torch.randn(..., device=B.device)) or move it (t.to(B.device)).")
 
     def _is_copied(self, i: int, a) -> bool:
         return isinstance(a, torch.Tensor) and i not in self.static

@@ -17,11 +17,11 @@ def layer(w, x):
 
 
 def test_life_cycle_warm_up_record_replay():
-    w = torch.randn(4, 4)
+    w = torch.randn(4, 4, device=E.device)
     f = C.ReduceOverhead(layer, static=(0,), B=E)
     outs = []
     for _ in range(4):
-        x = torch.randn(3, 4)
+        x = torch.randn(3, 4, device=E.device)
         outs.append(f(w, x))
         assert torch.allclose(outs[-1], layer(w, x))
     assert f.kinds == ["warm-up", "record", "replay", "replay"]
@@ -29,31 +29,31 @@ def test_life_cycle_warm_up_record_replay():
 
 
 def test_static_input_in_place_is_read_and_a_new_tensor_records_again():
-    w = torch.randn(4, 4)
+    w = torch.randn(4, 4, device=E.device)
     f = C.ReduceOverhead(layer, static=(0,), B=E)
-    x = torch.randn(3, 4)
+    x = torch.randn(3, 4, device=E.device)
     f(w, x), f(w, x)
     with torch.no_grad():
         w.mul_(3)
     assert torch.allclose(f(w, x), layer(w, x)) and f.kinds[-1] == "replay"
-    w2 = torch.randn(4, 4)
+    w2 = torch.randn(4, 4, device=E.device)
     assert torch.allclose(f(w2, x), layer(w2, x)) and f.kinds[-1] == "record"
     assert f.kinds[-1] == "record" and f(w2, x) is not None and f.kinds[-1] == "replay"
 
 
 def test_non_static_inputs_are_copied_not_aliased():
     f = C.ReduceOverhead(lambda a, b: a + b, B=E)
-    a, b = torch.ones(3), torch.ones(3)
+    a, b = torch.ones(3, device=E.device), torch.ones(3, device=E.device)
     f(a, b), f(a, b)
     assert f.buffers[0] is not a and f.buffers[0].data_ptr() != a.data_ptr()
-    a2 = torch.full((3,), 5.0)
+    a2 = torch.full((3,), 5.0, device=E.device)
     assert f(a2, b).tolist() == [6.0, 6.0, 6.0]
 
 
 def test_tuple_outputs():
     f = C.ReduceOverhead(lambda a, b: (a * b, a - b), B=E)
     for _ in range(3):
-        a, b = torch.randn(2), torch.randn(2)
+        a, b = torch.randn(2, device=E.device), torch.randn(2, device=E.device)
         got = f(a, b)
     assert torch.allclose(got[0], a * b) and torch.allclose(got[1], a - b)
 
@@ -66,6 +66,10 @@ def test_bad_input_is_named():
         f(torch.ones(2, 2), torch.ones(2, 2))
     with pytest.raises(TypeError, match="backend namespace"):
         C.ReduceOverhead(layer, B="emulated")
+    host = torch.ones(2, 2)             # a host tensor: the graph would not record its ops
+    with pytest.raises(ValueError, match=r"input 1 is on cpu, but the graph records work on "
+                                         r"B\.device \(emu:0\)"):
+        C.ReduceOverhead(layer, B=E)(torch.ones(2, 2, device=E.device), host)
 
 
 def test_probes_without_a_gpu():
