@@ -86,10 +86,11 @@ def _functions(gen):
     return (lambda a, b, c, d: a + b * 2 - c * d), 4, "a + b * 2 - c * d"
 
 
-def _args(gen, arity):
-    """Random inputs for an fn of ``_functions``: square first ones, so ``x @ w`` fits."""
+def _args(gen, arity, device):
+    """Random inputs for an fn of ``_functions``, on ``device`` (a graph records device
+    work only): square ones, so ``x @ w`` fits."""
     n = int(torch.randint(2, 6, (), generator=gen))
-    return [torch.randn(n, n, generator=gen) for _ in range(arity)]
+    return [torch.randn(n, n, generator=gen, device=device) for _ in range(arity)]
 
 
 def _same(a, b) -> bool:
@@ -201,8 +202,11 @@ class _Trial:
 
     def fresh(self, args):
         """args with new values at the copied (non-static) positions."""
-        return [a if i in self.static else torch.randn(a.shape, generator=self.gen)
-                for i, a in enumerate(args)]
+        return [a if i in self.static else self.randn(a.shape) for i, a in enumerate(args)]
+
+    def randn(self, shape):
+        """New random values on the device the trial's inputs live on."""
+        return torch.randn(shape, generator=self.gen, device=self.device)
 
     def step(self, args):
         """Call the learner once: its number, what it returned, what fn gives, what it did
@@ -236,13 +240,14 @@ class _Trial:
 
     def run(self):
         B, self.counter = _counting_backend()
+        self.device = B.device
         fn = _probe(self.f, B, self.counter)
         self.call = call_learner(self.learner, fn, self.static, B)
         if not callable(self.call):
             return (f"reduce_overhead returned {type(self.call).__name__}, expected a "
                     f"function to call with the inputs (define call(*args) inside and "
                     f"return it)")
-        args = _args(self.gen, self.arity)
+        args = _args(self.gen, self.arity, self.device)
         for n in range(1, 5):
             if n > 1:
                 args = self.fresh(args)
@@ -362,7 +367,7 @@ class _Trial:
         # each static position in turn: a new tensor records again, then that graph replays
         for i in self.static:
             args = self.fresh(args)
-            args[i] = torch.randn(args[i].shape, generator=self.gen)
+            args[i] = self.randn(args[i].shape)
             n, got, want, did, wrote = self.step(args)
             if not did["captures"] and did["captured"]:
                 return _NOT_ON_B.format(n=n)
