@@ -504,7 +504,7 @@ def step_fresh_flag_copied_in(model, opt, found_inf, static_batch):
 
     def step():
         torch._foreach_zero_(grads)
-        flag = torch.zeros((), dtype=torch.bool)
+        flag = torch.zeros((), dtype=torch.bool, device=found_inf.device)
         loss = FS.forward_backward(model, FS.lm_loss, static_batch)
         flag.logical_or_(~torch.isfinite(loss))
         found_inf.copy_(flag)
@@ -523,6 +523,19 @@ def step_fill_false_and_loop_zero(model, opt, found_inf, static_batch):
             g.zero_()
         loss = FS.forward_backward(model, FS.lm_loss, static_batch)
         found_inf.logical_or_(~torch.isfinite(loss))
+        opt.step()
+        return loss
+    return step
+
+
+def step_ior_flag(model, opt, found_inf, static_batch):   # exercise 3's |= on a float flag
+    grads = FS.ensure_grads(model.parameters())
+
+    def step():
+        torch._foreach_zero_(grads)
+        found_inf.zero_()
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        inf_ior(found_inf, loss)                 # an exercise-3 answer right for a bool flag
         opt.step()
         return loss
     return step
@@ -559,6 +572,17 @@ def test_make_step_rejects_a_step_that_returns_nothing():
     assert not res
     assert "step() returned None" in res.message and "the loss" in res.message
     assert res.more_hints and "return" in res.more_hints[0]
+
+
+def test_make_step_bitwise_or_on_the_float_flag_is_named_not_taken_for_a_stub():
+    """torch raises NotImplementedError for |= on a float tensor: that is the learner's
+    mistake, not the exercise's unfinished stub."""
+    res = L.check_make_step(step_ior_flag, trials=1)
+    assert not res and res.kind != "not_implemented"
+    assert "float32" in res.message and "no bitwise or" in res.message
+    assert "logical_or_" in res.message
+    assert res.more_hints and "float" in res.more_hints[0]
+    assert_usable(E)
 
 
 def test_make_step_host_read_names_the_line_and_its_hint():

@@ -124,8 +124,7 @@ FUNCTION_RULES: dict[str, Rule] = {
     "tensor": Rule("host_tensor", "torch.tensor(...)", "builds a tensor from host data "
                    "through a temporary pageable buffer: on a GPU that host-to-device copy "
                    "is refused during capture (a copy from pinned memory can be captured, "
-                   "and then every replay reads the host buffer again); without device= it is "
-                   "a host tensor, which a device op refuses unless it is 0-dim", HOST_COPY),
+                   "and then every replay reads the host buffer again)", HOST_COPY),
     "as_tensor": Rule("host_tensor", "torch.as_tensor(...)", "builds a tensor from host data "
                       "(on a GPU a host-to-device copy, refused from pageable memory during "
                       "capture)", HOST_COPY),

@@ -1,17 +1,21 @@
 """A CPU stand-in for ``torch.cuda``'s graph API, with the same observable behaviour.
 
 ``labkit.backend.get("emulated")`` returns these objects under ``torch.cuda``'s names, so
-the same code runs without a GPU. Capture records ATen ops instead of computing them
+the same code runs without a GPU. Tensors live on a device of the emulator's own, ``emu:0``,
+distinct from the host (:mod:`~labkit.emulator.device`), so mixing host and device
+tensors, copying between them and reading host scalars follow a GPU's rules. Capture
+records the device's ATen ops instead of computing them, runs host work at once
 (:mod:`~labkit.emulator.recorder`) and refuses what CUDA refuses (the rules in
 :mod:`labkit.core.rules`); capture allocates from pools carved the way CUDA's caching
-allocator carves them (:mod:`~labkit.emulator.pool`); streams decide only what capture
-allows (:mod:`~labkit.emulator.streams`). ``tests/test_backend_behaviour.py`` runs each
-behaviour on both backends.
+allocator carves them (:mod:`~labkit.emulator.pool`); streams decide what capture records
+and whether every fork is joined back (:mod:`~labkit.emulator.streams`).
+``tests/test_backend_behaviour.py`` runs each behaviour on both backends.
 
 .. warning::
-    There is no host/device split (replay runs the recorded ops on the calling thread, so
-    nothing overlaps) and no GPU timing: lessons that need those measure on a GPU, or
-    show a clearly labelled simulation.
+    No GPU timing and no overlap: replay runs the recorded ops on the calling thread, and
+    streams order nothing. Lessons that need those measure on a GPU, or show a clearly
+    labelled simulation. A Python device has no pinned allocator and no device generator:
+    write ``t.pin_memory()`` and ``B.Generator()`` (see :mod:`~labkit.emulator.device`).
 """
 
 from labkit.emulator.graph import CUDAGraph, graph, graph_pool_handle, is_current_stream_capturing

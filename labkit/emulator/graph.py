@@ -67,8 +67,13 @@ class CUDAGraph:
     per replay (custom generators must be registered); allocations come from a private
     pool that graphs may share, with the same reuse hazards as on a GPU.
 
-    What it cannot show: the host/device split (on a CPU the "kernels" run when replay
-    is called, on the calling thread) and GPU timing: ``python -m
+    Only device work is recorded: host work during capture runs at once, a 0-dim host
+    tensor is read once and baked in, and a pinned ``non_blocking`` copy re-reads its host
+    buffer on every replay; work on a stream outside the capture runs at once, and a
+    stream forked into it must be joined back before ``capture_end``.
+
+    What it cannot show: overlap (on a CPU the "kernels" run when replay is called, on
+    the calling thread) and GPU timing: ``python -m
     labkit.bench.emulator_cost`` measures what a replay costs on the CPU, which is no
     GPU's figure. Nor other threads: a capture here watches its own thread only, and
     ``capture_error_mode`` is checked but changes nothing. On a GPU the default

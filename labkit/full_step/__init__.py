@@ -18,10 +18,11 @@ labkit                              Megatron
 :class:`FullStepTrainer`            the wiring in ``training.py`` (``train``)
 ==================================  =================================================
 
-Modules: :mod:`.loader` (static inputs), :mod:`.optimizer` (grads at fixed addresses, a
-capturable AdamW), :mod:`.step` (the captured step), :mod:`.wrapper` (warm up, capture,
-replay), :mod:`.trainer` (the two graphs wired together). The model lesson 07 trains
-(``TinyLM`` and friends) lives in :mod:`labkit.core.models` and is re-exported here.
+Modules: :mod:`.loader` (static inputs), :mod:`.optimizer` (grads at fixed addresses,
+torch's AdamW built to be captured), :mod:`.step` (the captured step), :mod:`.wrapper`
+(warm up, capture, replay), :mod:`.trainer` (the two graphs wired together). The model
+lesson 07 trains (``TinyLM`` and friends) lives in :mod:`labkit.core.models` and is
+re-exported here.
 """
 
 from labkit.core.models import (
@@ -35,7 +36,12 @@ from labkit.core.models import (
 )
 
 from .loader import StaticBatchLoader, fill_static_buffers
-from .optimizer import CapturableAdamW, ensure_grads, make_capturable_optimizer
+from .optimizer import (
+    check_found_inf,
+    ensure_grads,
+    make_capturable_optimizer,
+    require_optimizer_state,
+)
 from .step import forward_backward, nonfinite_flag, phase
 from .trainer import EagerTrainer, FullStepTrainer
 from .wrapper import FullCudaGraphWrapper, OptimizerCudaGraphWrapper
@@ -43,7 +49,7 @@ from .wrapper import FullCudaGraphWrapper, OptimizerCudaGraphWrapper
 __all__ = [
     "LMConfig", "CONFIGS", "Block", "TinyLM", "build_lm", "lm_loss", "random_microbatches",
     "StaticBatchLoader", "fill_static_buffers",
-    "ensure_grads", "CapturableAdamW", "make_capturable_optimizer",
+    "ensure_grads", "make_capturable_optimizer", "check_found_inf", "require_optimizer_state",
     "forward_backward", "nonfinite_flag", "phase",
     "FullCudaGraphWrapper", "OptimizerCudaGraphWrapper", "FullStepTrainer", "EagerTrainer",
 ]

@@ -62,12 +62,15 @@ def fill_static_buffers(buffers: Sequence, microbatches: Sequence,
 
 def _foreach_fill(buffers: Sequence, microbatches: Sequence) -> None:
     """:func:`fill_static_buffers` as one ``torch._foreach_copy_``: one launch per step
-    instead of one per tensor. Anything that does not match goes to the checked copy."""
+    instead of one per tensor. Anything that does not match goes to the checked copy, and
+    so does data on another device than the buffers (host memory, say): one launch needs
+    one device on both sides, and torch's ``_foreach_copy_`` itself falls back to one
+    ``copy_`` per tensor there."""
     dsts, dst_spec = tree_flatten(list(buffers))
     srcs, src_spec = tree_flatten(list(microbatches))
     if dst_spec != src_spec or not all(
             isinstance(s, torch.Tensor) and s.shape == d.shape and s.dtype == d.dtype
-            for d, s in zip(dsts, srcs)):
+            and s.device == d.device for d, s in zip(dsts, srcs)):
         fill_static_buffers(buffers, microbatches)      # says what does not match
         return
     torch._foreach_copy_(dsts, srcs, non_blocking=True)

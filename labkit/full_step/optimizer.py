@@ -1,14 +1,15 @@
-"""Gradients at fixed addresses and an optimizer whose whole state stays on the device."""
+"""Gradients at fixed addresses, and torch's AdamW built so that a graph can capture its step."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Iterable
 
 import torch
 
 from labkit import backend
 
-__all__ = ["ensure_grads", "CapturableAdamW", "make_capturable_optimizer"]
+__all__ = ["ensure_grads", "make_capturable_optimizer", "check_found_inf",
+           "require_optimizer_state"]
 
 
 def ensure_grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
@@ -33,137 +34,114 @@ def ensure_grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return grads
 
 
-def _capturing(device: torch.device) -> bool:
-    """Is a graph (real or emulated) being captured on the current stream of ``device``?"""
-    return backend.get("cuda" if device.type == "cuda" else "emulated") \
-        .is_current_stream_capturing()
+def check_found_inf(found_inf, device: torch.device, where: str) -> torch.Tensor:
+    """Return ``found_inf`` if it is the flag torch's fused AdamW reads, else raise.
 
-
-class CapturableAdamW(torch.optim.Optimizer):
-    """AdamW whose entire state (step count included) lives in tensors: graph-capturable.
-
-    The update is ``torch.optim.AdamW``'s::
-
-        step += 1
-        p *= 1 - lr * weight_decay
-        m = beta1 * m + (1 - beta1) * g
-        v = beta2 * v + (1 - beta2) * g²
-        p -= lr / (1 - beta1**step) * m / (sqrt(v) / sqrt(1 - beta2**step) + eps)
-
-    with ``beta**step`` computed from the ``step`` tensor on the device, as torch's
-    ``AdamW(capturable=True)`` does (which refuses CPU tensors, hence this class for the
-    emulator).
+    That flag is GradScaler's ``found_inf``: a float32 scalar on the parameters' device,
+    1.0 to skip the step, 0.0 to take it. The fused kernel reads it as a ``float``, and
+    ``torch.optim.adam._fused_adam`` subtracts it from every step count afterwards: a
+    bool flag fails inside the kernel, and ``_fused_adam`` would copy a flag on the host
+    to the device inside every step, a copy a capture refuses.
 
     Args:
-        params, lr, betas, eps, weight_decay: as for ``torch.optim.AdamW``. Floats are
-            baked into a graph at capture; for an LR schedule give ``lr`` as a 0-dim tensor
-            on the device and update it in place (``lr.fill_(new)``).
-        skip_if: an optional bool scalar tensor (e.g. a trainer's ``found_inf``). When it
-            is true at replay time, the step leaves parameters, moments and the step count
-            unchanged, decided on the device with ``torch.where`` (GradScaler's "skip the
-            step on inf/NaN").
+        found_inf: the flag to check.
+        device: the device of the parameters (``B.device``).
+        where: the call, for the message (``"make_capturable_optimizer"``).
 
-    .. warning::
-        The state must exist before capture: created inside a capture, every replay would
-        reset it to zeros. The first ``step()`` creates it, so run one eagerly (a warm-up
-        step) or call :meth:`init_state`; a step that would create it during a capture
-        raises.
+    Raises:
+        TypeError: not a float32 tensor.
+        ValueError: not 0-dim, or on another device.
     """
-
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2,
-                 skip_if: torch.Tensor | None = None):
-        if lr < 0 or eps < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise ValueError(f"invalid AdamW hyper-parameters lr={lr} betas={betas} eps={eps}")
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-        self.skip_if = skip_if
-
-    @torch.no_grad()
-    def init_state(self) -> None:
-        """Create the state of every parameter now (zeros; step count 0)."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state[p]
-                if not st:
-                    if _capturing(p.device):
-                        raise RuntimeError(
-                            "CapturableAdamW: the optimizer state does not exist yet and a "
-                            "graph is being captured. State created during capture would be "
-                            "re-initialised by every replay. Run at least one eager step "
-                            "(warmup_steps >= 1) or call opt.init_state() before capturing.")
-                    st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                    st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-
-    @torch.no_grad()
-    def step(self, closure: Callable | None = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self.init_state()
-        skip = self.skip_if
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            grads = [p.grad for p in params]
-            states = [self.state[p] for p in params]
-            m = [s["exp_avg"] for s in states]
-            v = [s["exp_avg_sq"] for s in states]
-            steps = [s["step"] for s in states]
-            lr, (beta1, beta2) = group["lr"], group["betas"]
-            eps, wd = group["eps"], group["weight_decay"]
-            if skip is not None:            # keep the old values to restore on skip
-                old = [[t.clone() for t in ts] for ts in (params, m, v)]
-            torch._foreach_add_(steps, 1.0)
-            if wd != 0:
-                torch._foreach_mul_(params, 1.0 - lr * wd)
-            torch._foreach_lerp_(m, grads, 1.0 - beta1)
-            torch._foreach_mul_(v, beta2)
-            torch._foreach_addcmul_(v, grads, grads, value=1.0 - beta2)
-            # Bias corrections from the step *tensor*: no host read, so capturable.
-            bc1 = [1.0 - torch.pow(beta1, s) for s in steps]
-            bc2_sqrt = [torch.sqrt(1.0 - torch.pow(beta2, s)) for s in steps]
-            denom = torch._foreach_sqrt(v)
-            torch._foreach_div_(denom, bc2_sqrt)
-            torch._foreach_add_(denom, eps)
-            step_size = [lr / b for b in bc1]                  # lr / (1 - beta1**step)
-            update = torch._foreach_div(m, denom)
-            torch._foreach_mul_(update, step_size)
-            torch._foreach_sub_(params, update)
-            if skip is not None:
-                for new_list, old_list in zip((params, m, v), old):
-                    for new, prev in zip(new_list, old_list):
-                        new.copy_(torch.where(skip, prev, new))
-                torch._foreach_sub_(steps, [skip.to(s.dtype) for s in steps])
-        return loss
+    make = f"torch.zeros((), device={str(device)!r})"
+    what = ("the flag torch's fused AdamW reads: 1.0 skips the step, 0.0 takes it, as "
+            "GradScaler's found_inf")
+    if not isinstance(found_inf, torch.Tensor) or found_inf.dtype != torch.float32:
+        got = (f"a {found_inf.dtype} tensor" if isinstance(found_inf, torch.Tensor)
+               else f"a {type(found_inf).__name__}")
+        raise TypeError(f"{where}: found_inf must be a float32 tensor ({what}), got {got}: "
+                        f"make it with {make}")
+    if found_inf.dim() != 0 or found_inf.device != device:
+        raise ValueError(f"{where}: found_inf must be a 0-dim tensor on {device} ({what}), "
+                         f"got shape {tuple(found_inf.shape)} on {found_inf.device}: make it "
+                         f"with {make}")
+    return found_inf
 
 
-def make_capturable_optimizer(params, B, lr: float = 1e-3,
+def make_capturable_optimizer(params, B, lr: float | torch.Tensor = 1e-3,
                               betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                              weight_decay: float = 1e-2, impl: str = "auto", **kw):
-    """An AdamW that can be captured: torch's ``AdamW(capturable=True, foreach=True)`` on a
-    GPU, :class:`CapturableAdamW` on the emulator.
+                              weight_decay: float = 1e-2,
+                              found_inf: torch.Tensor | None = None,
+                              **kw) -> torch.optim.AdamW:
+    """torch's ``AdamW`` with its whole state on the device, so a graph can capture its step.
+
+    ``capturable=True`` keeps the step count on the device and computes the bias
+    corrections from it with tensor ops; without it the count lives on the host and a
+    captured step would bake it in (torch refuses that capture on a GPU).
+
+    * ``found_inf=None``: ``AdamW(capturable=True, foreach=True)``, the multi-tensor
+      update (``torch.optim.adam._multi_tensor_adam``).
+    * ``found_inf=flag``: ``AdamW(capturable=True, fused=True)`` with ``opt.found_inf =
+      flag``, the attribute ``GradScaler.step`` sets on optimizers that declare
+      ``_step_supports_amp_scaling`` (torch's fused ones do). ``AdamW.step`` hands it to
+      ``torch.optim.adam._fused_adam``, whose kernel leaves parameters and moments alone
+      when the flag is 1.0 and which then subtracts the flag from every step count: the
+      skip is decided on the device, at every replay, with no host read. (The foreach
+      update has no such input: ``GradScaler`` skips its step on the host, in
+      ``GradScaler._maybe_opt_step``, with ``found_inf.item()``, which no capture allows.)
 
     Args:
         params: the parameters to train.
         B: the backend (``labkit.backend.get(...)``); None means ``get("auto")``.
-        lr, betas, eps, weight_decay: as for ``torch.optim.AdamW``.
-        impl: ``"auto"`` (the above), ``"torch"`` (GPU only) or ``"labkit"`` (both; needed
-            for ``skip_if``, which torch's foreach AdamW does not take).
-        **kw: passed on to the optimizer.
+        lr, betas, eps, weight_decay: as for ``torch.optim.AdamW``. A float ``lr`` is
+            baked into a graph at capture; for an LR schedule give a 0-dim tensor on
+            ``B.device`` and update it in place (``lr.fill_(new)``).
+        found_inf: the flag that skips a step (see above): a float32 0-dim tensor on
+            ``B.device``, ``torch.zeros((), device=B.device)``, set to exactly 1.0 for a
+            step to skip (``flag.logical_or_(bad)`` writes 1.0 or 0.0; a count such as
+            2.0 would update the weights and take 2 off the step count) and back to 0.0
+            before the next one. :class:`~labkit.full_step.FullStepTrainer` does both.
+        **kw: passed on to ``torch.optim.AdamW``.
+
+    .. warning::
+        Keep ``torch.amp.GradScaler`` away from this optimizer: ``GradScaler.step`` sets
+        ``opt.found_inf`` to its own flag before the step and deletes the attribute after
+        it, so the flag given here would be gone.
     """
     B = backend.ensure(B, "make_capturable_optimizer(params, B)")
-    if impl == "auto":
-        impl = "torch" if B.name == "cuda" else "labkit"
-    if impl == "torch":
-        if B.name != "cuda":
-            raise ValueError("torch's AdamW(capturable=True) runs on CUDA devices only; "
-                             "use impl='labkit' (CapturableAdamW) on the emulator")
-        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                 capturable=True, foreach=True, **kw)
-    if impl == "labkit":
-        return CapturableAdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                               **kw)
-    raise ValueError(f"impl must be 'auto', 'torch' or 'labkit', got {impl!r}")
+    if found_inf is None:
+        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps,
+                                 weight_decay=weight_decay, capturable=True, foreach=True, **kw)
+    check_found_inf(found_inf, B.device, "make_capturable_optimizer")
+    opt = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                            capturable=True, fused=True, **kw)
+    opt.found_inf = found_inf
+    return opt
+
+
+def require_optimizer_state(optimizer: torch.optim.Optimizer, warmup_steps: int) -> None:
+    """Raise unless the state of ``optimizer`` exists for every parameter with a gradient.
+
+    An optimizer creates its state (AdamW: step count and moments) in its first ``step()``.
+    Inside a capture those ``zeros`` are recorded too, and every replay would reset the
+    state (silently wrong training): torch does not refuse that, so labkit does, before
+    capturing. Optimizers without state (plain SGD) pass.
+
+    Args:
+        optimizer: the optimizer about to be captured.
+        warmup_steps: the eager steps that were to create the state, for the message.
+    """
+    stateful = any("capturable" in g or g.get("momentum", 0) for g in optimizer.param_groups)
+    if not stateful:
+        return
+    with_grad = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    missing = sum(1 for p in with_grad if not optimizer.state.get(p))
+    if not missing:
+        return
+    fix = ("Use warmup_steps >= 1, or run one eager optimizer step first." if warmup_steps == 0
+           else f"The {warmup_steps} eager warm-up step(s) did not create it: give every "
+                "parameter a .grad before them (FS.ensure_grads).")
+    raise ValueError(
+        f"warmup_steps={warmup_steps}, and the state of {type(optimizer).__name__} does not "
+        f"exist yet for {missing} of its {len(with_grad)} parameters with a gradient: the "
+        "first step would create it inside the capture, and every replay would reset it to "
+        f"zeros (silently wrong training). {fix}")

@@ -38,25 +38,29 @@ def forward_backward(model: nn.Module, loss_fn: Callable, microbatches: Sequence
 
 
 def nonfinite_flag(found_inf: torch.Tensor, values: torch.Tensor | Sequence[torch.Tensor]) -> None:
-    """``found_inf |= any value is inf or NaN``, in place, with no host read: graph-safe.
+    """Set ``found_inf`` to 1.0 if any value is inf or NaN, in place, with no host read:
+    graph-safe. A flag that is already 1.0 stays 1.0.
 
     Args:
-        found_inf: a bool tensor (``torch.zeros((), dtype=torch.bool, device=...)``).
+        found_inf: a float32 scalar tensor, 0.0 or 1.0 (``torch.zeros((), device=...)``):
+            GradScaler's ``found_inf``, the flag torch's fused AdamW reads to skip a step
+            (:func:`~labkit.full_step.make_capturable_optimizer`).
         values: a tensor or a list of tensors (e.g. every gradient of the step).
 
     .. warning::
         Read ``found_inf`` after the replay (one sync, where you choose). Branching on it
         inside the captured step (``if found_inf: ...``) is a host read, refused in capture.
     """
-    if not isinstance(found_inf, torch.Tensor) or found_inf.dtype != torch.bool:
-        raise TypeError(f"found_inf must be a bool tensor, got "
+    if not isinstance(found_inf, torch.Tensor) or found_inf.dtype != torch.float32:
+        raise TypeError(f"found_inf must be a float32 tensor (0.0 or 1.0, the flag torch's "
+                        f"fused AdamW reads), got "
                         f"{getattr(found_inf, 'dtype', type(found_inf).__name__)}: make it "
-                        "with torch.zeros((), dtype=torch.bool, device=...)")
+                        "with torch.zeros((), device=...)")
     if isinstance(values, torch.Tensor):
         values = [values]
     norms = torch._foreach_norm(list(values))       # inf/NaN anywhere -> inf/NaN norm
     bad = ~torch.isfinite(torch.stack(norms).sum())
-    found_inf.logical_or_(bad)
+    found_inf.logical_or_(bad)                      # into a float tensor: exactly 1.0 or 0.0
 
 
 def phase(iteration: int, warmup_steps: int, captured: bool) -> str:

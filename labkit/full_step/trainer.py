@@ -13,7 +13,12 @@ from labkit.core.models import LMConfig, lm_loss
 from labkit.core.validate import check_int
 
 from .loader import StaticBatchLoader
-from .optimizer import CapturableAdamW, ensure_grads
+from .optimizer import (
+    check_found_inf,
+    ensure_grads,
+    make_capturable_optimizer,
+    require_optimizer_state,
+)
 from .step import forward_backward, nonfinite_flag
 from .wrapper import FullCudaGraphWrapper, OptimizerCudaGraphWrapper
 
@@ -41,14 +46,19 @@ class FullStepTrainer:
         B: the backend (``labkit.backend.get(...)``).
         num_microbatches: microbatches per step, fixed by the capture.
         warmup_steps: eager steps before the capture.
-        check_finite: keep ``trainer.found_inf`` (a bool tensor) up to date inside the
-            graph: true when a gradient of this step is inf or NaN. Read it after the step.
-        found_inf: the flag tensor to use (implies ``check_finite``); with a
-            :class:`CapturableAdamW` built with ``skip_if=found_inf`` such a step leaves the
-            weights untouched (:meth:`skip_nonfinite` wires both).
+        check_finite: keep ``trainer.found_inf`` up to date inside the graph: 1.0 when a
+            gradient of this step is inf or NaN, else 0.0 (a float32 scalar on the device,
+            GradScaler's ``found_inf``). Read it after the step.
+        found_inf: the flag tensor to use (implies ``check_finite``). An optimizer from
+            ``make_capturable_optimizer(..., found_inf=flag)`` holds its flag as
+            ``optimizer.found_inf`` and skips a step when it is 1.0: the trainer then uses
+            that flag (implies ``check_finite``), so a step with a non-finite gradient
+            leaves the weights untouched (:meth:`skip_nonfinite` builds both).
         generators: custom generators the step draws from.
 
-    Misuse is refused before anything is captured: a non-capturable optimizer,
+    Misuse is refused before anything is captured: a non-capturable optimizer, an
+    optimizer whose state would be created inside the capture (``warmup_steps=0``), a
+    ``found_inf`` other than the optimizer's,
     microbatches of the wrong count, structure or shape, token ids outside the model's
     vocabulary (checked on every step for tokens on the CPU; for tokens on the GPU on the
     eager and capturing steps only, since the check costs a sync). A capture that fails
@@ -73,15 +83,16 @@ class FullStepTrainer:
                                  fix="the number of eager steps before the capture")
         B = backend.ensure(B, "FullStepTrainer(..., B, ...)")
         _check_capturable(optimizer, B)
-        if warmup_steps == 0:
-            _state_before_capture(optimizer)
+        found_inf = _the_flag(optimizer, found_inf, B)
         self.model, self.loss_fn, self.optimizer, self.B = model, loss_fn, optimizer, B
         self.vocab_size = _vocab_size(model)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.grads = ensure_grads(self.params)
+        if warmup_steps == 0:       # with the grads in place: the params that need state
+            require_optimizer_state(optimizer, warmup_steps)
         self.check_finite = check_finite or found_inf is not None
         self.found_inf = (found_inf if found_inf is not None
-                          else torch.zeros((), dtype=torch.bool, device=B.device))
+                          else torch.zeros((), device=B.device))
         self.stream = B.Stream()                    # one capture stream for both graphs
         self.pool = B.graph_pool_handle()           # one pool for both graphs
         self.loader = StaticBatchLoader(B, num_microbatches, stream=B.Stream())
@@ -93,17 +104,20 @@ class FullStepTrainer:
 
     @classmethod
     def skip_nonfinite(cls, model, loss_fn, B, num_microbatches, warmup_steps=2, **adam_kw):
-        """A trainer whose :class:`CapturableAdamW` skips steps with inf/NaN gradients."""
-        flag = torch.zeros((), dtype=torch.bool, device=B.device)
+        """A trainer whose AdamW skips, on the device, every step with an inf/NaN gradient:
+        torch's fused AdamW reading the trainer's ``found_inf``
+        (``make_capturable_optimizer(..., found_inf=flag)``); ``adam_kw`` go to it."""
+        B = backend.ensure(B, "FullStepTrainer.skip_nonfinite(model, loss_fn, B, ...)")
+        flag = torch.zeros((), device=B.device)
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = CapturableAdamW(params, skip_if=flag, **adam_kw)
-        return cls(model, loss_fn, opt, B, num_microbatches, warmup_steps, found_inf=flag)
+        opt = make_capturable_optimizer(params, B, found_inf=flag, **adam_kw)
+        return cls(model, loss_fn, opt, B, num_microbatches, warmup_steps)
 
     def _forward_backward(self) -> torch.Tensor:
         torch._foreach_zero_(self.grads)            # in place: same addresses every step
         loss = forward_backward(self.model, self.loss_fn, self.loader.buffers)
         if self.check_finite:
-            self.found_inf.zero_()
+            self.found_inf.zero_()                  # every replay: this step's verdict only
             nonfinite_flag(self.found_inf, self.grads)
         return loss
 
@@ -171,40 +185,32 @@ def _check_capturable(optimizer, B) -> None:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    if isinstance(optimizer, CapturableAdamW):
-        return
     name = type(optimizer).__name__
     flags = [g.get("capturable") for g in optimizer.param_groups]
     if all(f is None for f in flags):
         return                      # an optimizer without the flag: its own business
     if not all(flags):
-        fix = (f"build it with {name}(..., capturable=True)" if B.name == "cuda" else
-               "on the emulator use FS.make_capturable_optimizer(params, B) "
-               "(CapturableAdamW): torch's capturable=True needs a CUDA device")
         raise ValueError(
             f"{name} has capturable=False: its step count lives on the host and its bias "
             "corrections are Python floats, which a graph would bake in (torch refuses "
-            f"such a step in capture). {fix[0].upper() + fix[1:]}, or use "
+            f"such a step in capture). Build it with {name}(..., capturable=True), or use "
             "FS.make_capturable_optimizer(params, B).")
-    if B.name != "cuda":
-        raise ValueError(
-            f"{name}(capturable=True) runs on CUDA devices only; on the emulator use "
-            "FS.make_capturable_optimizer(params, B), which gives CapturableAdamW")
 
 
-def _state_before_capture(optimizer) -> None:
-    """With no eager warm-up step, the optimizer's state must exist before the capture."""
-    if isinstance(optimizer, CapturableAdamW):
-        optimizer.init_state()
-        return
-    stateful = any("capturable" in g or g.get("momentum", 0) for g in optimizer.param_groups)
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    if stateful and any(not optimizer.state.get(p) for p in params):
+def _the_flag(optimizer, found_inf, B) -> torch.Tensor | None:
+    """The one ``found_inf`` both graphs use: the trainer's and the optimizer's, if any."""
+    held = getattr(optimizer, "found_inf", None)
+    if found_inf is None:
+        found_inf = held
+    elif held is not None and held is not found_inf:
         raise ValueError(
-            f"warmup_steps=0, and the state of {type(optimizer).__name__} does not exist yet: "
-            "the first step would create it inside the capture, and every replay would "
-            "reset it to zeros (silently wrong training). Use warmup_steps >= 1, or run one "
-            "eager optimizer step first.")
+            f"found_inf is not the flag the optimizer reads: {type(optimizer).__name__} "
+            "holds optimizer.found_inf, another tensor, so a step the trainer flags would "
+            "not be skipped. Pass found_inf=optimizer.found_inf, or leave found_inf out "
+            "(the trainer then uses the optimizer's).")
+    if found_inf is not None:
+        check_found_inf(found_inf, B.device, "FullStepTrainer")
+    return found_inf
 
 
 def _vocab_size(model: nn.Module) -> int | None:

@@ -10,6 +10,7 @@ from labkit import backend
 from labkit.capture import cleanup_on_failure, on_side_stream, own_cublas_workspace
 from labkit.core.validate import check_int
 
+from .optimizer import require_optimizer_state
 from .step import phase
 
 __all__ = ["FullCudaGraphWrapper", "OptimizerCudaGraphWrapper"]
@@ -114,9 +115,11 @@ class OptimizerCudaGraphWrapper(FullCudaGraphWrapper):
     """``optimizer.step()`` as a second graph, captured at the same step as the
     forward-backward graph and in the same pool (Megatron's ``OptimizerCudaGraphWrapper``).
 
-    The optimizer must be capturable (see :func:`make_capturable_optimizer`). Replay it
-    right after the forward-backward graph, the order in which the two were captured:
-    graphs that share a pool are only safe when replayed in capture order.
+    The optimizer must be capturable (see :func:`make_capturable_optimizer`), and its
+    state must exist when it is captured (:func:`require_optimizer_state` refuses the
+    capture otherwise). Replay it right after the forward-backward graph, the order in
+    which the two were captured: graphs that share a pool are only safe when replayed in
+    capture order.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, B, warmup_steps: int = 2, pool=None,
@@ -124,3 +127,8 @@ class OptimizerCudaGraphWrapper(FullCudaGraphWrapper):
         self.optimizer = optimizer
         super().__init__(optimizer.step, B, warmup_steps, pool=pool, stream=stream,
                          name="optimizer", **kw)
+
+    def capture(self) -> None:
+        # state created inside the capture would be reset by every replay: refuse first
+        require_optimizer_state(self.optimizer, self.warmup_steps)
+        super().capture()

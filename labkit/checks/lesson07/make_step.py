@@ -1,4 +1,10 @@
 """Lesson 07, exercise ``make_step``: its checker.
+
+``make_step(model, opt, found_inf, static_batch)`` returns the step a whole-step graph
+captures; ``opt`` is torch's fused AdamW holding ``found_inf`` as ``opt.found_inf``
+(:func:`labkit.full_step.make_capturable_optimizer`), so a step whose flag is 1.0 leaves
+the weights alone. Checked by capturing the step on labkit's emulator and replaying good
+steps, a bad one and good ones again, watching the flag, the weights and the loss.
 """
 
 from __future__ import annotations
@@ -33,20 +39,22 @@ def _reference_make_step(model, opt, found_inf, static_batch):
 
 
 def _run_guarded(make_step, bad_at: int, n_steps: int, seed: int) -> dict:
-    """Build a tiny LM and a CapturableAdamW(skip_if=flag) on the emulator, capture the step
-    that ``make_step`` returns (after one eager warm-up step) and replay ``n_steps`` steps;
-    before replay ``bad_at`` a weight is set to inf (every gradient goes non-finite), and
-    restored after it. Returns the flag and whether the weights moved, per replay."""
+    """Build a tiny LM and torch's fused AdamW reading ``flag`` on the emulator's device,
+    capture the step that ``make_step`` returns (after one eager warm-up step) and replay
+    ``n_steps`` steps; before replay ``bad_at`` a weight is set to inf (every gradient goes
+    non-finite), and restored after it. Returns the flag and whether the weights moved,
+    per replay."""
     from labkit import backend
 
     E = backend.get("emulated")
     cfg = FS.LMConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, seq_len=8,
                       micro_batch=2, num_microbatches=2)
-    model = FS.build_lm(cfg, seed=seed)
-    flag = torch.zeros((), dtype=torch.bool)
-    opt = FS.CapturableAdamW(list(model.parameters()), lr=1e-2, skip_if=flag)
+    # everything on the emulator's device: a capture records device ops only
+    model = FS.build_lm(cfg, E.device, seed=seed)
+    flag = torch.zeros((), device=E.device)         # float32 0.0/1.0: what the fused step reads
+    opt = FS.make_capturable_optimizer(list(model.parameters()), E, lr=1e-2, found_inf=flag)
     gen = torch.Generator().manual_seed(seed)
-    batches = [FS.random_microbatches(cfg, gen) for _ in range(n_steps + 1)]
+    batches = [FS.random_microbatches(cfg, gen, device=E.device) for _ in range(n_steps + 1)]
     static = [tuple(t.clone() for t in mb) for mb in batches[0]]
     step = make_step(model, opt, flag, static)
     if not callable(step):
@@ -97,7 +105,7 @@ _MS_WHEN = ["The host reads found_inf after the replay: what must it hold then, 
             "Clear the flag at the start of step() (found_inf.zero_() before the "
             "forward-backward), never after opt.step()"]
 _MS_ORDER = ["opt.step() reads the flag when it runs: the verdict must be in found_inf, the "
-             "very tensor the optimizer holds (skip_if), before that.",
+             "very tensor the optimizer holds (opt.found_inf), before that.",
              "In step(): zero the grads and the flag, forward-backward, update the flag in "
              "place from the loss, then opt.step()"]
 _MS_GRADS = ["backward() adds into .grad: which gradients does the next step start from, "
@@ -109,13 +117,25 @@ _MS_HOST = ["Inside a capture nothing may read a tensor's value on the host: dec
 _MS_RETURN = ["What did the broken make_step's step() return, and who reads it after a "
               "replay?",
               "End step() with `return loss`: the graph's static loss"]
+_MS_FLOAT = ["found_inf is float32 here (torch's fused AdamW reads that dtype), where "
+             "exercise 3's was bool: update it with an in-place op that works on both.",
+             "found_inf.logical_or_(~torch.isfinite(loss)) writes 1.0 or 0.0 into a float "
+             "flag; |= (a bitwise or) exists for bool and integer tensors only"]
 _MS_GENERAL = _MS_ONCE
+
+
+def _float_flag_error(exc: BaseException) -> bool:
+    """torch's error for a bitwise op (``|=``, ``|``) on a float tensor, such as found_inf."""
+    return isinstance(exc, (NotImplementedError, RuntimeError, TypeError)) and \
+        "bitwise_or" in str(exc) and "Float" in str(exc)
 
 
 def check_make_step(fn, *, trials: int = 2) -> CheckResult:
     """``fn(model, opt, found_inf, static_batch)`` returns a whole-step function whose
-    capture skips a step with a non-finite loss (``opt`` is a ``CapturableAdamW`` with
-    ``skip_if=found_inf``) and trains normally on the steps after it. When a replay ends,
+    capture skips a step with a non-finite loss (``opt`` is torch's fused AdamW with
+    ``opt.found_inf = found_inf``, a float32 0.0/1.0 flag, from
+    ``make_capturable_optimizer(..., found_inf=found_inf)``) and trains normally on the
+    steps after it. When a replay ends,
     ``found_inf`` must hold that step's verdict: the host reads it after the replay (the
     exercise text says so), so clearing it at the end of the step is rejected. ``step()``
     must return the loss (the graph's static loss), and each failure's first hint is about
@@ -132,7 +152,11 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
             torch.set_num_threads(1)                # tiny tensors: one thread is faster
             try:
                 out = _run_guarded(make_step, bad_at, n, seed)
-            except (NotImplementedError, LearnerTimeout):
+            except NotImplementedError as exc:
+                if _float_flag_error(exc):          # torch's, not the exercise's stub
+                    return {"raised": exc}
+                raise
+            except LearnerTimeout:
                 raise
             except Exception as exc:                # named with its first cause below
                 return {"raised": exc}
@@ -145,6 +169,14 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
     def compare(expected, actual) -> str | None:
         if "raised" in actual:
             root = exception_chain(actual["raised"])[0]
+            if _float_flag_error(root):
+                return Reason(
+                    f"your code raised {describe_exception(root)}\n   found_inf is a float32 "
+                    "tensor here (0.0 or 1.0), the flag torch's fused AdamW reads, and a "
+                    "float tensor has no bitwise or: `found_inf |= ...` (in your "
+                    "update_found_inf of exercise 3?) fails on it. Update it with "
+                    "found_inf.logical_or_(...), which writes 1.0 or 0.0 into a float flag",
+                    _MS_FLOAT)
             host = isinstance(root, RuntimeError) and any(
                 w in str(root) for w in ("capture", "captur", "sync", "Boolean value"))
             return Reason(
@@ -169,7 +201,7 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
                 "False and the weights moved, so the verdict never reached opt.step(). "
                 "Is the flag set after the loss is known, is nothing clearing it between "
                 "the verdict and opt.step(), and is it the very tensor the optimizer "
-                "holds (skip_if)?", _MS_ORDER)
+                "holds (opt.found_inf)?", _MS_ORDER)
         if am[k]:
             return Reason(
                 f"the bad step changed the weights {steps} although found_inf was set: "

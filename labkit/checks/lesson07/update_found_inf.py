@@ -45,8 +45,10 @@ def _captured_flag(update, values_per_replay: list[list[float]]) -> list[bool]:
 
     E = backend.get("emulated")
     m = len(values_per_replay[0])
-    losses = [torch.zeros(()) for _ in range(m)]
-    flag = torch.zeros((), dtype=torch.bool)
+    # on the emulator's device: a capture records device ops only (host tensors are
+    # updated once, at capture, as on a GPU)
+    losses = [torch.zeros((), device=E.device) for _ in range(m)]
+    flag = torch.zeros((), dtype=torch.bool, device=E.device)
     g = E.CUDAGraph()
     E.set_stream(E.default_stream())
     with E.stream(E.Stream()):
