@@ -868,7 +868,7 @@ def test_capture_batch_models_have_a_permuted_table():
     table = model.req_to_token
     assert sorted(table.flatten().tolist()) == list(range(table.numel()))
     assert int(table[0, 0]) == 0
-    assert not torch.equal(table.flatten(), torch.arange(table.numel()))
+    assert not torch.equal(table.flatten(), torch.arange(table.numel(), device=table.device))
     plain = build_model(ModelArgs.from_name("tiny", max_seq_len=12), max_requests=3,
                         device=E.device, dtype=torch.float32, seed=0)
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]

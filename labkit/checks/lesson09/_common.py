@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.core import rules
 from labkit.core.errors import _TORCH_DIR, in_library
+from labkit.emulator import device as emulated_device
 
 
 @contextlib.contextmanager
@@ -59,15 +60,23 @@ _READ_KINDS = ("cpu_sync", "tensor_branch", "dynamic_shape")
 _FUNCTION_READS = ("tolist", "numpy", "__array__", "cpu", "__repr__", "__str__")
 
 
+# The emulated device's tensor methods (DeviceTensor.tolist, __repr__, ...) stand where
+# torch.Tensor's own C methods stand on a GPU: a call that passes through them was made by
+# whoever called the method, so the walk looks past them as it looks past torch.
+_DEVICE_FILE = os.path.abspath(emulated_device.__file__)
+
+
 def _learner_frame(frame):
     """The frame that issued a torch call, when it is the learner's own code: the first
-    frame outside torch (and outside :class:`HostReads`' own modes), unless that is
-    labkit's (a graph's replay, the checker)."""
+    frame outside torch, the emulated device's tensor methods and :class:`HostReads`' own
+    modes, unless that is labkit's (a graph's replay, the checker)."""
     while frame is not None:
         name = frame.f_code.co_filename
         if not in_library(name):
             return frame
-        if name != __file__ and not os.path.abspath(name).startswith(_TORCH_DIR + os.sep):
+        path = os.path.abspath(name)
+        if name != __file__ and path != _DEVICE_FILE \
+                and not path.startswith(_TORCH_DIR + os.sep):
             return None              # labkit's own code
         frame = frame.f_back
     return None
