@@ -520,8 +520,10 @@ def test_attention_backend_by_name():
         assert make_attn_backend("auto", m).name == "torch_native", "auto: what can run here"
         with pytest.raises(RuntimeError, match="attention='torch_native'"):
             make_attn_backend("triton", m)
+        E = backend.get("emulated")             # the runner needs its model on B.device
+        on_e = build_model("tiny", max_requests=2, device=E.device)
         with pytest.raises(RuntimeError, match="attention='torch_native'"):
-            DecodeGraphRunner(m, backend.get("emulated"), max_bs=2, attention="triton")
+            DecodeGraphRunner(on_e, E, max_bs=2, attention="triton")
 
 
 @pytest.mark.cuda

@@ -654,7 +654,7 @@ def test_model_called_without_an_attention_backend():
 
 def test_setup_caches_after_the_runner_was_built():
     B = backend.get("emulated")
-    m = build_model("tiny", max_requests=4)
+    m = build_model("tiny", max_requests=4, device=B.device)
     r = DecodeGraphRunner(m, B, max_bs=4, progress=False)
     r.capture()
     eager = EagerRunner(m)
