@@ -541,6 +541,20 @@ def step_ior_flag(model, opt, found_inf, static_batch):   # exercise 3's |= on a
     return step
 
 
+def step_counts_bad_grads(model, opt, found_inf, static_batch):   # a count, not a flag
+    grads = FS.ensure_grads(model.parameters())
+
+    def step():
+        torch._foreach_zero_(grads)
+        found_inf.zero_()
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        for g in grads:
+            found_inf.add_((~torch.isfinite(g)).any())
+        opt.step()
+        return loss
+    return step
+
+
 def step_returns_nothing(model, opt, found_inf, static_batch):   # the fix, minus `return`
     grads = FS.ensure_grads(model.parameters())
 
@@ -583,6 +597,14 @@ def test_make_step_bitwise_or_on_the_float_flag_is_named_not_taken_for_a_stub():
     assert "logical_or_" in res.message
     assert res.more_hints and "float" in res.more_hints[0]
     assert_usable(E)
+
+
+def test_make_step_flag_other_than_0_or_1_is_named():
+    """The fused step skips only on exactly 1.0: a count of bad gradients does not skip."""
+    res = L.check_make_step(step_counts_bad_grads, trials=1)
+    assert not res
+    assert "skips a step only when the flag is exactly 1.0" in res.message, res.message
+    assert res.more_hints and "exactly 1.0" in res.more_hints[0]
 
 
 def test_make_step_host_read_names_the_line_and_its_hint():

@@ -87,7 +87,7 @@ def _run_guarded(make_step, bad_at: int, n_steps: int, seed: int) -> dict:
                 model.head.weight[0, 0] = keep
                 before[-2][0, 0] = keep                 # head.weight, for the comparison
         moved.append(any(not torch.equal(p, q) for p, q in zip(params, before)))
-        flags.append(bool(flag))
+        flags.append(flag.item())                  # 0.0 or 1.0, read after the replay
         losses.append(static_loss.detach().clone() if isinstance(static_loss, torch.Tensor)
                       else static_loss)
     return {"flags": flags, "moved": moved, "losses": losses,
@@ -117,6 +117,10 @@ _MS_HOST = ["Inside a capture nothing may read a tensor's value on the host: dec
 _MS_RETURN = ["What did the broken make_step's step() return, and who reads it after a "
               "replay?",
               "End step() with `return loss`: the graph's static loss"]
+_MS_VALUE = ["The fused step compares the flag with exactly 1.0. What does your update write "
+             "into it when several things are non-finite at once?",
+             "found_inf.zero_() at the start of step(), then "
+             "found_inf.logical_or_(~torch.isfinite(loss)): 1.0 however much went wrong"]
 _MS_FLOAT = ["found_inf is float32 here (torch's fused AdamW reads that dtype), where "
              "exercise 3's was bool: update it with an in-place op that works on both.",
              "found_inf.logical_or_(~torch.isfinite(loss)) writes 1.0 or 0.0 into a float "
@@ -188,17 +192,26 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
         k = expected["bad_at"]
         ef, af, em, am = expected["flags"], actual["flags"], expected["moved"], actual["moved"]
         steps = f"(the bad step is replay {k} of {len(ef)})"
+        odd = [(i, v) for i, v in enumerate(af) if v not in (0.0, 1.0)]
+        if odd:
+            i, v = odd[0]
+            return Reason(
+                f"after replay {i} found_inf holds {v:g} {steps}: torch's fused AdamW "
+                "skips a step only when the flag is exactly 1.0 (and then takes the flag "
+                "off its step count), so the flag must be 0.0 or 1.0. Set it with "
+                "found_inf.logical_or_(...), which writes 1.0, not with a sum or a count",
+                _MS_VALUE)
         if not af[k] and not am[k]:
             return Reason(
                 f"the optimizer did skip the bad step {steps}, but when its replay ends "
-                "found_inf is False again: you clear the flag after opt.step(), so the "
+                "found_inf is 0.0 again: you clear the flag after opt.step(), so the "
                 "host, which reads the flag after the replay (lesson section 6.2), never "
                 "sees a bad step. The flag must hold the step's verdict until the next "
                 "step starts: clear it at the start of step(), not at the end", _MS_WHEN)
         if not af[k]:
             return Reason(
                 f"the bad step was not flagged {steps}: after its replay found_inf is "
-                "False and the weights moved, so the verdict never reached opt.step(). "
+                "0.0 and the weights moved, so the verdict never reached opt.step(). "
                 "Is the flag set after the loss is known, is nothing clearing it between "
                 "the verdict and opt.step(), and is it the very tensor the optimizer "
                 "holds (opt.found_inf)?", _MS_ORDER)
@@ -208,13 +221,13 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
                 "the flag must be set before opt.step() reads it", _MS_ORDER)
         if any(af[k + 1:]) and not any(am[k + 1:]):
             return Reason(
-                f"after the bad step, found_inf stays True and the weights never move "
+                f"after the bad step, found_inf stays 1.0 and the weights never move "
                 f"again {steps}; flags per replay: {af}. Something that must happen at "
                 "the start of every step happens only once. Which lines of make_step run "
                 "at every replay, and which ran only once, before the capture?", _MS_ONCE)
         if any(af[k + 1:]):
             return Reason(
-                f"found_inf is True again on a step after the bad one, whose data is "
+                f"found_inf is 1.0 again on a step after the bad one, whose data is "
                 f"finite {steps}; flags per replay: {af}, expected {ef}. Something of the "
                 "bad step leaks into later ones: backward accumulates into .grad, so "
                 "are the gradients zeroed in place at every step?", _MS_GRADS)
