@@ -14,8 +14,8 @@ at once cannot deadlock under NCCL.
 Step 1 records, each rank in its own :class:`~labkit.pipeline.record.GlobalRecord` and
 its own pool; the graphs are created at the end of step 1; steps 2+ replay.
 
-:func:`run_pipeline` spawns ``P`` processes (gloo on CPU with the emulator, NCCL with one
-GPU per rank), waits with a timeout, and gathers each rank's losses and parameters, to be
+:func:`run_pipeline` spawns ``P`` processes (gloo with the emulator, through host copies
+of its device's tensors; NCCL with one GPU per rank), waits with a timeout, and gathers each rank's losses and parameters, to be
 compared with :func:`eager_reference` (the same model trained in one process).
 """
 
@@ -121,16 +121,30 @@ def eager_reference(cfg: PipelineConfig, device=None) -> dict:
 
 # ---- point-to-point, Megatron's p2p_communication in miniature ---------------------------
 
+def _on_wire(t):
+    """The tensor that torch.distributed moves for ``t``: ``t`` itself, or a host copy of a
+    tensor on the emulated device, which no torch.distributed backend knows. gloo moves
+    host memory there as NCCL moves device memory on a GPU; the copies are eager, outside
+    every graph, as the p2p ops themselves are."""
+    from labkit.emulator.device import is_device
+
+    return t.cpu() if is_device(t) else t
+
+
 def _p2p(sends=(), recvs=()):
     """Issue sends ``(tensor, peer)`` and receives ``(tensor, peer)`` together; wait."""
     import torch.distributed as dist
 
-    ops = [dist.P2POp(dist.isend, t, p) for t, p in sends]
-    ops += [dist.P2POp(dist.irecv, t, p) for t, p in recvs]
+    wires = [(t, _on_wire(t)) for t, _ in recvs]      # (where it lands, what receives)
+    ops = [dist.P2POp(dist.isend, _on_wire(t), p) for t, p in sends]
+    ops += [dist.P2POp(dist.irecv, w, p) for (_, w), (_, p) in zip(wires, recvs)]
     if not ops:
         return
     for req in dist.batch_isend_irecv(ops):
         req.wait()
+    for t, w in wires:
+        if w is not t:
+            t.copy_(w)
 
 
 def stage_worker(rank: int, cfg: PipelineConfig) -> dict:
