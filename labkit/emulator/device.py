@@ -317,6 +317,71 @@ def _copy_from(src, dst, non_blocking=False):
     return dst
 
 
+class _Module:
+    """``torch.emu``: what PyTorch asks a device's module (checkpointing, autocast, RNG).
+
+    The device's kernels run on host data and draw from the host generator, so its RNG
+    state is the host's."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def _lazy_init() -> None:
+        pass
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def set_device(device) -> None:
+        pass
+
+    @staticmethod
+    def get_amp_supported_dtype() -> list:
+        return [torch.float16, torch.bfloat16]
+
+    @staticmethod
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return True
+
+    @staticmethod
+    def get_rng_state(device=None) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(new_state, device=None) -> None:
+        torch.set_rng_state(new_state)
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        torch.default_generator.manual_seed(seed)
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        # torch.manual_seed calls this after seeding the host generator: nothing to add
+        pass
+
+    @staticmethod
+    def synchronize(device=None) -> None:
+        from labkit.emulator.streams import synchronize
+        synchronize()
+
+
 class _Hooks(torch._C._acc.PrivateUse1Hooks if hasattr(torch._C, "_acc") else object):
     """PyTorch's questions about the device. Not "available" as an accelerator: the
     emulator is no accelerator, and a GPU machine's current accelerator stays CUDA."""
@@ -372,7 +437,8 @@ def install() -> torch.device:
             f"process without that library (a fresh kernel).")
     if name == "privateuseone":
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
-        _setup_privateuseone_for_python_backend(DEVICE_TYPE, hook=_Hooks())
+        _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_Module(),
+                                                hook=_Hooks())
     DEVICE = torch.device(DEVICE_TYPE, 0)
     # backward on this thread, as for CPU tensors (a device's own autograd thread would
     # hand every op back and forth under the GIL)
