@@ -49,11 +49,12 @@ class FullStepTrainer:
         check_finite: keep ``trainer.found_inf`` up to date inside the graph: 1.0 when a
             gradient of this step is inf or NaN, else 0.0 (a float32 scalar on the device,
             GradScaler's ``found_inf``). Read it after the step.
-        found_inf: the flag tensor to use (implies ``check_finite``). An optimizer from
-            ``make_capturable_optimizer(..., found_inf=flag)`` holds its flag as
-            ``optimizer.found_inf`` and skips a step when it is 1.0: the trainer then uses
-            that flag (implies ``check_finite``), so a step with a non-finite gradient
-            leaves the weights untouched (:meth:`skip_nonfinite` builds both).
+        found_inf: the flag tensor to use (implies ``check_finite``). Left out, it is the
+            optimizer's ``found_inf`` if it has one: an optimizer from
+            ``make_capturable_optimizer(..., found_inf=flag)`` holds its flag there and
+            skips a step when it is 1.0, so a step with a non-finite gradient leaves the
+            weights untouched (:meth:`skip_nonfinite` builds both). Given, it must be
+            that same tensor.
         generators: custom generators the step draws from.
 
     Misuse is refused before anything is captured: a non-capturable optimizer, an
