@@ -851,3 +851,23 @@ def test_torch_capturable_adamw_is_captured_and_matches_eager(B):
         ref.step()
     torch.testing.assert_close(p.detach(), q.detach())
     assert opt.state[p]["step"].item() == 4.0
+
+
+def test_a_host_copy_on_a_stream_outside_the_capture_runs_now(B):
+    """Torch's check refuses a pageable copy on the *capturing* stream; on another stream
+    the copy is no part of the graph and runs at once."""
+    x = torch.arange(4.0, device=B.device)
+    dst = torch.zeros(4, device=B.device)
+    other = B.Stream()
+
+    def body():
+        with B.stream(other):
+            dst.copy_(torch.full((4,), 7.0))
+        return x * 2
+
+    g, y = capture(B, body)
+    B.synchronize()
+    assert dst.tolist() == [7.0] * 4
+    dst.zero_()
+    _sync_replay(B, g)
+    assert dst.tolist() == [0.0] * 4 and y.tolist() == [0.0, 2.0, 4.0, 6.0]
