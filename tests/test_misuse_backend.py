@@ -136,11 +136,11 @@ def test_static_graph_names_keyword_arguments(E):
     sg = StaticGraph(lambda t, scale=1.0: t * scale, B=E, warmup=1)
     with pytest.raises(TypeError, match="positional arguments only, got keyword argument"
                                         r"\(s\) scale in capture.*GuardedGraph"):
-        sg.capture(torch.ones(2), scale=2.0)
-    sg.capture(torch.ones(2))
+        sg.capture(torch.ones(2, device=E.device), scale=2.0)
+    sg.capture(torch.ones(2, device=E.device))
     with pytest.raises(TypeError, match=r"keyword argument\(s\) scale in call"):
-        sg(torch.ones(2), scale=2.0)
-    assert sg(torch.full((2,), 2.0)).tolist() == [2.0, 2.0]
+        sg(torch.ones(2, device=E.device), scale=2.0)
+    assert sg(torch.full((2,), 2.0, device=E.device)).tolist() == [2.0, 2.0]
 
 
 def test_recorded_kernels_of_nothing(E):
@@ -152,7 +152,7 @@ def test_recorded_kernels_of_nothing(E):
     with pytest.raises(RuntimeError,
                        match=r"has not been captured yet.*\.capture\(\*sample_args\)"):
         recorded_kernels(sg, E)
-    sg.capture(torch.ones(2))
+    sg.capture(torch.ones(2, device=E.device))
     assert recorded_kernels(sg, E) == ["aten.add.Tensor"]
 
 
