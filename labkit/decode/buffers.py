@@ -212,8 +212,11 @@ class StaticBuffers:
     def _pinned_mirror(self) -> tuple:
         """A host copy of the arena in pinned (page-locked) memory, which a non-blocking
         copy can read while the host goes on, and numpy views of its fields."""
-        pin = torch.device(self.arena.device).type == "cuda"
-        host = torch.zeros(self.arena.shape, dtype=torch.uint8, pin_memory=pin)
+        host = torch.zeros(self.arena.shape, dtype=torch.uint8)
+        if torch.device(self.arena.device).type != "cpu":
+            # .pin_memory(), not pin_memory=True: the emulated device has no pinned
+            # allocator of its own, and both backends pin this way
+            host = host.pin_memory()
         views = {name: host[o:o + nb].view(dtype).numpy() for name, dtype, o, nb in self._layout}
         return host, views, None
 
