@@ -99,7 +99,9 @@ def _make_cuda() -> types.SimpleNamespace:
 def _make_emulated() -> types.SimpleNamespace:
     from labkit import emulator as e
     from labkit.emulator.device import install
+    from labkit.emulator.recorder import refuse_uncapturable_optimizers
 
+    refuse_uncapturable_optimizers()
     return types.SimpleNamespace(
         name="emulated",
         is_emulated=True,

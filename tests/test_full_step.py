@@ -165,12 +165,7 @@ def test_optimizer_state_must_exist_before_capture(B):
     assert opt_step.graph is None and not opt.state       # refused before any capture
 
 
-def test_torch_adamw_without_capturable_is_refused(B, request):
-    if B.is_emulated:     # strict: passes again, and so fails here, once the gap is closed
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "emulator gap: torch's Optimizer._accelerator_graph_capture_health_check looks "
-            "at CUDA/XPU captures only, so an emulated capture of a capturable=False AdamW "
-            "bakes its host step count in silently")))
+def test_torch_adamw_without_capturable_is_refused(B):
     p = torch.nn.Parameter(torch.ones(3, device=B.device))
     p.grad = torch.ones(3, device=B.device)
     opt = torch.optim.AdamW([p])

@@ -28,6 +28,7 @@ the op on the CPU tensors inside and applies the device rules a GPU applies:
 
 from __future__ import annotations
 
+import copy
 import weakref
 
 import torch
@@ -80,6 +81,23 @@ class DeviceTensor(torch.Tensor):
     def is_pinned(self, device=None) -> bool:
         return False
 
+    def __deepcopy__(self, memo):
+        """A copy on the device (torch's own deepcopy re-seats a storage, which a wrapper
+        cannot take); attributes such as a parameter's mark and ``.grad`` come along."""
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = DeviceTensor(self._host.clone(memory_format=torch.preserve_format))
+        memo[id(self)] = new
+        if self.requires_grad:
+            new.requires_grad_(True)
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        for name, value in self.__dict__.items():
+            if name != "_host":
+                setattr(new, name, copy.deepcopy(value, memo))
+        return new
+
     # ---- reading values on the host: a device-to-host copy first, as on a GPU -----------
     # (each first shows itself to an active TorchFunctionMode, as torch.Tensor's own do,
     # so labkit's linter and the capture see `.tolist()` where the learner wrote it)
@@ -128,6 +146,11 @@ class DeviceTensor(torch.Tensor):
         if packet in _COPIES:
             return copy_between(func, args, kwargs)
         hosts: list = []
+        if packet is _aten._foreach_copy_:
+            # across devices CUDA copies pair by pair (foreach_tensor_copy_list_kernel_slow_)
+            for dst, src in zip(args[0], args[1]):
+                _aten.copy_.default(dst, src, *args[2:], **kwargs)
+            return None
         out = func(*_unwrap(args, hosts), **({k: _unwrap(v, hosts) for k, v in kwargs.items()}
                                              if kwargs else {}))
         if hosts and not allows_host_tensors(packet, hosts):
@@ -299,12 +322,13 @@ def _is_pinned(self, device=None) -> bool:
 
 def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None,
                          memory_format=None):
-    return DeviceTensor(torch.empty(size, dtype=dtype, layout=layout,
+    return DeviceTensor(torch.empty(size, dtype=dtype, layout=layout, device=_CPU,
                                     memory_format=memory_format or torch.contiguous_format))
 
 
 def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return DeviceTensor(torch.empty_strided(size, stride, dtype=dtype, layout=layout))
+    return DeviceTensor(torch.empty_strided(size, stride, dtype=dtype, layout=layout,
+                                            device=_CPU))
 
 
 def _copy_from(src, dst, non_blocking=False):

@@ -233,7 +233,7 @@ class Capture:
                 base, off = seg.storage, byte_off // item + t.storage_offset()
             else:
                 base, off = st, t.storage_offset()
-            a = torch.empty(0, dtype=t.dtype).set_(base, off, t.size(), t.stride())
+            a = torch.empty(0, dtype=t.dtype, device="cpu").set_(base, off, t.size(), t.stride())
             self._aliases[key] = a
         return a
 
@@ -241,7 +241,7 @@ class Capture:
         """A poisoned tensor from the graph's pool with ``like``'s size, stride, dtype."""
         nbytes = _extent_bytes(like.size(), like.stride(), like.element_size())
         storage, _ = self.pool.allocate(nbytes)
-        t = torch.empty(0, dtype=like.dtype).set_(storage, 0, like.size(), like.stride())
+        t = torch.empty(0, dtype=like.dtype, device="cpu").set_(storage, 0, like.size(), like.stride())
         _poison(t)
         return _dev.wrap(t) if on_device else t
 
@@ -260,6 +260,10 @@ class Capture:
             self.refuse_host_copy(rule)
 
         hosts = _host_tensors(args, kwargs)
+        if hosts and name == "_foreach_copy_":     # pair by pair across devices, as CUDA
+            for dst, src in zip(args[0], args[1]):
+                self.record(torch.ops.aten.copy_.default, (dst, src, *args[2:]), kwargs)
+            return None
         target = kwargs.get("device") if name == "_to_copy" else None
         if name in _COPY_OPS and (hosts or target is not None
                                   and torch.device(target).type != _dev.DEVICE_TYPE):
@@ -493,6 +497,36 @@ class StuckGeneratorMode(TorchDispatchMode):
                 "left the default generator in capture mode (as on a GPU). Any capture "
                 "that ends well clears it: labkit.backend.recover(B) does one.")
         return func(*args, **kwargs)
+
+
+UNCAPTURABLE_OPTIMIZER = ("Attempting CUDA graph capture of step() for an instance of {cls} "
+                          "but param_groups' capturable is False.")
+
+
+def refuse_uncapturable_optimizers() -> None:
+    """Give torch's optimizers their GPU check during an emulated capture too.
+
+    ``Optimizer._accelerator_graph_capture_health_check`` (``_cuda_graph_capture_health_check``
+    before torch 2.12) refuses ``step()`` of an optimizer built without ``capturable=True``
+    while a CUDA or XPU stream captures: its step count lives on the host and would be
+    baked in. It asks ``torch.accelerator``, which the emulator is not; this wrapper asks
+    the emulator, then runs torch's own check.
+    """
+    from torch.optim import Optimizer
+    for name in ("_accelerator_graph_capture_health_check", "_cuda_graph_capture_health_check"):
+        check = getattr(Optimizer, name, None)
+        if check is None or getattr(check, "_labkit", False):
+            continue
+
+        def health_check(self, _check=check):
+            cap = active_capture()
+            if cap is not None and cap.records_now() and not all(
+                    group["capturable"] for group in self.param_groups):
+                raise RuntimeError(UNCAPTURABLE_OPTIMIZER.format(cls=type(self).__name__))
+            return _check(self)
+
+        health_check._labkit = True
+        setattr(Optimizer, name, health_check)
 
 
 def run_steps(steps: list[Callable[[], None]]) -> None:
