@@ -34,9 +34,19 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Pad", "GraphSlot", "StaticBuffers", "SEQ_LEN_FILL_VALUE"]
+__all__ = ["Pad", "GraphSlot", "StaticBuffers", "SEQ_LEN_FILL_VALUE", "pinned_zeros"]
 
 SEQ_LEN_FILL_VALUE = 1
+
+
+def pinned_zeros(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """Zeros in host memory for copies to and from ``device``: pinned (page-locked) when
+    ``device`` is not the host, so a ``non_blocking`` copy overlaps the host's work.
+
+    ``.pin_memory()``, not ``pin_memory=True``: the emulated device has no pinned
+    allocator of its own, and both backends pin this way."""
+    host = torch.zeros(shape, dtype=dtype)
+    return host if torch.device(device).type == "cpu" else host.pin_memory()
 
 
 class Pad(str, enum.Enum):
@@ -212,11 +222,7 @@ class StaticBuffers:
     def _pinned_mirror(self) -> tuple:
         """A host copy of the arena in pinned (page-locked) memory, which a non-blocking
         copy can read while the host goes on, and numpy views of its fields."""
-        host = torch.zeros(self.arena.shape, dtype=torch.uint8)
-        if torch.device(self.arena.device).type != "cpu":
-            # .pin_memory(), not pin_memory=True: the emulated device has no pinned
-            # allocator of its own, and both backends pin this way
-            host = host.pin_memory()
+        host = pinned_zeros(self.arena.shape, torch.uint8, self.arena.device)
         views = {name: host[o:o + nb].view(dtype).numpy() for name, dtype, o, nb in self._layout}
         return host, views, None
 

@@ -35,6 +35,7 @@ import torch
 from labkit.core.validate import check_int, is_int
 
 from .batch import make_decode_batch, make_extend_batch
+from .buffers import pinned_zeros
 from .model import greedy
 from .runner import EagerRunner
 
@@ -143,9 +144,7 @@ class TokenReadback:
     filled by the device while the host reads the other."""
 
     def __init__(self, max_bs: int, device):
-        pin = torch.device(device).type == "cuda"
-        self.buffers = [torch.zeros(max_bs, dtype=torch.int64, pin_memory=pin)
-                        for _ in range(2)]
+        self.buffers = [pinned_zeros(max_bs, torch.int64, device) for _ in range(2)]
         self.turn = 0
 
     def next(self, n: int) -> torch.Tensor:

@@ -15,8 +15,9 @@ Step 1 records, each rank in its own :class:`~labkit.pipeline.record.GlobalRecor
 its own pool; the graphs are created at the end of step 1; steps 2+ replay.
 
 :func:`run_pipeline` spawns ``P`` processes (gloo with the emulator, through host copies
-of its device's tensors; NCCL with one GPU per rank), waits with a timeout, and gathers each rank's losses and parameters, to be
-compared with :func:`eager_reference` (the same model trained in one process).
+of its device's tensors; NCCL with one GPU per rank), waits with a timeout, and gathers
+each rank's losses and parameters, to be compared with :func:`eager_reference` (the same
+model trained in one process).
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ from labkit.decode import (
     make_extend_batch,
     serve,
 )
+from labkit.decode.buffers import pinned_zeros
 
 from .draft import check_pair
 from .runner import DraftGraphRunner
@@ -308,8 +309,7 @@ def speculative_generate(target, draft, prompts: Sequence[Sequence[int]], max_ne
         res.tokens[i].append(t)
     pos = [len(p) for p in prompts]
     prev = [p[-1] for p in prompts]
-    pin = dev.type == "cuda"
-    readback = torch.zeros((n, k + 2), dtype=torch.int64, pin_memory=pin)
+    readback = pinned_zeros((n, k + 2), torch.int64, dev)
     events = [B.Event(enable_timing=True) for _ in range(4)]
 
     live = [i for i in range(n) if len(res.tokens[i]) < max_new_tokens]

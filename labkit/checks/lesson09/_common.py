@@ -18,9 +18,10 @@ from labkit.emulator import device as emulated_device
 
 @contextlib.contextmanager
 def one_thread(device="cpu"):
-    """One intra-op thread while a checker runs on the CPU: its tensors are tiny, and two
+    """One intra-op thread while a checker runs on the CPU (on the host, or on the
+    emulated device, whose data lives in host memory): its tensors are tiny, and two
     threads make each op several times slower (more so on a busy machine)."""
-    if torch.device(device).type != "cpu":
+    if torch.device(device).type not in ("cpu", emulated_device.DEVICE_TYPE):
         yield
         return
     threads = torch.get_num_threads()
