@@ -116,7 +116,7 @@ class CUDAGraph:
                                "default stream.)")
         handle = handle if handle is not None else _pool.new_handle()
         mp = _pool.pool_for(handle)
-        cap = Capture(self, mp, s)
+        cap = Capture(self, mp, s, capture_error_mode)
         cap.start()
         mp.use_count += 1
         self._pool, self._capture = mp, cap

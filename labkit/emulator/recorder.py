@@ -128,6 +128,23 @@ def _host_tensors(args, kwargs) -> list:
 _COPY_OPS = {"_to_copy", "copy_"}
 
 
+def _pageable_copy(func, args, kwargs) -> bool:
+    """A copy between the device and pageable (not pinned) host memory?"""
+    name = func.overloadpacket.__name__
+    if name == "copy_" and len(args) >= 2:
+        dst, src = args[0], args[1]
+        if _dev.is_device(dst) != _dev.is_device(src):
+            return not _dev.is_pinned(src if _dev.is_device(dst) else dst)
+    if name == "_to_copy" and args:
+        target = kwargs.get("device")
+        to_host = target is not None and torch.device(target).type == "cpu"
+        if _dev.is_device(args[0]) and to_host:
+            return True
+        if not _dev.is_device(args[0]) and target is not None and not to_host:
+            return not _dev.is_pinned(args[0])
+    return False
+
+
 def _to_meta(x):
     if isinstance(x, torch.Tensor):
         return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta")
@@ -143,8 +160,9 @@ def _to_meta(x):
 class Capture:
     """The state of one capture in progress: the pool, the recorded steps, the modes."""
 
-    def __init__(self, graph, mempool: _pool.MemPool, stream):
+    def __init__(self, graph, mempool: _pool.MemPool, stream, mode: str = "global"):
         self.graph = graph
+        self.mode = mode
         self.pool = mempool
         self.stream = stream
         self.steps: list[Callable[[], None]] = []
@@ -247,7 +265,14 @@ class Capture:
 
     # recording
     def record(self, func, args, kwargs):
-        if not self.records_now():          # a stream outside this capture: it runs now
+        if not self.records_now():          # a stream outside this capture: it runs now,
+            if self.mode == "global" and _pageable_copy(func, args, kwargs):
+                # ... but a copy with pageable host memory is a synchronous memcpy, which
+                # a "global" capture refuses from any stream (H200, torch 2.11)
+                self.refuse(rules.Rule("cpu_sync", "a copy with pageable host memory on a "
+                                       "stream outside the capture", "it is a synchronous "
+                                       "cudaMemcpy, which capture_error_mode='global' "
+                                       "forbids while any stream captures"))
             return func(*args, **kwargs)
         if not _on_device(args, kwargs):    # host work: the CPU runs it now, as on a GPU
             return func(*args, **kwargs)
