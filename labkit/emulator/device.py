@@ -402,8 +402,8 @@ class _Module:
 
     @staticmethod
     def synchronize(device=None) -> None:
-        from labkit.emulator.streams import synchronize
-        synchronize()
+        from labkit.emulator.state import refuse_device_sync
+        refuse_device_sync("synchronize()")
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks if hasattr(torch._C, "_acc") else object):
