@@ -122,22 +122,20 @@ def eager_reference(cfg: PipelineConfig, device=None) -> dict:
 
 # ---- point-to-point, Megatron's p2p_communication in miniature ---------------------------
 
-def _on_wire(t):
-    """The tensor that torch.distributed moves for ``t``: ``t`` itself, or a host copy of a
-    tensor on the emulated device, which no torch.distributed backend knows. gloo moves
-    host memory there as NCCL moves device memory on a GPU; the copies are eager, outside
+def _p2p(sends=(), recvs=(), *, via_host: bool = False):
+    """Issue sends ``(tensor, peer)`` and receives ``(tensor, peer)`` together; wait.
+
+    ``via_host``: move host copies of the tensors (received ones are copied back in
+    place). For the emulated device, which no torch.distributed backend knows: gloo moves
+    host memory there as NCCL moves device memory on a GPU. The copies are eager, outside
     every graph, as the p2p ops themselves are."""
-    from labkit.emulator.device import is_device
-
-    return t.cpu() if is_device(t) else t
-
-
-def _p2p(sends=(), recvs=()):
-    """Issue sends ``(tensor, peer)`` and receives ``(tensor, peer)`` together; wait."""
     import torch.distributed as dist
 
-    wires = [(t, _on_wire(t)) for t, _ in recvs]      # (where it lands, what receives)
-    ops = [dist.P2POp(dist.isend, _on_wire(t), p) for t, p in sends]
+    def wire(t):
+        return t.cpu() if via_host else t
+
+    wires = [(t, wire(t)) for t, _ in recvs]          # (where it lands, what receives)
+    ops = [dist.P2POp(dist.isend, wire(t), p) for t, p in sends]
     ops += [dist.P2POp(dist.irecv, w, p) for (_, w), (_, p) in zip(wires, recvs)]
     if not ops:
         return
@@ -178,6 +176,9 @@ def stage_worker(rank: int, cfg: PipelineConfig) -> dict:
     def empty():
         return torch.empty(shape, device=B.device)
 
+    def p2p(sends=(), recvs=()):
+        _p2p(sends, recvs, via_host=B.is_emulated)
+
     losses_all = []
     for step_data in data:
         opt.zero_grad()
@@ -189,7 +190,7 @@ def stage_worker(rank: int, cfg: PipelineConfig) -> dict:
             if first_stage:
                 return None
             x = empty()
-            _p2p(recvs=[(x, prev)])
+            p2p(recvs=[(x, prev)])
             return x
 
         def forward(x):
@@ -215,28 +216,28 @@ def stage_worker(rank: int, cfg: PipelineConfig) -> dict:
         w = num_warmup_microbatches(P, M, rank)
         for _ in range(w):                                   # warmup
             y = forward(recv_forward())
-            _p2p(sends=[(y.detach(), nxt)])
+            p2p(sends=[(y.detach(), nxt)])
         x = recv_forward() if M - w > 0 else None
         for i in range(M - w):                               # steady 1F1B
             y = forward(x)
             g = None
             if not last_stage:                               # send_forward_recv_backward
                 g = empty()
-                _p2p(sends=[(y.detach(), nxt)], recvs=[(g, nxt)])
+                p2p(sends=[(y.detach(), nxt)], recvs=[(g, nxt)])
             gx = backward(g)
             if i == M - w - 1:                               # send_backward
                 if not first_stage:
-                    _p2p(sends=[(gx, prev)])
+                    p2p(sends=[(gx, prev)])
             else:                                            # send_backward_recv_forward
                 x = None if first_stage else empty()
-                _p2p(sends=[(gx, prev)] if not first_stage else [],
+                p2p(sends=[(gx, prev)] if not first_stage else [],
                      recvs=[(x, prev)] if not first_stage else [])
         for _ in range(w):                                   # cooldown
             g = empty()
-            _p2p(recvs=[(g, nxt)])
+            p2p(recvs=[(g, nxt)])
             gx = backward(g)
             if not first_stage:
-                _p2p(sends=[(gx, prev)])
+                p2p(sends=[(gx, prev)])
         losses_all.append([loss.item() for loss in losses])
         if cfg.graphs and not record.created:
             # drop step 1's autograd graph first (see labkit.pipeline.step.train_step):

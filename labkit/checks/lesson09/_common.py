@@ -13,15 +13,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.core import rules
 from labkit.core.errors import _TORCH_DIR, in_library
-from labkit.emulator import device as emulated_device
 
 
 @contextlib.contextmanager
 def one_thread(device="cpu"):
-    """One intra-op thread while a checker runs on the CPU (on the host, or on the
-    emulated device, whose data lives in host memory): its tensors are tiny, and two
-    threads make each op several times slower (more so on a busy machine)."""
-    if torch.device(device).type not in ("cpu", emulated_device.DEVICE_TYPE):
+    """One intra-op thread while a checker runs on the CPU (on host tensors, or on the
+    emulated device, whose data lives in host memory; labkit's only other device is
+    CUDA): its tensors are tiny, and two threads make each op several times slower (more
+    so on a busy machine)."""
+    if torch.device(device).type == "cuda":
         yield
         return
     threads = torch.get_num_threads()
@@ -61,23 +61,24 @@ _READ_KINDS = ("cpu_sync", "tensor_branch", "dynamic_shape")
 _FUNCTION_READS = ("tolist", "numpy", "__array__", "cpu", "__repr__", "__str__")
 
 
-# The emulated device's tensor methods (DeviceTensor.tolist, __repr__, ...) stand where
-# torch.Tensor's own C methods stand on a GPU: a call that passes through them was made by
-# whoever called the method, so the walk looks past them as it looks past torch.
-_DEVICE_FILE = os.path.abspath(emulated_device.__file__)
+def _tensor_method(frame) -> bool:
+    """Whether ``frame`` runs a tensor subclass's own version of a ``torch.Tensor`` method
+    (the emulated device's ``tolist``, ``__repr__``, ...). It stands where torch's C
+    method stands on a GPU: the call was made by whoever called the method."""
+    return (hasattr(torch.Tensor, frame.f_code.co_name)
+            and isinstance(frame.f_locals.get("self"), torch.Tensor))
 
 
 def _learner_frame(frame):
     """The frame that issued a torch call, when it is the learner's own code: the first
-    frame outside torch, the emulated device's tensor methods and :class:`HostReads`' own
-    modes, unless that is labkit's (a graph's replay, the checker)."""
+    frame outside torch, tensor subclasses' methods and :class:`HostReads`' own modes,
+    unless that is labkit's (a graph's replay, the checker)."""
     while frame is not None:
         name = frame.f_code.co_filename
         if not in_library(name):
             return frame
-        path = os.path.abspath(name)
-        if name != __file__ and path != _DEVICE_FILE \
-                and not path.startswith(_TORCH_DIR + os.sep):
+        if name != __file__ and not os.path.abspath(name).startswith(_TORCH_DIR + os.sep) \
+                and not _tensor_method(frame):
             return None              # labkit's own code
         frame = frame.f_back
     return None
