@@ -81,6 +81,16 @@ class DeviceTensor(torch.Tensor):
     def is_pinned(self, device=None) -> bool:
         return False
 
+    @property
+    def data(self):
+        return torch._C.TensorBase.data.__get__(self)
+
+    @data.setter
+    def data(self, new):
+        # `t.data = other` re-seats t on other's memory: the host data must follow
+        torch._C.TensorBase.data.__set__(self, new)
+        self._host = new._host if type(new) is DeviceTensor else new
+
     def __deepcopy__(self, memo):
         """A copy on the device (torch's own deepcopy re-seats a storage, which a wrapper
         cannot take); attributes such as a parameter's mark and ``.grad`` come along."""
@@ -435,6 +445,29 @@ def _host_built(op):
     return factory
 
 
+_SDP_FLASH = 1       # torch.nn.attention.SDPBackend.FLASH_ATTENTION
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+          enable_gqa=False):
+    """``scaled_dot_product_attention`` on the device: the kernel the CPU would pick.
+
+    A device chooses its fused kernel in C++ (``_fused_sdp_choice_stub``), which a Python
+    device has not, so SDPA would fall back to its math decomposition: a dozen ops whose
+    count depends on the inputs' strides. Here it asks the CPU's choice and calls that
+    kernel, one op with its own backward, as a GPU graph holds one attention kernel.
+    """
+    choice = _aten._fused_sdp_choice(host(query), host(key), host(value),
+                                     host(attn_mask) if attn_mask is not None else None,
+                                     dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    if choice == _SDP_FLASH:
+        return _aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+    return _aten._scaled_dot_product_attention_math(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+        enable_gqa=enable_gqa)[0]
+
+
 _installed: list = []
 
 
@@ -475,6 +508,7 @@ def install() -> torch.device:
         packet, _, overload = name.partition(".")
         op = getattr(getattr(_aten, packet), overload or "default")
         lib.impl(name, _host_built(op), "PrivateUse1")
+    lib.impl("scaled_dot_product_attention", _sdpa, "AutogradPrivateUse1")
     lib.impl("_pin_memory", _pin_memory, "CPU")
     lib.impl("is_pinned", _is_pinned, "CPU")
     _installed.append(lib)
