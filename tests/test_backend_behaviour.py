@@ -622,6 +622,9 @@ def test_a_host_tensor_with_dimensions_is_on_another_device(B):
     x = torch.arange(4.0, device=B.device)
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         x + torch.ones(4)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x.add_(torch.ones(4))
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0]             # refused before anything ran
     with pytest.raises(RuntimeError) as info:
         capture(B, lambda: x * torch.tensor([2.0]))
     assert "Expected all tensors to be on the same device" in error_text(info.value)

@@ -161,11 +161,11 @@ class DeviceTensor(torch.Tensor):
             for dst, src in zip(args[0], args[1]):
                 _aten.copy_.default(dst, src, *args[2:], **kwargs)
             return None
-        out = func(*_unwrap(args, hosts), **({k: _unwrap(v, hosts) for k, v in kwargs.items()}
-                                             if kwargs else {}))
+        host_args = _unwrap(args, hosts)
+        host_kwargs = {k: _unwrap(v, hosts) for k, v in kwargs.items()} if kwargs else {}
         if hosts and not allows_host_tensors(packet, hosts):
-            raise same_device_error()
-        return wrap_result(func, args, kwargs, out)
+            raise same_device_error()            # before the op runs: nothing half-done
+        return wrap_result(func, args, kwargs, func(*host_args, **host_kwargs))
 
 
 # learners' code reads type(t).__name__: a device tensor is a "Tensor", as on a GPU
