@@ -105,9 +105,10 @@ def _demo_01(B, small):
           f"{m['graph_us_per_kernel']:9.2f}{m['speedup']:7.1f}×  ({m['timer']}, {m['device']})")
     print(f"CPU cost to issue one eager op: {m['cpu_us_per_launch']:.2f} µs")
     if B.is_emulated:
-        print("emulated: the 'graph' column is the emulator replaying ops in Python on this "
-              "CPU, not a GPU graph. The timelines below are SIMULATED: this CPU's launch "
-              "cost, kernel times from a roofline model of an H200.")
+        print("emulated: the 'graph' column is the emulator replaying the recorded ops on "
+              "this CPU, without the emulated device's Python layer that each eager op "
+              "passes: no GPU graph's figure. The timelines below are SIMULATED: this "
+              "CPU's launch cost, kernel times from a roofline model of an H200.")
     n, numel = 20, 256
     if B.is_emulated:
         preset = T.preset_for(_device(B))                   # not a GPU: the H200 preset
