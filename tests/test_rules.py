@@ -13,6 +13,7 @@ from labkit.guards import expect_error, lint_capture
 B = backend.get("emulated")
 REPEATS = torch.tensor([1, 2, 1, 1], device=B.device)
 GEN = B.Generator()
+PINNED = torch.linspace(-1, 2, 4).pin_memory()     # page-locked host memory
 
 
 def _clone_set(x):
@@ -70,6 +71,7 @@ TRIGGERS = {
     "unregistered generator": lambda x: x + torch.rand(4, device=x.device, generator=GEN),
     "synchronize": lambda x: (B.synchronize(), x * 2)[1],
     "histc (no range)": lambda x: torch.histc(x),
+    "blocking copy from pinned memory": lambda x: x.clone().copy_(PINNED),
     "masked_fill (tensor value)": lambda x: x.masked_fill(x > 0,
                                                           torch.zeros((), device=x.device)),
 }
@@ -85,6 +87,7 @@ CLEAN = {
     "a boolean mask assigned a Python number": _clone_set_number,
     "masked_fill with a number": lambda x: x.masked_fill(x > 0, 0.0),
     "histc with a range": lambda x: torch.histc(x, bins=4, min=-1, max=2),
+    "an async copy from pinned memory": lambda x: x.clone().copy_(PINNED, non_blocking=True),
 }
 
 # ATen table entries no trigger reaches on torch 2.13 (decompositions and aliases of others:

@@ -235,8 +235,18 @@ class _Linter:
         if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and \
                 (src.device.type == "cpu") != (dst.device.type == "cpu"):
             way = "device-to-host" if dst.device.type == "cpu" else "host-to-device"
-            self.add("host_tensor", f"{aten} ({way})",
-                     f"a {way} copy of pageable memory is refused during capture")
+            host = dst if dst.device.type == "cpu" else src
+            non_blocking = (args[2] if name == "copy_" and len(args) > 2
+                            else kwargs.get("non_blocking", False))
+            if not host.is_pinned():
+                self.add("host_tensor", f"{aten} ({way})",
+                         f"a {way} copy of pageable memory is refused during capture")
+            elif not non_blocking:
+                self.add("cpu_sync", f"{aten} ({way}, blocking)",
+                         f"a blocking {way} copy waits for it to finish, which fails the "
+                         f"capture; from pinned memory write non_blocking=True")
+            # pinned and non_blocking: captured, and every replay copies that host
+            # buffer again (a static input on the host), which is no hazard
 
     # -- addresses and values, compared between calls
     def _track(self, name, aten, args, kwargs, out) -> None:
