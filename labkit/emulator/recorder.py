@@ -1,7 +1,8 @@
 """Capture on the emulator: a ``TorchDispatchMode`` that records each ATen op, not runs it.
 
 It sees the ops after autograd and autocast, the same stream of kernels a GPU would
-record. Each op's outputs come from the graph's pool, shaped by running the op on ``meta``
+record. Only the device's ops are recorded, and only on streams that are part of the
+capture: host work, and work on other streams, runs at once, as on a GPU. Each op's outputs come from the graph's pool, shaped by running the op on ``meta``
 tensors, and hold poison (NaN, or the dtype's maximum) until the first replay; each
 recorded step holds aliases of the memory its arguments live in, so replay reads and
 writes by address. What capture refuses is :mod:`labkit.core.rules`' table.
@@ -229,10 +230,6 @@ class Capture:
 
     # addresses
     def alias(self, t: torch.Tensor) -> torch.Tensor:
-        t = _dev.host(t)
-        return self._alias(t)
-
-    def _alias(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor on the same memory as ``t`` that does not keep ``t``'s block allocated.
 
         Pool memory is aliased through its segment, so user code can still free the block
@@ -240,6 +237,7 @@ class Capture:
         Other memory is aliased through its own storage. The alias has its own version
         counter: replay writes memory without bumping autograd's versions, like a GPU.
         """
+        t = _dev.host(t)            # a device tensor: the host data it wraps
         st = t.untyped_storage()
         key = (st.data_ptr(), t.storage_offset(), tuple(t.size()), tuple(t.stride()), t.dtype)
         a = self._aliases.get(key)
