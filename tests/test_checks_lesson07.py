@@ -3,6 +3,8 @@ it, and the reference answer passes."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from helpers import assert_usable
@@ -659,4 +661,125 @@ def test_make_step_wrong_answers(fn, words):
     assert not res
     assert words in res.message, res.message
     assert "found_inf.zero_() into step()" not in res.message     # not the answer first
+    assert_usable(E)
+
+
+# ---- exercise 4: wrong tests of the loss, a replaced flag, another optimizer --------------
+
+def _step_with_flag_update(update):
+    def make_step(model, opt, found_inf, static_batch):
+        grads = FS.ensure_grads(model.parameters())
+
+        def step():
+            torch._foreach_zero_(grads)
+            found_inf.zero_()
+            loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+            update(found_inf, loss)
+            opt.step()
+            return loss
+        return step
+    return make_step
+
+
+step_nan_only = _step_with_flag_update(lambda f, loss: f.logical_or_(torch.isnan(loss)))
+step_isinf_only = _step_with_flag_update(lambda f, loss: f.logical_or_(torch.isinf(loss)))
+
+
+def step_replaces_opt_flag(model, opt, found_inf, static_batch):
+    """Puts a new tensor into opt.found_inf: the optimizer skips, the given flag stays 0."""
+    grads = FS.ensure_grads(model.parameters())
+
+    def step():
+        torch._foreach_zero_(grads)
+        loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+        opt.found_inf = (~torch.isfinite(loss)).float()
+        opt.step()
+        return loss
+    return step
+
+
+def _step_with_own_optimizer(**kw):
+    def make_step(model, opt, found_inf, static_batch):
+        params = list(model.parameters())
+        grads = FS.ensure_grads(params)
+        mine = torch.optim.AdamW(params, lr=1e-2, **kw)
+        if kw.get("foreach"):
+            mine.found_inf = found_inf
+
+        def step():
+            torch._foreach_zero_(grads)
+            found_inf.zero_()
+            loss = FS.forward_backward(model, FS.lm_loss, static_batch)
+            found_inf.logical_or_(~torch.isfinite(loss))
+            mine.step()
+            return loss
+        return step
+    return make_step
+
+
+step_own_adamw = _step_with_own_optimizer()
+step_own_foreach_with_flag = _step_with_own_optimizer(capturable=True, foreach=True)
+step_own_capturable = _step_with_own_optimizer(capturable=True)
+
+
+@pytest.mark.parametrize("fn,missed", [(step_nan_only, "inf"), (step_isinf_only, "nan")])
+def test_make_step_a_test_of_the_loss_that_misses_a_kind_is_named(fn, missed):
+    """The bad steps cover a NaN loss and a +inf loss: isnan-only and isinf-only fail, and
+    the message names the loss that was missed."""
+    res = L.check_make_step(fn, trials=1)
+    assert not res
+    assert "the bad step was not flagged" in res.message, res.message
+    assert re.search(rf"replay \d+'s loss was {missed}, yet", res.message), res.message
+    assert f"your test of the loss misses {missed}" in res.message, res.message
+    assert res.more_hints and "NaN, inf, -inf" in res.more_hints[0]
+    assert_usable(E)
+
+
+def test_make_step_bad_steps_are_a_nan_and_an_inf_loss_in_either_order():
+    """Every trial has a NaN-loss step and a +inf-loss step, good steps between and after,
+    and the order changes between trials."""
+    gen = lambda s: torch.Generator().manual_seed(s)                      # noqa: E731
+    seen = set()
+    for s in range(8):
+        inputs = LM._make_inputs(gen(s))
+        bad, n, _ = inputs
+        (k1, a), (k2, b) = bad
+        assert {a, b} == {"nan", "inf"} and 1 <= k1 and k1 + 2 <= k2 <= n - 2
+        seen.add(a)
+    assert seen == {"nan", "inf"}
+    out = LM._run_guarded(LM._reference_make_step, [(1, "inf"), (3, "nan")], 5, seed=7)
+    losses = [float(x) for x in out["losses"]]
+    assert losses[1] == float("inf") and losses[3] != losses[3]
+    assert out["flags"] == [0.0, 1.0, 0.0, 1.0, 0.0]
+    assert out["moved"] == [True, False, True, False, True]
+
+
+def test_update_found_inf_hint_does_not_suggest_ior():
+    """|= works on exercise 3's bool flag but fails on exercise 4's float one."""
+    res = L.check_update_found_inf(inf_nan_only)
+    assert not res and all("|= ...)" not in h for h in res.more_hints), res.more_hints
+
+
+def test_make_step_replacing_opt_found_inf_is_named():
+    res = L.check_make_step(step_replaces_opt_flag, trials=1)
+    assert not res
+    assert "puts a new tensor into opt.found_inf" in res.message, res.message
+    assert "update found_inf in place" in res.message
+    assert "you clear the flag after opt.step()" not in res.message
+    assert res.more_hints and "opt.found_inf" in res.more_hints[0]
+
+
+@pytest.mark.parametrize("fn,words", [
+    (step_own_adamw, "optimizer built without capturable=True"),
+    (step_own_foreach_with_flag, "only torch's fused AdamW reads found_inf"),
+    (step_own_capturable, "step() runs another optimizer"),
+])
+def test_make_step_another_optimizer_than_opt_is_named(fn, words):
+    res = L.check_make_step(fn, trials=1)
+    assert not res
+    assert words in res.message, res.message
+    assert "call opt.step()" in res.message.lower(), res.message
+    assert ".item()" not in res.message                       # not a host read
+    assert "the flag must be set before opt.step()" not in res.message
+    assert res.more_hints and "`opt`" in res.more_hints[0]
     assert_usable(E)

@@ -4,7 +4,9 @@
 captures; ``opt`` is torch's fused AdamW holding ``found_inf`` as ``opt.found_inf``
 (:func:`labkit.full_step.make_capturable_optimizer`), so a step whose flag is 1.0 leaves
 the weights alone. Checked by capturing the step on labkit's emulator and replaying good
-steps, a bad one and good ones again, watching the flag, the weights and the loss.
+steps and two bad ones, one whose loss is NaN and one whose loss is +inf (in a random
+order, a good step between and after), watching the flag, the weights and the loss. The
+optimizer given must be the one that steps, and ``opt.found_inf`` must stay the flag given.
 """
 
 from __future__ import annotations
@@ -38,12 +40,41 @@ def _reference_make_step(model, opt, found_inf, static_batch):
     return step
 
 
-def _run_guarded(make_step, bad_at: int, n_steps: int, seed: int) -> dict:
+def _loss_text(loss) -> str:
+    """A loss as the messages name it: nan, inf, -inf or its value."""
+    v = float(loss)
+    return "nan" if v != v else f"{v:g}"
+
+
+def _spoil(model, kind: str, targets: torch.Tensor):
+    """Make the next step's loss ``kind`` ("nan" or "inf") by setting one weight of the
+    head; returns (parameter, index, old value) to put it back.
+
+    * "nan": ``head.weight[0, 0] = inf``: logit 0 is +inf or -inf by the sign of a
+      normalized feature, and a +inf logit makes its row's log-softmax inf - inf = NaN.
+    * "inf": ``head.bias[t] = -inf`` for a target token ``t`` of the step: that token's
+      log-probability is -inf, its cross-entropy +inf, the other rows stay finite (and so
+      do the gradients: only a flag on the loss itself can catch this step).
+
+    (A cross-entropy cannot be -inf; exercise 3's checker covers a -inf loss.)"""
+    if kind == "nan":
+        p, idx, v = model.head.weight, (0, 0), float("inf")
+    else:
+        p, idx, v = model.head.bias, (int(targets.flatten()[0]),), float("-inf")
+    with torch.no_grad():
+        keep = p[idx].item()
+        p[idx] = v
+    return p, idx, keep
+
+
+def _run_guarded(make_step, bad: list[tuple[int, str]], n_steps: int, seed: int) -> dict:
     """Build a tiny LM and torch's fused AdamW reading ``flag`` on the emulator's device,
     capture the step that ``make_step`` returns (after one eager warm-up step) and replay
-    ``n_steps`` steps; before replay ``bad_at`` a weight is set to inf (every gradient goes
-    non-finite), and restored after it. Returns the flag and whether the weights moved,
-    per replay."""
+    ``n_steps`` steps; before each replay ``k`` of ``bad`` (pairs ``(k, kind)``) a weight is
+    set so that the step's loss is ``kind`` ("nan" or "inf", see :func:`_spoil`), and
+    restored after it. Returns the flag and whether the weights moved, per replay, the
+    losses and weights, whether ``opt.found_inf`` is still the flag given, and whether the
+    optimizer given ever stepped."""
     from labkit import backend
 
     E = backend.get("emulated")
@@ -71,27 +102,45 @@ def _run_guarded(make_step, bad_at: int, n_steps: int, seed: int) -> dict:
     except BaseException:
         backend.recover(E)
         raise
+    held = getattr(opt, "found_inf", None)
+    replaced = "deleted" if held is None else (
+        None if held is flag else "another tensor")
+    stepped = any(len(st) for st in opt.state.values())     # fused AdamW: state at 1st step
+    kinds = dict(bad)
     flags, moved, losses, params = [], [], [], list(model.parameters())
     for k in range(n_steps):
         for buf, mb in zip(static, batches[k + 1]):
             for b, t in zip(buf, mb):
                 b.copy_(t)
-        if k == bad_at:
-            with torch.no_grad():
-                keep = model.head.weight[0, 0].item()
-                model.head.weight[0, 0] = float("inf")
-        before = [p.detach().clone() for p in params]
+        if k in kinds:
+            p, idx, keep = _spoil(model, kinds[k], static[0][1])
+        before = [q.detach().clone() for q in params]
         g.replay()
-        if k == bad_at:
+        if k in kinds:
             with torch.no_grad():
-                model.head.weight[0, 0] = keep
-                before[-2][0, 0] = keep                 # head.weight, for the comparison
-        moved.append(any(not torch.equal(p, q) for p, q in zip(params, before)))
+                p[idx] = keep
+            i = next(j for j, q in enumerate(params) if q is p)
+            before[i][idx] = keep                    # for the comparison
+        moved.append(any(not torch.equal(q, r) for q, r in zip(params, before)))
         flags.append(flag.item())                  # 0.0 or 1.0, read after the replay
         losses.append(static_loss.detach().clone() if isinstance(static_loss, torch.Tensor)
                       else static_loss)
     return {"flags": flags, "moved": moved, "losses": losses,
-            "weights": [p.detach().clone() for p in params]}
+            "weights": [q.detach().clone() for q in params],
+            "replaced": replaced, "stepped": stepped}
+
+
+def _make_inputs(gen: torch.Generator):
+    """One trial: ``(bad, n_steps, seed)`` for :func:`_run_guarded`."""
+    # two bad steps, one with a NaN loss and one with a +inf loss in a random order,
+    # a good step between them and after them: a test of the loss that misses either
+    # kind (torch.isnan, torch.isinf) fails every trial
+    n = int(torch.randint(5, 7, (), generator=gen))
+    first = int(torch.randint(1, n - 3, (), generator=gen))
+    second = int(torch.randint(first + 2, n - 1, (), generator=gen))
+    kinds = ("nan", "inf") if int(torch.randint(0, 2, (), generator=gen)) else ("inf", "nan")
+    bad = [(first, kinds[0]), (second, kinds[1])]
+    return bad, n, int(torch.randint(0, 100, (), generator=gen))
 
 
 # hints for make_step, one list per kind of mistake (most general first)
@@ -125,6 +174,21 @@ _MS_FLOAT = ["found_inf is float32 here (torch's fused AdamW reads that dtype), 
              "exercise 3's was bool: update it with an in-place op that works on both.",
              "found_inf.logical_or_(~torch.isfinite(loss)) writes 1.0 or 0.0 into a float "
              "flag; |= (a bitwise or) exists for bool and integer tensors only"]
+_MS_TEST = ["Which losses does your test of the loss catch: NaN, inf, -inf? A bad step can "
+            "have any of them, and each must skip the step.",
+            "found_inf.logical_or_(~torch.isfinite(loss)): torch.isfinite is False for inf, "
+            "-inf and NaN alike (torch.isnan misses inf, torch.isinf misses NaN)"]
+_MS_REPLACED = ["Two read the flag: the optimizer (through opt.found_inf, the tensor it holds "
+                "at capture) and the host (found_inf, after each replay). After your step(), "
+                "are they still one tensor?",
+                "Leave opt.found_inf alone (it already holds found_inf) and update found_inf "
+                "in place: found_inf.zero_() at the start of step(), then "
+                "found_inf.logical_or_(~torch.isfinite(loss)) before opt.step()"]
+_MS_OPT = ["make_step is given its optimizer: `opt`, torch's fused, capturable AdamW that "
+           "holds found_inf (opt.found_inf) and skips a step on the device when it is 1.0. "
+           "Which optimizer does your step() run?",
+           "Build no optimizer in make_step: call opt.step(), the `opt` passed in, after "
+           "setting found_inf"]
 _MS_GENERAL = _MS_ONCE
 
 
@@ -141,21 +205,18 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
     ``make_capturable_optimizer(..., found_inf=found_inf)``) and trains normally on the
     steps after it. When a replay ends,
     ``found_inf`` must hold that step's verdict: the host reads it after the replay (the
-    exercise text says so), so clearing it at the end of the step is rejected. ``step()``
+    exercise text says so), so clearing it at the end of the step is rejected; a test of
+    the loss that misses NaN or +inf, an ``opt.found_inf`` replaced by another tensor and
+    a step of another optimizer than ``opt`` are named as such. ``step()``
     must return the loss (the graph's static loss), and each failure's first hint is about
     the mistake seen."""
 
-    def make_inputs(gen: torch.Generator):
-        n = int(torch.randint(4, 6, (), generator=gen))
-        bad = int(torch.randint(1, n - 2, (), generator=gen))
-        return bad, n, int(torch.randint(0, 100, (), generator=gen))
-
     def observe(make_step):
-        def run(bad_at, n, seed):
+        def run(bad, n, seed):
             threads = torch.get_num_threads()
             torch.set_num_threads(1)                # tiny tensors: one thread is faster
             try:
-                out = _run_guarded(make_step, bad_at, n, seed)
+                out = _run_guarded(make_step, bad, n, seed)
             except NotImplementedError as exc:
                 if _float_flag_error(exc):          # torch's, not the exercise's stub
                     return {"raised": exc}
@@ -166,9 +227,24 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
                 return {"raised": exc}
             finally:
                 torch.set_num_threads(threads)
-            out["bad_at"] = bad_at
+            out["bad"] = bad
+            out["seed"] = seed
             return out
         return run
+
+    def flags_alone(kind: str, seed: int) -> float | None:
+        """The learner's flag after one bad step of ``kind`` alone (replay 1 of 3), or
+        None if that run fails: tells which kind of bad loss the learner's test misses."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return _run_guarded(fn, [(1, kind)], 3, seed)["flags"][1]
+        except LearnerTimeout:
+            raise
+        except Exception:
+            return None
+        finally:
+            torch.set_num_threads(threads)
 
     def compare(expected, actual) -> str | None:
         if "raised" in actual:
@@ -181,17 +257,59 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
                     "update_found_inf of exercise 3?) fails on it. Update it with "
                     "found_inf.logical_or_(...), which writes 1.0 or 0.0 into a float flag",
                     _MS_FLOAT)
+            text = str(root)
+            if "capturable is False" in text:
+                return Reason(
+                    f"your code raised {describe_exception(root)}\n   step() runs an "
+                    "optimizer built without capturable=True, which keeps its step count "
+                    "on the host, so torch refuses to capture its step. Use the optimizer "
+                    "make_step is given: `opt`, torch's fused AdamW built capturable (its "
+                    "state on the device), which also reads found_inf and skips a bad "
+                    "step. Call opt.step()", _MS_OPT)
+            if "Expected grad_scale and found_inf to be None" in text:
+                return Reason(
+                    f"your code raised {describe_exception(root)}\n   step() runs an "
+                    "AdamW that is not the fused one, with a found_inf: only torch's "
+                    "fused AdamW reads found_inf (the foreach and for-loop updates refuse "
+                    "it, as here). The `opt` make_step is given is that fused AdamW, "
+                    "already holding found_inf as opt.found_inf: call opt.step()", _MS_OPT)
             host = isinstance(root, RuntimeError) and any(
-                w in str(root) for w in ("capture", "captur", "sync", "Boolean value"))
+                w in text for w in ("capture", "captur", "sync", "Boolean value"))
             return Reason(
                 f"your code raised {describe_exception(root)}"
                 + ("\n   The step runs inside a capture: nothing there may read a tensor's "
                    "value on the host (an `if` on a tensor, .item(), bool(), print)."
                    if host else ""),
                 _MS_HOST if host else _MS_GENERAL)
-        k = expected["bad_at"]
+        bad = expected["bad"]
         ef, af, em, am = expected["flags"], actual["flags"], expected["moved"], actual["moved"]
-        steps = f"(the bad step is replay {k} of {len(ef)})"
+        lossof = {k: _loss_text(expected["losses"][k]) for k, _ in bad}
+        steps = ("(the bad steps are "
+                 + " and ".join(f"replay {k} (loss {lossof[k]})" for k, _ in bad)
+                 + f" of {len(ef)})")
+        if actual["replaced"]:
+            now = ("step() deletes opt.found_inf" if actual["replaced"] == "deleted" else
+                   "step() puts a new tensor into opt.found_inf (opt.found_inf = ...)")
+            return Reason(
+                f"{now} instead of updating the flag it was given: at capture the "
+                "optimizer reads whatever tensor opt.found_inf holds then, and the host "
+                "reads found_inf, the tensor given to make_step, after each replay; "
+                f"flags per replay in that one: {af} {steps}. Leave opt.found_inf alone "
+                "(it already holds found_inf) and update found_inf in place "
+                "(found_inf.logical_or_(...))", _MS_REPLACED)
+        if not actual["stepped"]:
+            if any(am):
+                return Reason(
+                    "the weights moved, but the `opt` given to make_step never stepped "
+                    "(its state is still empty): step() runs another optimizer. Only the "
+                    "`opt` passed in skips a bad step on the device: it is torch's fused, "
+                    "capturable AdamW and holds found_inf as opt.found_inf (an AdamW you "
+                    "build reads no flag unless it is fused and holds found_inf: the `opt` "
+                    "given is that one). Call opt.step(), on the opt given", _MS_OPT)
+            return Reason(
+                "the `opt` given to make_step never stepped and the weights never moved: "
+                "step() must call opt.step(), the optimizer passed in, after setting "
+                "found_inf", _MS_OPT)
         odd = [(i, v) for i, v in enumerate(af) if v not in (0.0, 1.0)]
         if odd:
             i, v = odd[0]
@@ -201,33 +319,56 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
                 "off its step count), so the flag must be 0.0 or 1.0. Set it with "
                 "found_inf.logical_or_(...), which writes 1.0, not with a sum or a count",
                 _MS_VALUE)
-        if not af[k] and not am[k]:
+        for k, _ in bad:
+            if not af[k] and not am[k]:
+                return Reason(
+                    f"the optimizer did skip the bad step of replay {k} {steps}, but when "
+                    "its replay ends found_inf is 0.0 again: you clear the flag after "
+                    "opt.step(), so the host, which reads the flag after the replay "
+                    "(lesson section 6.2), never sees a bad step. The flag must hold the "
+                    "step's verdict until the next step starts: clear it at the start of "
+                    "step(), not at the end", _MS_WHEN)
+        for k, kind in bad:
+            if af[k]:
+                continue
+            head = (f"the bad step was not flagged {steps}: replay {k}'s loss was "
+                    f"{lossof[k]}, yet after that replay found_inf is 0.0 and the weights "
+                    "moved")
+            other = "inf" if kind == "nan" else "nan"
+            caught = next((j for j, kd in bad if kd == other and j < k and af[j]), None)
+            if caught is not None or flags_alone(other, actual["seed"]) == 1.0:
+                seen = (f"replay {caught}, whose loss was {other}," if caught is not None
+                        else f"a step whose loss is {other}")
+                return Reason(
+                    f"{head}, while {seen} is flagged: your test of the "
+                    f"loss misses {lossof[k]} ("
+                    + ("torch.isinf, or a comparison, is False for NaN"
+                       if kind == "nan" else "torch.isnan, or loss != loss, is False for "
+                       "inf") + "). ~torch.isfinite(loss) is True for NaN, inf and -inf "
+                    "alike", _MS_TEST)
             return Reason(
-                f"the optimizer did skip the bad step {steps}, but when its replay ends "
-                "found_inf is 0.0 again: you clear the flag after opt.step(), so the "
-                "host, which reads the flag after the replay (lesson section 6.2), never "
-                "sees a bad step. The flag must hold the step's verdict until the next "
-                "step starts: clear it at the start of step(), not at the end", _MS_WHEN)
-        if not af[k]:
+                f"{head}, so the verdict never reached opt.step(). Is the flag set after "
+                "the loss is known, is nothing clearing it between the verdict and "
+                "opt.step(), does your test catch a loss of "
+                f"{lossof[k]}, and is it the very tensor the optimizer holds "
+                "(opt.found_inf)?", _MS_ORDER)
+        for k, _ in bad:
+            if am[k]:
+                return Reason(
+                    f"the bad step of replay {k} changed the weights {steps} although "
+                    "found_inf was set: the flag must be set before opt.step() reads it",
+                    _MS_ORDER)
+        badset = {k for k, _ in bad}
+        after = [i for i in range(bad[0][0] + 1, len(ef)) if i not in badset]
+        if any(af[i] for i in after) and not any(am[i] for i in after):
             return Reason(
-                f"the bad step was not flagged {steps}: after its replay found_inf is "
-                "0.0 and the weights moved, so the verdict never reached opt.step(). "
-                "Is the flag set after the loss is known, is nothing clearing it between "
-                "the verdict and opt.step(), and is it the very tensor the optimizer "
-                "holds (opt.found_inf)?", _MS_ORDER)
-        if am[k]:
-            return Reason(
-                f"the bad step changed the weights {steps} although found_inf was set: "
-                "the flag must be set before opt.step() reads it", _MS_ORDER)
-        if any(af[k + 1:]) and not any(am[k + 1:]):
-            return Reason(
-                f"after the bad step, found_inf stays 1.0 and the weights never move "
+                f"after the first bad step, found_inf stays 1.0 and the weights never move "
                 f"again {steps}; flags per replay: {af}. Something that must happen at "
                 "the start of every step happens only once. Which lines of make_step run "
                 "at every replay, and which ran only once, before the capture?", _MS_ONCE)
-        if any(af[k + 1:]):
+        if any(af[i] for i in after):
             return Reason(
-                f"found_inf is 1.0 again on a step after the bad one, whose data is "
+                f"found_inf is 1.0 again on a step after a bad one, whose data is "
                 f"finite {steps}; flags per replay: {af}, expected {ef}. Something of the "
                 "bad step leaks into later ones: backward accumulates into .grad, so "
                 "are the gradients zeroed in place at every step?", _MS_GRADS)
@@ -239,7 +380,7 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
         if problem:
             return Reason(
                 "flags and skips are right, but the weights end up different from the "
-                f"reference: {problem}. Are the gradients zeroed in place at every step "
+                f"reference: {problem}; are the gradients zeroed in place at every step "
                 "(backward accumulates into .grad)?", _MS_GRADS)
         el, al = expected["losses"], actual["losses"]
         if not all(isinstance(x, torch.Tensor) for x in al):
@@ -261,7 +402,7 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
         return None
 
     return check(
-        observe(fn), observe(_reference_make_step), make_inputs, trials=trials,
+        observe(fn), observe(_reference_make_step), _make_inputs, trials=trials,
         name="make_step", compare=compare,
         hint="compare what runs at capture time (once) with what the graph replays "
              "(lesson section 4: capture records the step and runs its Python once)",

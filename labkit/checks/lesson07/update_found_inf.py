@@ -151,6 +151,7 @@ def check_update_found_inf(fn, *, trials: int = 3) -> CheckResult:
              "captured step; in-place tensor ops only",
         more_hints=["Which values must set the flag? torch has one test that is False for "
                     "inf, -inf and NaN alike. And the flag must remember earlier microbatches.",
-                    "A bool tensor has an in-place logical or: found_inf.logical_or_(...) "
-                    "(or found_inf |= ...), of ~torch.isfinite(loss)"],
+                    "A bool tensor has an in-place logical or: found_inf.logical_or_(...), "
+                    "of ~torch.isfinite(loss) (it also works on exercise 4's float flag, "
+                    "where |= fails)"],
     )
