@@ -253,3 +253,17 @@ def test_a_library_catch_all_does_not_swallow_the_timeout():
     else:
         raise AssertionError("no timeout")
     assert _time.monotonic() - t0 < 5
+
+
+def test_learner_raised_names_the_three_outcomes(capsys):
+    from labkit.checks import LearnerTimeout, learner_raised
+
+    stub = learner_raised("ex", NotImplementedError(), "trial 1: your code raised",
+                          more_hints=["h"], quiet=True)
+    assert stub.kind == "not_implemented" and "not done yet" in stub.message
+    late = learner_raised("ex", LearnerTimeout(5.0), "unused", quiet=True)
+    assert late.kind == "timeout" and "did not finish within 5 s" in late.message
+    bug = learner_raised("ex", KeyError("buckets"), "trial 2: your code raised",
+                         describe=lambda e: f"{type(e).__name__} {e}", quiet=True)
+    assert bug.kind == "exception" and "trial 2: your code raised KeyError 'buckets'" in bug.message
+    assert not (stub.passed or late.passed or bug.passed)

@@ -56,6 +56,7 @@ __all__ = [
     "check",
     "compare_outputs",
     "describe_exception",
+    "learner_raised",
     "fail",
     "hint",
     "passed",
@@ -180,6 +181,33 @@ def fail(name: str, message: str, *, more_hints: list[str] | None = None,
     tail = hints if kind != "not_implemented" else None
     text = _with_hint_tail(f"{FAIL} {name}: {message}", tail)
     return _report(CheckResult(name, False, text, kind=kind, more_hints=hints, **fields), quiet)
+
+
+def learner_raised(name: str, exc: BaseException, raised: str, *,
+                   describe: Callable[[BaseException], str] | None = None,
+                   more_hints: list[str] | None = None, B=None,
+                   quiet: bool = False) -> CheckResult:
+    """The :func:`fail` for an exception out of the learner's code.
+
+    Args:
+        name: the check's name.
+        exc: what the learner's code raised. A ``NotImplementedError`` is the exercise's
+            stub (``kind="not_implemented"``), a :class:`LearnerTimeout` says how long it
+            ran (``kind="timeout"``); anything else is ``kind="exception"``.
+        raised: the start of that last message, e.g. ``f"{where}: your code raised"``;
+            ``describe(exc)`` (default :func:`describe_exception`) follows it.
+        B: a backend to :func:`labkit.backend.recover` first (a capture left half-open).
+    """
+    if B is not None and not isinstance(exc, NotImplementedError):
+        from labkit import backend
+        backend.recover(B)
+    if isinstance(exc, NotImplementedError):
+        return fail(name, NOT_DONE, kind="not_implemented", more_hints=more_hints,
+                    quiet=quiet)
+    if isinstance(exc, LearnerTimeout):
+        return fail(name, str(exc), kind="timeout", quiet=quiet)
+    return fail(name, f"{raised} {(describe or describe_exception)(exc)}", kind="exception",
+                more_hints=more_hints, quiet=quiet)
 
 
 def verdict(name: str, ok: bool, message: str, **fields: Any) -> CheckResult:

@@ -12,12 +12,10 @@ from __future__ import annotations
 import torch
 
 from labkit.checks import (
-    NOT_DONE,
     CheckResult,
-    LearnerTimeout,
     call_learner,
-    describe_exception,
     fail,
+    learner_raised,
     passed,
 )
 from labkit.checks.lesson06._common import _as_int_list, _short
@@ -84,13 +82,9 @@ def check_fixed_config(fn, *, quiet: bool = False, time_limit: float = 10.0) -> 
         return failed(f"expected a function, got {type(fn).__name__}")
     try:
         cfg = call_learner(fn, time_limit=time_limit)
-    except NotImplementedError:
-        return fail(name, NOT_DONE, kind="not_implemented", quiet=quiet)
-    except LearnerTimeout as exc:
-        return fail(name, str(exc), kind="timeout", quiet=quiet)
     except Exception as exc:  # noqa: BLE001
-        return fail(name, f"your code raised {describe_exception(exc)}", kind="exception",
-                    more_hints=_BUDGET_HINTS, quiet=quiet)
+        return learner_raised(name, exc, "your code raised", more_hints=_BUDGET_HINTS,
+                              quiet=quiet)
     if not isinstance(cfg, dict) or set(cfg) != {"buckets", "shared_pool"}:
         got = sorted(cfg) if isinstance(cfg, dict) else type(cfg).__name__
         return failed(f"return a dict with exactly the keys 'buckets' and 'shared_pool', "

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from labkit import backend
-from labkit.checks import NOT_DONE, LearnerTimeout, call_learner, describe_exception, fail, passed
+from labkit.checks import (call_learner, fail,
+                           learner_raised, passed)
 from labkit.core.signature import fmt_shape
 
 NAME = "Decoder"
@@ -50,13 +51,8 @@ def check_decoder(cls, *, trials: int = 3, seed: int = 0, compile_on_gpu: bool =
         where = f"trial {trial + 1} (max_len={max_len}, dim={dim})"
         try:
             msg = _one_trial(cls, max_len, dim, B.device, gen)
-        except NotImplementedError:
-            return fail(NAME, NOT_DONE, kind="not_implemented")
-        except LearnerTimeout as e:
-            return fail(NAME, str(e), kind="timeout")
         except Exception as e:
-            return fail(NAME, f"{where}: your code raised {describe_exception(e)}",
-                        kind="exception", more_hints=HINTS)
+            return learner_raised(NAME, e, f"{where}: your code raised", more_hints=HINTS)
         if msg:
             return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
     extra = ""

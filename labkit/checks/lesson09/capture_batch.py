@@ -45,6 +45,7 @@ from labkit.checks import (
     compare_outputs,
     describe_exception,
     fail,
+    learner_raised,
     passed,
 )
 from labkit.checks.lesson09._common import one_thread, short_description
@@ -437,15 +438,9 @@ def _check(fn, B, trials, seed):
                     return fail(NAME, f"{where}: capture_batch(model, {n}): {msg}",
                                 more_hints=getattr(msg, "hints", None) or HINTS)
             msg = _trial(fn, B, gen, seed + t, L, buckets)
-        except NotImplementedError:
-            return fail(NAME, NOT_DONE, kind="not_implemented", more_hints=HINTS)
-        except LearnerTimeout as e:
-            return fail(NAME, str(e), kind="timeout")
         except Exception as e:
-            backend.recover(B)
-            return fail(NAME, f"{where}: capturing with your batches raised "
-                              f"{short_description(e)}",
-                        kind="exception", more_hints=HINTS)
+            return learner_raised(NAME, e, f"{where}: capturing with your batches raised",
+                                  describe=short_description, more_hints=HINTS, B=B)
         if msg:
             return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
     return passed(NAME, "every capture batch in the dummy slot, no request longer than "

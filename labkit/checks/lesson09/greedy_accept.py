@@ -27,12 +27,12 @@ import torch
 from labkit import backend
 from labkit.capture import capture
 from labkit.checks import (
-    NOT_DONE,
     LearnerTimeout,
     Reason,
     call_learner,
     describe_exception,
     fail,
+    learner_raised,
     passed,
 )
 from labkit.checks.lesson09._common import one_thread, short_description
@@ -196,13 +196,8 @@ def _check(fn, B, trials, seed):
         versions = (d._version, logits._version)
         try:
             got = call_learner(fn, d, logits)
-        except NotImplementedError:
-            return fail(NAME, NOT_DONE, kind="not_implemented", more_hints=HINTS)
-        except LearnerTimeout as e:
-            return fail(NAME, str(e), kind="timeout")
         except Exception as e:
-            return fail(NAME, f"{where}: your code raised {describe_exception(e)}",
-                        kind="exception", more_hints=HINTS)
+            return learner_raised(NAME, e, f"{where}: your code raised", more_hints=HINTS)
         if not (torch.equal(d, d0) and torch.equal(logits, l0)) or versions != (
                 d._version, logits._version):
             return fail(NAME, f"{where}: your code changed its inputs (draft_tokens or "
@@ -213,10 +208,8 @@ def _check(fn, B, trials, seed):
             return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
         try:
             msg = _captured(fn, B, gen, bs, k, vocab, where)
-        except NotImplementedError:
-            return fail(NAME, NOT_DONE, kind="not_implemented", more_hints=HINTS)
-        except LearnerTimeout as e:
-            return fail(NAME, str(e), kind="timeout")
+        except (NotImplementedError, LearnerTimeout) as e:     # _captured judges the rest
+            return learner_raised(NAME, e, where, more_hints=HINTS)
         if msg:
             return fail(NAME, msg, kind=msg.kind, more_hints=msg.hints or HINTS)
     return passed(NAME, f"the accepted prefix and the target's tokens right in {trials} random "

@@ -38,13 +38,13 @@ import torch
 from labkit import backend
 from labkit.capture import capture
 from labkit.checks import (
-    NOT_DONE,
     LearnerTimeout,
     Reason,
     call_learner,
     compare_outputs,
     describe_exception,
     fail,
+    learner_raised,
     passed,
 )
 from labkit.checks.lesson09._common import HostReads, one_thread, short_description
@@ -492,15 +492,10 @@ def _check(fn, B, trials, seed):
                     return fail(NAME, f"{where}: {msg}",
                                 more_hints=getattr(msg, "hints", None) or HINTS)
             msg = trial.changed_number()
-        except NotImplementedError:
-            return fail(NAME, NOT_DONE, kind="not_implemented", more_hints=HINTS)
-        except LearnerTimeout as e:
-            return fail(NAME, str(e), kind="timeout")
         except Exception as e:
-            backend.recover(B)
-            return fail(NAME, f"{where}, {trial.current}: your code raised "
-                              f"{_explain(e, trial)}",
-                        kind="exception", more_hints=HINTS)
+            return learner_raised(NAME, e, f"{where}, {trial.current}: your code raised",
+                                  describe=lambda e: _explain(e, trial), more_hints=HINTS,
+                                  B=B)
         if msg:
             return fail(NAME, f"{where}: {msg}", more_hints=_REFUSE_HINTS)
     return passed(NAME, f"copies only the moved arguments' real rows, reads no value on the "

@@ -34,12 +34,10 @@ import torch.nn as nn
 from torch.fx.passes.split_module import split_module
 
 from labkit.checks import (
-    NOT_DONE,
-    LearnerTimeout,
     call_learner,
     compare_outputs,
-    describe_exception,
     fail,
+    learner_raised,
     passed,
 )
 from labkit.checks.lesson09._common import one_thread
@@ -470,13 +468,8 @@ def _check(fn, trials, seed):
         where = f"trial {trial + 1} ({label})"
         try:
             got = call_learner(fn, gm, ops)
-        except NotImplementedError:
-            return fail(NAME, NOT_DONE, kind="not_implemented", more_hints=HINTS)
-        except LearnerTimeout as e:
-            return fail(NAME, str(e), kind="timeout")
         except Exception as e:
-            return fail(NAME, f"{where}: your code raised {describe_exception(e)}",
-                        kind="exception", more_hints=HINTS)
+            return learner_raised(NAME, e, f"{where}: your code raised", more_hints=HINTS)
         msg = judge_labels(gm, ops, got, want)
         if not msg:
             labels = {n: v for n, v in got.items() if n.op != "get_attr"}
