@@ -14,7 +14,7 @@ import torch
 __all__ = ["Rule", "HAZARDS", "SEVERITIES", "FUNCTION_RULES", "ATEN_RULES", "MASK_INDEX_OPS",
            "REFUSE", "HOST_COPY", "AT_ATEN", "function_rule", "aten_rule", "HOST_COPY_MESSAGE",
            "RNG_MESSAGE", "GENERATOR_RULE", "unregistered_generators", "sets_from_host_number",
-           "masked_fill_fast_path"]
+           "masked_fill_fast_path", "host_copy_rule"]
 
 #: kind -> (title, severity, default fix). Severities: "fails capture" (capture raises on
 #: a GPU), "silently wrong" (capture works, replays compute something else), "check".
@@ -173,6 +173,33 @@ _HISTC_RULE = Rule("cpu_sync", "aten.histc without min/max", "with min == max (t
 _MASKED_FILL_RULE = Rule("cpu_sync", "masked_fill with a tensor value", "a 0-dim value tensor "
                          "on the device is read on the host with .item() (masked_fill__cuda); "
                          "pass a Python number, or use torch.where(mask, value, x)")
+
+
+def host_copy_rule(way: str, pinned: bool, non_blocking: bool) -> Rule | None:
+    """What capture does with a copy between host and device memory (H200, torch 2.11).
+
+    Args:
+        way: ``"host-to-device"`` or ``"device-to-host"``.
+        pinned: the host side is page-locked memory (``pin_memory()``).
+        non_blocking: the copy was asked for with ``non_blocking=True``.
+
+    Returns:
+        The rule it breaks: pageable memory is refused by torch's own check (``HOST_COPY``);
+        a blocking copy with pinned memory waits for the GPU, which fails the capture
+        (``REFUSE``). None for a pinned ``non_blocking`` copy: it is captured, and every
+        replay copies that host buffer again.
+    """
+    if not pinned:
+        fix = ("read results after replay() instead" if way == "device-to-host" else
+               "make device tensors before capture")
+        return Rule("host_tensor", f"a {way} copy", f"a {way} copy of pageable memory is "
+                    f"refused during capture: {fix}, or copy with pin_memory() memory and "
+                    f"non_blocking=True", HOST_COPY)
+    if not non_blocking:
+        return Rule("cpu_sync", f"a blocking {way} copy", f"a blocking {way} copy waits for "
+                    "it to finish, which fails the capture; from pinned memory write "
+                    "non_blocking=True")
+    return None
 
 
 GENERATOR_RULE = Rule("unregistered_generator", "generator=...", "draws from a custom "

@@ -346,7 +346,8 @@ def _copy_from(src, dst, non_blocking=False):
     from labkit.emulator.state import active_capture
     cap = active_capture()
     if cap is not None and cap.records_now():
-        cap.check_copy(dst, src, non_blocking)
+        from labkit.core.rules import host_copy_rule
+        cap.refuse_copy(host_copy_rule("host-to-device", is_pinned(host(src)), non_blocking))
     host(dst).copy_(host(src))
     return dst
 

@@ -111,39 +111,38 @@ def _extent_bytes(size, stride, itemsize) -> int:
     return (1 + sum((s - 1) * st for s, st in zip(size, stride))) * itemsize
 
 
-def _on_device(args, kwargs) -> bool:
-    """Does an op touch the emulated device (a device tensor, or ``device=B.device``)?"""
+def _operands(args, kwargs) -> tuple[bool, list]:
+    """Does an op touch the emulated device (a device tensor, or ``device=B.device``), and
+    which host tensors does it take?"""
+    on_device, hosts = False, []
     for x in tree_flatten((args, kwargs))[0]:
         if type(x) is _dev.DeviceTensor:
-            return True
-        if type(x) is torch.device and x.type == _dev.DEVICE_TYPE:
-            return True
-    return False
+            on_device = True
+        elif isinstance(x, torch.Tensor):
+            hosts.append(x)
+        elif type(x) is torch.device and x.type == _dev.DEVICE_TYPE:
+            on_device = True
+    return on_device, hosts
 
 
-def _host_tensors(args, kwargs) -> list:
-    return [x for x in tree_flatten((args, kwargs))[0]
-            if isinstance(x, torch.Tensor) and type(x) is not _dev.DeviceTensor]
-
-
-_COPY_OPS = {"_to_copy", "copy_"}
-
-
-def _pageable_copy(func, args, kwargs) -> bool:
-    """A copy between the device and pageable (not pinned) host memory?"""
+def _host_copy(func, args, kwargs) -> rules.Rule | None | bool:
+    """For ``copy_`` / ``_to_copy`` between host and device: the rule it breaks during
+    capture (:func:`labkit.core.rules.host_copy_rule`), or None if it is captured. False
+    for any other op."""
     name = func.overloadpacket.__name__
-    if name == "copy_" and len(args) >= 2:
-        dst, src = args[0], args[1]
-        if _dev.is_device(dst) != _dev.is_device(src):
-            return not _dev.is_pinned(src if _dev.is_device(dst) else dst)
-    if name == "_to_copy" and args:
-        target = kwargs.get("device")
-        to_host = target is not None and torch.device(target).type == "cpu"
-        if _dev.is_device(args[0]) and to_host:
-            return True
-        if not _dev.is_device(args[0]) and target is not None and not to_host:
-            return not _dev.is_pinned(args[0])
-    return False
+    non_blocking = args[2] if name == "copy_" and len(args) > 2 else \
+        kwargs.get("non_blocking", False)
+    if name == "copy_" and len(args) >= 2 and _dev.is_device(args[0]) != _dev.is_device(args[1]):
+        to_host = _dev.is_device(args[1])
+        pinned = _dev.is_pinned(args[0] if to_host else args[1])
+    elif name == "_to_copy" and args and kwargs.get("device") is not None and \
+            _dev.is_device(args[0]) != (torch.device(kwargs["device"]).type == _dev.DEVICE_TYPE):
+        to_host = _dev.is_device(args[0])
+        pinned = not to_host and _dev.is_pinned(args[0])   # .cpu(): a new pageable tensor
+    else:
+        return False
+    way = "device-to-host" if to_host else "host-to-device"
+    return rules.host_copy_rule(way, pinned, non_blocking)
 
 
 def _to_meta(x):
@@ -263,8 +262,9 @@ class Capture:
 
     # recording
     def record(self, func, args, kwargs):
+        copy = _host_copy(func, args, kwargs)
         if not self.records_now():          # a stream outside this capture: it runs now,
-            if self.mode == "global" and _pageable_copy(func, args, kwargs):
+            if self.mode == "global" and copy and copy.kind == "host_tensor":
                 # ... but a copy with pageable host memory is a synchronous memcpy, which
                 # a "global" capture refuses from any stream (H200, torch 2.11)
                 self.refuse(rules.Rule("cpu_sync", "a copy with pageable host memory on a "
@@ -272,7 +272,8 @@ class Capture:
                                        "cudaMemcpy, which capture_error_mode='global' "
                                        "forbids while any stream captures"))
             return func(*args, **kwargs)
-        if not _on_device(args, kwargs):    # host work: the CPU runs it now, as on a GPU
+        on_device, hosts = _operands(args, kwargs)
+        if not on_device:                   # host work: the CPU runs it now, as on a GPU
             return func(*args, **kwargs)
         kind = _kind(func)
         name = func.overloadpacket.__name__
@@ -282,15 +283,12 @@ class Capture:
         if rule is not None and rule.emulator == rules.HOST_COPY:
             self.refuse_host_copy(rule)
 
-        hosts = _host_tensors(args, kwargs)
         if hosts and name == "_foreach_copy_":     # pair by pair across devices, as CUDA
             for dst, src in zip(args[0], args[1]):
                 self.record(torch.ops.aten.copy_.default, (dst, src, *args[2:]), kwargs)
             return None
-        target = kwargs.get("device") if name == "_to_copy" else None
-        if name in _COPY_OPS and (hosts or target is not None
-                                  and torch.device(target).type != _dev.DEVICE_TYPE):
-            return self._record_copy(func, name, args, kwargs)
+        if copy is not False:
+            return self._record_copy(func, name, args, kwargs, copy)
         if kind in ("view", "meta_inplace"):
             return func(*args, **kwargs)
         if hosts:
@@ -307,34 +305,21 @@ class Capture:
                             meta_out)
         return self._record_compute(func, name, args, kwargs, meta_out)
 
-    def check_copy(self, dst, src, non_blocking: bool) -> None:
-        """A copy between host and device memory during capture: pinned and async, or refused."""
-        side = dst if _dev.is_device(src) else src
-        way = "device-to-host" if _dev.is_device(src) else "host-to-device"
-        if not _dev.is_pinned(side):
-            self.refuse_host_copy(why=f"a {way} copy with pageable host memory (not from "
-                                  f"pin_memory()) is refused during capture")
-        if not non_blocking:
-            self.refuse(rules.Rule("cpu_sync", f"a blocking {way} copy", "with "
-                                   "non_blocking=False the CPU waits for the copy to finish; "
-                                   "from pinned memory write copy_(src, non_blocking=True), "
-                                   "which is captured"))
+    def refuse_copy(self, rule: rules.Rule | None) -> None:
+        """Refuse a host <-> device copy as capture does (None: it is captured)."""
+        if rule is not None and rule.emulator == rules.HOST_COPY:
+            self.refuse_host_copy(why=rule.why)
+        if rule is not None:
+            self.refuse(rule)
 
-    def _record_copy(self, func, name, args, kwargs):
+    def _record_copy(self, func, name, args, kwargs, rule: rules.Rule | None):
         """``copy_`` / ``_to_copy`` between host and device: a captured copy that re-reads
         (or re-writes) the pinned host buffer on every replay."""
+        self.refuse_copy(rule)
         if name == "copy_":
-            dst, src = args[0], args[1]
-            non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-            self.check_copy(dst, src, non_blocking)
             self._add_step(func, args, kwargs, [], True, bake=False)
-            return dst
+            return args[0]
         src = args[0]
-        target = kwargs.get("device")
-        if target is None or torch.device(target).type != _dev.DEVICE_TYPE:
-            self.refuse_host_copy(why="this copies a captured tensor to a new (pageable) host "
-                                  "tensor; read results after replay() instead")
-        self.check_copy(None, src, kwargs.get("non_blocking", False))
         meta = self._meta(func, args, kwargs)
         out = self.allocate(meta)
         copy = torch.ops.aten.copy_.default
@@ -471,7 +456,7 @@ class _CaptureFunctionMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not (self.cap.records_now() and _on_device(args, kwargs)):
+        if not (self.cap.records_now() and _operands(args, kwargs)[0]):
             return func(*args, **kwargs)      # host work, or a stream outside the capture
         name = getattr(func, "__name__", "")
         rule = rules.function_rule(name, args, kwargs)

@@ -20,6 +20,7 @@ from labkit.core.rules import (
     SEVERITIES,
     aten_rule,
     function_rule,
+    host_copy_rule,
     sets_from_host_number,
     unregistered_generators,
 )
@@ -238,15 +239,10 @@ class _Linter:
             host = dst if dst.device.type == "cpu" else src
             non_blocking = (args[2] if name == "copy_" and len(args) > 2
                             else kwargs.get("non_blocking", False))
-            if not host.is_pinned():
-                self.add("host_tensor", f"{aten} ({way})",
-                         f"a {way} copy of pageable memory is refused during capture")
-            elif not non_blocking:
-                self.add("cpu_sync", f"{aten} ({way}, blocking)",
-                         f"a blocking {way} copy waits for it to finish, which fails the "
-                         f"capture; from pinned memory write non_blocking=True")
-            # pinned and non_blocking: captured, and every replay copies that host
-            # buffer again (a static input on the host), which is no hazard
+            rule = host_copy_rule(way, host.is_pinned(), non_blocking)
+            if rule is not None:
+                blocking = ", blocking" if rule.kind == "cpu_sync" else ""
+                self.add(rule.kind, f"{aten} ({way}{blocking})", rule.why)
 
     # -- addresses and values, compared between calls
     def _track(self, name, aten, args, kwargs, out) -> None:
