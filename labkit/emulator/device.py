@@ -45,10 +45,10 @@ NUMPY_MESSAGE = ("can't convert {device} device type tensor to numpy. Use Tensor
                  "copy the tensor to host memory first.")
 
 
-def same_device_error(where: str = "") -> RuntimeError:
+def same_device_error() -> RuntimeError:
     """CUDA's error for an op given a device tensor and a host tensor (as in TensorIterator)."""
     return RuntimeError(f"Expected all tensors to be on the same device, but found at least "
-                        f"two devices, {DEVICE} and cpu!{where}")
+                        f"two devices, {DEVICE} and cpu!")
 
 
 class DeviceTensor(torch.Tensor):
@@ -77,9 +77,6 @@ class DeviceTensor(torch.Tensor):
 
     def untyped_storage(self) -> torch.UntypedStorage:
         return self._host.untyped_storage()
-
-    def is_pinned(self, device=None) -> bool:
-        return False
 
     @property
     def data(self):

@@ -252,13 +252,13 @@ class Capture:
             self._aliases[key] = a
         return a
 
-    def allocate(self, like: torch.Tensor, on_device: bool = True) -> torch.Tensor:
+    def allocate(self, like: torch.Tensor) -> torch.Tensor:
         """A poisoned tensor from the graph's pool with ``like``'s size, stride, dtype."""
         nbytes = _extent_bytes(like.size(), like.stride(), like.element_size())
         storage, _ = self.pool.allocate(nbytes)
         t = torch.empty(0, dtype=like.dtype, device="cpu").set_(storage, 0, like.size(), like.stride())
         _poison(t)
-        return _dev.wrap(t) if on_device else t
+        return _dev.wrap(t)               # what capture allocates is device memory
 
     # recording
     def record(self, func, args, kwargs):
