@@ -2,8 +2,9 @@
 
 It sees the ops after autograd and autocast, the same stream of kernels a GPU would
 record. Only the device's ops are recorded, and only on streams that are part of the
-capture: host work, and work on other streams, runs at once, as on a GPU. Each op's outputs come from the graph's pool, shaped by running the op on ``meta``
-tensors, and hold poison (NaN, or the dtype's maximum) until the first replay; each
+capture: host work, and work on other streams, runs at once, as on a GPU. Each op's
+outputs come from the graph's pool, shaped by running the op on ``meta`` tensors, and
+hold poison (NaN, or the dtype's maximum) until the first replay; each
 recorded step holds aliases of the memory its arguments live in, so replay reads and
 writes by address. What capture refuses is :mod:`labkit.core.rules`' table.
 
@@ -22,10 +23,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+import labkit.emulator.device as _dev
 import labkit.emulator.pool as _pool
 from labkit.core import rules
 from labkit.core.rules import HOST_COPY_MESSAGE, RNG_MESSAGE
-import labkit.emulator.device as _dev
 from labkit.emulator.state import (
     CAPTURE_UNSUPPORTED,
     active_capture,
@@ -256,7 +257,8 @@ class Capture:
         """A poisoned tensor from the graph's pool with ``like``'s size, stride, dtype."""
         nbytes = _extent_bytes(like.size(), like.stride(), like.element_size())
         storage, _ = self.pool.allocate(nbytes)
-        t = torch.empty(0, dtype=like.dtype, device="cpu").set_(storage, 0, like.size(), like.stride())
+        t = torch.empty(0, dtype=like.dtype, device="cpu").set_(storage, 0, like.size(),
+                                                                 like.stride())
         _poison(t)
         return _dev.wrap(t)               # what capture allocates is device memory
 

@@ -17,7 +17,8 @@ import threading
 import torch
 
 __all__ = ["active_capture", "set_active_capture", "captures_underway", "capture_error",
-           "refuse_sync", "refuse_device_sync", "refuse_read_during_capture", "CAPTURE_UNSUPPORTED", "CAPTURE_INVALIDATED", "CAPTURE_UNJOINED"]
+           "refuse_sync", "refuse_device_sync", "refuse_read_during_capture",
+           "CAPTURE_UNSUPPORTED", "CAPTURE_INVALIDATED", "CAPTURE_UNJOINED"]
 
 _CUDA_TAIL = (
     "\nSearch for `{code}' in https://docs.nvidia.com/cuda/cuda-runtime-api/"

@@ -16,8 +16,8 @@ import torch
 
 from labkit.emulator.state import (  # noqa: F401  (old names)
     CAPTURE_INVALIDATED,
-    active_capture,
     CAPTURE_UNSUPPORTED,
+    active_capture,
     capture_error,
     refuse_device_sync,
     refuse_sync,

@@ -18,8 +18,7 @@ from __future__ import annotations
 import torch
 
 from labkit import backend
-from labkit.checks import (call_learner, fail,
-                           learner_raised, passed)
+from labkit.checks import call_learner, fail, learner_raised, passed
 from labkit.core.signature import fmt_shape
 
 NAME = "Decoder"
