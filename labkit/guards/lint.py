@@ -386,13 +386,15 @@ def lint_capture(fn: Callable, *args, kwargs: dict | None = None, B=None,
     of your code (the first frame outside torch and labkit), why it breaks and the fix:
 
     * **CPU sync**: ``.item()``, ``float(t)``, ``int(t)``, a tensor as an index or size,
-      printing, ``torch.equal``, ``synchronize()``, ``masked_fill`` with a tensor value;
+      printing, ``torch.equal``, ``synchronize()``, ``masked_fill`` with a tensor value,
+      a blocking copy with pinned host memory;
     * **Python branch on a tensor value**: ``if t:``, ``while t > 0:``, ``t and ...``;
     * **data-dependent shapes**: ``nonzero``, ``x[mask]``, ``x[mask] = t`` with a tensor
       ``t`` (a Python number is fine), ``masked_select``, ``unique``, ``bincount``,
       ``repeat_interleave`` with tensor repeats and no ``output_size``;
     * **host tensors**: ``.cpu()``, ``.tolist()``, ``.numpy()``, ``torch.tensor(data)``,
-      and on a GPU any host<->device copy;
+      and any copy between the device and pageable host memory (a ``non_blocking`` copy
+      with ``pin_memory()`` memory is captured: no finding);
     * **unregistered generators**: an op with ``generator=g`` where ``g`` is neither the
       default generator nor in ``generators`` (the ones you will register);
     * comparing the calls: **addresses that change** (an op reads a tensor made outside
