@@ -178,22 +178,26 @@ def test_suites_run_on_the_emulator():
     quiet = lambda *a, **k: None  # noqa: E731
     tiny = FS.LMConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, seq_len=8,
                        micro_batch=2, num_microbatches=2)
-    rows = run_suite("launch", E, quick=True, log=quiet)
+    rows = run_suite("launch", E, quick=True, log=quiet, rounds=2)
     rows += run_suite("capture", E, quick=True, log=quiet, batch_sizes=(2,), d_model=16,
-                      n_layers=2, seq=8)
-    rows += run_suite("train", E, quick=True, log=quiet, cfg=tiny)
-    rows += run_suite("decode", E, quick=True, log=quiet, batch_sizes=(2,),
-                      variants=("eager", "labkit_graph", "compile_reduce_overhead",
-                                "compile_reduce_overhead_static"))
-    rows += run_suite("serve", E, quick=True, log=quiet)
-    rows += run_suite("piecewise", E, quick=True, log=quiet)
+                      n_layers=2, seq=8, rounds=2)
+    rows += run_suite("train", E, quick=True, log=quiet, cfg=tiny, rounds=2)
+    rows += run_suite("decode", E, quick=True, log=quiet, batch_sizes=(2,), rounds=2,
+                      variants=("eager", "reference_eager", "labkit_graph",
+                                "compile_reduce_overhead", "compile_reduce_overhead_static"))
+    rows += run_suite("serve", E, quick=True, log=quiet, rounds=2)
+    rows += run_suite("piecewise", E, quick=True, log=quiet, rounds=2)
     for r in rows:
         report.validate_row(r)
+        if r["median_us"] is not None:      # every measured row keeps its two rounds
+            rounds = r["extra"]["rounds"]
+            assert rounds["median_us"] and all(len(v) == 2 for v in rounds.values()), r
+            assert min(rounds["median_us"]) <= r["median_us"] <= max(rounds["median_us"])
     got = {(r["suite"], r["variant"]): r for r in rows}
     for key in [("launch", "eager"), ("launch", "graph"), ("capture", "shared_pool"),
                 ("capture", "separate_pools"), ("train", "eager"),
                 ("train", "torch_make_graphed_callables"), ("train", "labkit_full_step"),
-                ("decode", "eager"), ("decode", "labkit_graph"),
+                ("decode", "eager"), ("decode", "reference_eager"), ("decode", "labkit_graph"),
                 ("capture", "decode_runner_torch_native")]:
         assert got[key]["median_us"] > 0, (key, got[key].get("note"))
     assert got[("train", "compile_reduce_overhead")]["median_us"] is None

@@ -13,6 +13,11 @@ Six suites, one module each, each the measured counterpart of a lesson:
     capture   time and pool memory per captured graph, shared vs separate    (lesson 05)
     piecewise prefill/mixed batches: eager vs piecewise graphs vs compile      (lesson 09)
 
+Every suite builds all its variants first and then times them in interleaved rounds
+(:mod:`labkit.bench.rounds`, ``--rounds N``, 5 by default), so that a drifting host hits
+every variant alike; :mod:`labkit.bench.verdicts` turns the rounds into the sentences the
+lessons quote ("faster" only when one side wins 4 of 5 rounds).
+
 Every number is one row (see :mod:`labkit.bench.report` for the schema), appended to
 ``docs/benchmarks/results.json`` and rendered to ``docs/benchmarks/README.md`` with a PNG
 plot per suite. How things are timed, and why, is in :mod:`labkit.core.timing`
@@ -28,11 +33,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib
+import statistics
 
 # torch is imported where it is used, so that `python -m labkit.bench --render` (and its
 # error messages) do not wait for it
 
-__all__ = ["SUITES", "make_row", "skipped_row", "unmeasured_rows", "run_suite", "SuiteSkip"]
+__all__ = ["SUITES", "make_row", "skipped_row", "unmeasured_rows", "run_suite", "SuiteSkip",
+           "round_timer"]
 
 SUITES = ("launch", "decode", "serve", "train", "capture", "piecewise")
 
@@ -45,13 +52,37 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# One id per process: rows of the same run were timed in the same interleaved rounds, and
+# only those are paired into verdicts (labkit.bench.verdicts).
+RUN_ID = _now()
+
+
 def make_row(B, suite: str, config_name: str, config: dict, batch_size: int | None,
              variant: str, median_us: float | None, gpu_busy_us: float | None = None,
              note: str | None = None, extra: dict | None = None,
-             back_to_back_us: float | None = None) -> dict:
+             back_to_back_us: float | None = None, rounds: dict | None = None) -> dict:
     """One result row in the schema of :mod:`labkit.bench.report`. ``median_us`` is the
     synced per-call time; ``back_to_back_us``, where a suite measures it, the per-call time
-    of calls issued back to back (:func:`labkit.core.timing.back_to_back_us`)."""
+    of calls issued back to back (:func:`labkit.core.timing.back_to_back_us`).
+
+    ``rounds`` is the row's entry of :func:`labkit.bench.rounds.interleave` (method → one
+    value per round). Then ``median_us`` and ``back_to_back_us``, where None, become the
+    medians over rounds, ``extra.rounds`` keeps the values, and ``extra.host_us`` (if
+    timed) the median host time."""
+    if rounds:
+        extra = dict(extra or {})
+        kept = {m: [round(float(v), 3) for v in rounds[m]]
+                for m in ("median_us", "back_to_back_us") if m in rounds}
+        if median_us is None and "median_us" in kept:
+            median_us = statistics.median(kept["median_us"])
+        if back_to_back_us is None and "back_to_back_us" in kept:
+            back_to_back_us = statistics.median(kept["back_to_back_us"])
+        if "host_us" in rounds and "host_us" not in extra:
+            extra["host_us"] = round(statistics.median(rounds["host_us"]), 1)
+        for m, vals in rounds.items():          # per-round figures a suite timed itself
+            if m not in kept and m != "host_us":
+                kept[m] = [round(float(v), 3) for v in vals]
+        extra["rounds"] = kept
     row = {"suite": suite, "config_name": config_name, "config": dict(config),
            "batch_size": batch_size, "variant": variant,
            "median_us": None if median_us is None else round(float(median_us), 3)}
@@ -63,7 +94,7 @@ def make_row(B, suite: str, config_name: str, config: dict, batch_size: int | No
 
     from labkit.core.timing import device_name
 
-    row.update(device=device_name(B), torch=torch.__version__, date=_now())
+    row.update(device=device_name(B), torch=torch.__version__, date=_now(), run=RUN_ID)
     if note:
         row["note"] = note
     if extra:
@@ -91,9 +122,24 @@ def unmeasured_rows(B, suite: str, config_name: str, config: dict, batch_sizes, 
     return [skipped_row(B, suite, config_name, config, bs, variant, why) for bs in batch_sizes]
 
 
+def round_timer(B, *, warmup: int, repeats: int, calls: int, b2b_repeats: int = 3):
+    """The ``time_one`` of :func:`labkit.bench.rounds.interleave` for a GPU suite: one
+    round's sample of a callable, timed both ways (:mod:`labkit.core.timing`):
+    ``{"median_us": synced median, "host_us": host time to issue it, "back_to_back_us":
+    per call of ``calls`` calls between two events}``."""
+    from labkit.core.timing import back_to_back_us, time_call
+
+    def time_one(fn):
+        synced, host = time_call(fn, B, warmup=warmup, repeats=repeats)
+        b2b = back_to_back_us(fn, B, calls=calls, warmup=2, repeats=b2b_repeats)
+        return {"median_us": synced, "host_us": host, "back_to_back_us": b2b}
+    return time_one
+
+
 def run_suite(name: str, B, quick: bool = False, log=print, **kw) -> list[dict]:
     """Run one suite on backend ``B`` and return its rows (nothing is written).
-    ``kw`` goes to the suite's ``run`` (e.g. ``batch_sizes``, ``cfg``, ``compile_mode``)."""
+    ``kw`` goes to the suite's ``run`` (e.g. ``rounds``, ``batch_sizes``, ``cfg``,
+    ``compile_mode``)."""
     if name not in SUITES:
         raise ValueError(f"unknown suite {name!r}: choose from {', '.join(SUITES)}")
     module = importlib.import_module(f"labkit.bench.{name}")

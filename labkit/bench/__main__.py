@@ -1,4 +1,5 @@
-"""``python -m labkit.bench [suite ...] [--render] [--quick] [--results PATH] [--out DIR]``"""
+"""``python -m labkit.bench [suite ...] [--rounds N] [--render] [--quick] [--results PATH]
+[--out DIR]``"""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 from labkit.bench import SUITES, report, run_suite
+from labkit.bench.rounds import DEFAULT_ROUNDS
 
 NO_GPU = """\
 labkit.bench measures GPU time and needs a CUDA GPU; torch.cuda.is_available() is False
@@ -20,6 +22,27 @@ do, not how fast a GPU runs them, so it has nothing to benchmark.
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # the runner captures: no cudagraphs
 
 
+def _rounds(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--rounds takes a whole number >= 1, got {text!r}")
+    return n
+
+
+def print_verdicts(rows, log=print) -> None:
+    """The verdicts and target checks of freshly timed rows (:mod:`labkit.bench.verdicts`)."""
+    from labkit.bench.verdicts import comparisons, target_checks
+
+    rows = report.latest(rows)
+    for c in comparisons(rows):
+        log(f"  verdict: {c.text()}")
+    for line in target_checks(rows):
+        log(f"  target {line}")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m labkit.bench",
                                 description="GPU benchmarks: eager vs CUDA graphs vs "
@@ -31,6 +54,9 @@ def parser() -> argparse.ArgumentParser:
                    help="re-render README.md and the plots from the results file (no GPU "
                         "needed); with suites, render after running them (the default)")
     p.add_argument("--quick", action="store_true", help="fewer repeats and batch sizes")
+    p.add_argument("--rounds", type=_rounds, default=DEFAULT_ROUNDS, metavar="N",
+                   help=f"interleaved rounds per suite (default: {DEFAULT_ROUNDS}; a verdict "
+                        "says 'faster' only for 4 of 5 rounds won, so use at least 5)")
     p.add_argument("--results", type=Path, default=None, metavar="FILE",
                    help="results file (default: docs/benchmarks/results.json); --render "
                         "needs it to exist")
@@ -86,8 +112,9 @@ def main(argv=None) -> int:
         for name in suites:
             print(f"[{name}]")
             kw = {"compile_mode": args.decode_compile_mode} if name == "decode" else {}
-            suite_rows = run_suite(name, B, quick=args.quick, **kw)
+            suite_rows = run_suite(name, B, quick=args.quick, rounds=args.rounds, **kw)
             rows += suite_rows
+            print_verdicts(suite_rows)
             if not args.no_save:   # each suite as it ends: a later failure loses nothing
                 path = report.append_results(suite_rows, results)
                 print(f"appended {len(suite_rows)} rows to {path}")

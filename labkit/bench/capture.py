@@ -18,6 +18,10 @@ Then lesson 06's decode runner at serving scale: every SGLang bucket of ``max_bs
 attention backend (``decode_runner_<attention>``). ``median_us`` is then the median time
 per bucket (two warm-ups + capture), ``extra`` the totals: graphs, seconds, pool memory,
 and the kernels one step launches in the smallest and the largest bucket's graph.
+
+Every (variant, batch size) is captured once per round, in interleaved rounds
+(:mod:`labkit.bench.rounds`): ``median_us`` is the median over rounds, ``extra.rounds``
+each round's figure; the pool memory, which does not vary, is the first round's.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 
 from labkit import full_step as FS
 from labkit.bench import make_row
+from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
 from labkit.capture import on_side_stream, recorded_kernels
 
 N_LAYERS, D_MODEL, N_HEADS, SEQ = 6, 256, 4, 64
@@ -67,71 +72,101 @@ def _capture_chain(B, layers, x, shared: bool) -> tuple[list[float], dict, list]
     return times, mem, keep
 
 
-def _decode_buckets(B, max_bs: int, model_args: dict, log) -> list[dict]:
-    """Capture every default bucket up to ``max_bs`` with ``DecodeGraphRunner``."""
+def _decode_capture(B, max_bs: int, model_args: dict, attention: str) -> dict:
+    """Build the decode model and capture every default bucket up to ``max_bs`` with
+    ``DecodeGraphRunner``; return the figures of that capture (and free it)."""
     from labkit import decode as D
-    from labkit.decode.triton_attention import triton_available
     args = D.ModelArgs(**model_args)
-    attentions = ["torch_native"] + (["triton"] if triton_available(B.device) else [])
-    name = f"gpt_{args.n_layer}L_d{args.dim}"
-    rows = []
-    for attention in attentions:
-        model = D.build_model(args, max_requests=max_bs, device=B.device)
-        runner = D.DecodeGraphRunner(model, B, max_bs=max_bs, attention=attention,
-                                     progress=False)
-        runner.capture()
-        rep = runner.capture_report()
-        med = statistics.median(r["seconds"] for r in runner.capture_log) * 1e6
-        config = {**model_args, "dtype": str(model.output.weight.dtype).replace("torch.", ""),
-                  "buckets": "sglang", "graph": "decode step, one per bucket"}
-        graphs = runner.backend.graphs
-        # how many kernels one step launches depends on the torch version's decompositions:
-        # a figure for the bench, not a budget for the unit tests
-        kernels = {str(bs): len(recorded_kernels(graphs[bs], B))
-                   for bs in sorted({min(graphs), max(graphs)})}
-        extra = {"graphs": rep["graphs"], "capture_seconds": round(rep["capture_seconds"], 3),
-                 "reserved_MiB": round(rep["pool_reserved_bytes"] / 2**20, 2),
-                 "allocated_MiB": round(rep["pool_allocated_bytes"] / 2**20, 2),
-                 "kernels_per_graph": kernels}
-        rows.append(make_row(B, "capture", name, config, max_bs, f"decode_runner_{attention}",
-                             med, extra=extra))
-        log(f"  capture max_bs={max_bs} decode_runner_{attention}: {rep['graphs']} graphs in "
-            f"{rep['capture_seconds']:.2f} s, pool reserved {extra['reserved_MiB']:.1f} MiB")
-        runner.backend.cleanup()
-        del runner, model
-        gc.collect()
-        if B.name == "cuda":
-            torch.cuda.empty_cache()
-    return rows
+    model = D.build_model(args, max_requests=max_bs, device=B.device)
+    runner = D.DecodeGraphRunner(model, B, max_bs=max_bs, attention=attention, progress=False)
+    runner.capture()
+    rep = runner.capture_report()
+    graphs = runner.backend.graphs
+    # how many kernels one step launches depends on the torch version's decompositions:
+    # a figure for the bench, not a budget for the unit tests
+    kernels = {str(bs): len(recorded_kernels(graphs[bs], B))
+               for bs in sorted({min(graphs), max(graphs)})}
+    out = {"per_bucket_us": statistics.median(r["seconds"] for r in runner.capture_log) * 1e6,
+           "dtype": str(model.output.weight.dtype).replace("torch.", ""),
+           "extra": {"graphs": rep["graphs"],
+                     "capture_seconds": round(rep["capture_seconds"], 3),
+                     "reserved_MiB": round(rep["pool_reserved_bytes"] / 2**20, 2),
+                     "allocated_MiB": round(rep["pool_allocated_bytes"] / 2**20, 2),
+                     "kernels_per_graph": kernels}}
+    runner.backend.cleanup()
+    del runner, model
+    gc.collect()
+    if B.name == "cuda":
+        torch.cuda.empty_cache()
+    return out
 
 
 def run(B, quick: bool = False, log=print, batch_sizes=None, d_model: int = D_MODEL,
-        n_layers: int = N_LAYERS, seq: int = SEQ, decode_max_bs: int | None = None) -> list[dict]:
+        n_layers: int = N_LAYERS, seq: int = SEQ, decode_max_bs: int | None = None,
+        rounds: int = DEFAULT_ROUNDS, seed: int = 0) -> list[dict]:
+    from labkit.bench import decode as decode_suite
+    from labkit.decode.triton_attention import triton_available
+
     on_gpu = B.name == "cuda"
     dtype = torch.float16 if on_gpu else torch.float32
     if batch_sizes is None:
         batch_sizes = (1, 8) if quick else (1, 8, 64)
+    if decode_max_bs is None:
+        decode_max_bs = 256 if on_gpu and not quick else 4
+    model_args = decode_suite.MODEL if on_gpu else decode_suite.CPU_MODEL
     torch.manual_seed(0)
     layers = [FS.Block(d_model, N_HEADS, seq).to(B.device, dtype).eval() for _ in range(n_layers)]
     config = {"layers": n_layers, "d_model": d_model, "heads": N_HEADS, "seq_len": seq,
               "dtype": str(dtype).replace("torch.", ""), "graph": "one layer forward"}
-    rows = []
+    inputs = {bs: torch.randn(bs, seq, d_model, device=B.device, dtype=dtype)
+              for bs in batch_sizes}
+    first: dict = {}                          # each contender's first-round figures
+
+    def chain(bs, shared):
+        times, mem, keep = _capture_chain(B, layers, inputs[bs], shared)
+        del keep
+        gc.collect()
+        if on_gpu:
+            torch.cuda.empty_cache()
+        return {"median_us": statistics.median(times), "mem": mem}
+
+    def decode(attention):
+        got = _decode_capture(B, decode_max_bs, model_args, attention)
+        return {"median_us": got["per_bucket_us"], "got": got,
+                "capture_seconds": got["extra"]["capture_seconds"]}
+
+    contenders = {}
     for bs in batch_sizes:
-        x = torch.randn(bs, seq, d_model, device=B.device, dtype=dtype)
         for variant, shared in (("separate_pools", False), ("shared_pool", True)):
-            times, mem, keep = _capture_chain(B, layers, x, shared)
-            med = statistics.median(times)
-            rows.append(make_row(B, "capture", f"{n_layers}x_layer_d{d_model}", config, bs,
-                                 variant, med, extra=mem))
-            log(f"  capture bs={bs:3d} {variant:15s} {med:9.1f} µs/graph, pool reserved "
-                f"{mem['reserved_MiB']:.2f} MiB")
-            del keep
-            gc.collect()
-            if on_gpu:
-                torch.cuda.empty_cache()
-    from labkit.bench import decode as decode_suite
-    if decode_max_bs is None:
-        decode_max_bs = 256 if on_gpu and not quick else 4
-    model_args = decode_suite.MODEL if on_gpu else decode_suite.CPU_MODEL
-    rows += _decode_buckets(B, decode_max_bs, model_args, log)
+            contenders[(variant, bs)] = (lambda bs=bs, shared=shared: chain(bs, shared))
+    attentions = ["torch_native"] + (["triton"] if triton_available(B.device) else [])
+    for attention in attentions:
+        contenders[(f"decode_runner_{attention}", decode_max_bs)] = (
+            lambda attention=attention: decode(attention))
+
+    def time_one(fn):
+        out = fn()
+        first.setdefault(fn, out)
+        return {k: v for k, v in out.items() if isinstance(v, (int, float))}
+
+    timed = interleave(contenders, time_one, rounds=rounds, seed=seed, log=log)
+    rows = []
+    for (variant, bs), fn in contenders.items():
+        got = first[fn]
+        if variant.startswith("decode_runner_"):
+            cfg = {**model_args, "dtype": got["got"]["dtype"], "buckets": "sglang",
+                   "graph": "decode step, one per bucket"}
+            name = f"gpt_{model_args['n_layer']}L_d{model_args['dim']}"
+            row = make_row(B, "capture", name, cfg, bs, variant, None,
+                           extra=dict(got["got"]["extra"]), rounds=timed[(variant, bs)])
+            ex = row["extra"]
+            log(f"  capture max_bs={bs} {variant}: {ex['graphs']} graphs, median "
+                f"{row['median_us'] / 1e3:.1f} ms per bucket, pool reserved "
+                f"{ex['reserved_MiB']:.1f} MiB")
+        else:
+            row = make_row(B, "capture", f"{n_layers}x_layer_d{d_model}", config, bs, variant,
+                           None, extra=dict(got["mem"]), rounds=timed[(variant, bs)])
+            log(f"  capture bs={bs:3d} {variant:15s} {row['median_us']:9.1f} µs/graph, pool "
+                f"reserved {got['mem']['reserved_MiB']:.2f} MiB")
+        rows.append(row)
     return rows

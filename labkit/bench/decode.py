@@ -1,8 +1,9 @@
 """Suite ``decode``: one decode step, labkit's graph runner vs what a user would pick instead.
 
 An 8-layer, d=512, 8-head fp16 GPT from ``labkit.decode`` (KV caches filled with random
-values, random tokens, random sequence lengths) at batch sizes 1, 8 and 64. Every row is
-timed **both ways**, in the same process:
+values, random tokens, random sequence lengths) at batch sizes 1, 8 and 64. All variants are
+built first, then timed in **interleaved rounds** (:mod:`labkit.bench.rounds`: each round
+times every (variant, batch size) once, in a shuffled order), and **both ways**:
 
 ``median_us`` — *synced per step*
     :func:`~labkit.core.timing.time_call`: the device is synchronized before every call,
@@ -37,11 +38,20 @@ Variants (each row's ``config`` records what it ran):
 ``compile_reduce_overhead``
     ``torch.compile(model, mode="reduce-overhead")`` on labkit's eager path (attention
     metadata planned on the host every call).
+``reference_eager``
+    :class:`~labkit.bench.reference.ReferenceGPT` run eagerly, no compile: a plain model's
+    eager step, the fair "× over eager" (labkit's own eager path plans attention on the
+    host every call and is slower than a plain model).
 ``compile_reduce_overhead_static``
     **the row labkit must beat**: :class:`~labkit.bench.reference.ReferenceGPT` (the same
     weights, gpt-fast's dense KV cache as buffers, positions on the device, SDPA) under
     ``torch.compile(mode="reduce-overhead")``, one compiled callable per batch size. Its
     logits are checked against labkit's eager ones first (``extra.max_abs_diff``).
+
+Each row keeps its rounds (``extra.rounds``); ``median_us`` and ``back_to_back_us``
+are the medians over rounds. GPU busy time and kernels come from one profiled call after
+the rounds, with the five longest kernels (``extra.top_kernels``: name, µs summed over
+the call) to show where the GPU time goes.
 
 The floors (``extra``): ``bytes_floor_us`` = the bytes a step must read (weights and the
 KV entries in use) over the copy bandwidth measured in the same run; ``kernel_floor_us`` =
@@ -56,18 +66,14 @@ import gc
 
 import torch
 
-from labkit.bench import SuiteSkip, make_row, skipped_row, unmeasured_rows
-from labkit.core.timing import (
-    back_to_back_us,
-    events_busy_us,
-    measure_us,
-    profile_gpu_events,
-    time_call,
-)
+from labkit.bench import SuiteSkip, make_row, round_timer, skipped_row, unmeasured_rows
+from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
+from labkit.core.timing import back_to_back_us, events_busy_us, measure_us, profile_gpu_events
 from labkit.timeline import chain_steps
 
-VARIANTS = ("eager", "eager_triton", "labkit_graph", "labkit_graph_torch_attn",
-            "labkit_graph_compiled", "compile_reduce_overhead", "compile_reduce_overhead_static")
+VARIANTS = ("eager", "eager_triton", "reference_eager", "labkit_graph",
+            "labkit_graph_torch_attn", "labkit_graph_compiled", "compile_reduce_overhead",
+            "compile_reduce_overhead_static")
 STAGED = ("labkit_graph", "labkit_graph_compiled")   # also timed through stage(): *_staged
 GPU_ONLY = {"eager_triton": "the Triton kernel needs CUDA",
             "labkit_graph_compiled": "compiling before capture is measured on a GPU only",
@@ -140,14 +146,134 @@ def step_bytes(model, batch) -> int:
     return params + kv
 
 
+class Built:
+    """One variant, built and checked: a callable per batch size and what its rows say."""
+
+    def __init__(self, fns, cfg, note=None, replays=None, extra_of=None, cleanup=None):
+        self.fns, self.cfg, self.note = fns, cfg, note
+        self.replays, self.extra_of, self.cleanup = replays, extra_of, cleanup
+
+
+def top_kernels(events, n: int = 5) -> list[list]:
+    """The ``n`` kernels (copies, fills) that took the most GPU time in one profiled call:
+    ``[[name, µs summed over its launches], ...]``, longest first."""
+    total: dict[str, float] = {}
+    for e in events:
+        total[e["name"]] = total.get(e["name"], 0.0) + float(e["dur"])
+    ranked = sorted(total.items(), key=lambda kv: -kv[1])[:n]
+    return [[name[:80], round(us, 1)] for name, us in ranked]
+
+
+def _check_close(diffs: dict, dtype, what: str) -> None:
+    worst = max(diffs.values())
+    tol = 5e-2 if dtype == torch.float16 else 1e-3
+    if worst > tol:
+        raise RuntimeError(f"{what}'s logits differ from labkit's by {worst:.3g} (> {tol}): "
+                           "not the same computation")
+
+
+def _build(variant, D, B, model, batches, batch_sizes, compile_mode, skips) -> dict:
+    """``{variant name: Built}`` for one variant (two for a staged one)."""
+    from labkit.bench.reference import ReferenceGPT
+
+    on_gpu = B.name == "cuda"
+    if variant in GPU_ONLY and not on_gpu:
+        raise SuiteSkip(GPU_ONLY[variant])
+    dtype = model.output.weight.dtype
+    if variant in ("eager", "eager_triton"):
+        eager = D.EagerRunner(model, "torch_native" if variant == "eager" else "triton")
+        return {variant: Built({bs: (lambda b=b: eager.forward(b)) for bs, b in batches.items()},
+                               {"attention": eager.attn.name, "runs": "EagerRunner.forward"})}
+    if variant.startswith("labkit_graph"):
+        compiled = variant == "labkit_graph_compiled"
+        attention = "torch_native" if variant == "labkit_graph_torch_attn" else "auto"
+        runner = _runner(D, model, B, batch_sizes, attention, compile_mode if compiled else None)
+
+        def full_path(b, runner=runner):
+            b.metadata_ready = False       # time the full path, not the fast path
+            return runner.forward(b)
+
+        cfg = {"attention": runner.attn.name,
+               "runs": "DecodeGraphRunner.forward (pad, fill, metadata, replay, slice)"}
+        if compiled:
+            cfg["compile_mode"] = compile_mode
+        replays = {bs: runner.backend.graphs[bs].replay for bs in batch_sizes}
+        out = {variant: Built({bs: (lambda b=b: full_path(b)) for bs, b in batches.items()},
+                              cfg, replays=replays, cleanup=runner.backend.cleanup)}
+        if variant in STAGED:   # the same graphs, the serving loop's path
+            host_values = {bs: (b.req_pool_indices.tolist(), b.positions.tolist(),
+                                b.input_ids.tolist()) for bs, b in batches.items()}
+
+            def staged(bs, runner=runner):
+                runner.stage(*host_values[bs])
+                return runner.replay_staged()
+
+            out[variant + "_staged"] = Built(
+                {bs: (lambda bs=bs: staged(bs)) for bs in batch_sizes},
+                {**cfg, "runs": "DecodeGraphRunner.stage(host ints: one pinned copy) + "
+                                "replay_staged()"}, replays=replays)
+        return out
+    if variant == "compile_reduce_overhead":
+        er = D.EagerRunner(model)
+        er.model = torch.compile(model, mode="reduce-overhead", dynamic=False)
+
+        def fn(b):
+            torch.compiler.cudagraph_mark_step_begin()
+            return er.forward(b)
+
+        fns = {bs: (lambda b=b: fn(b)) for bs, b in batches.items()}
+        for f in fns.values():               # compile every size before timing
+            f()
+        note = ("torch skipped cudagraphs (see its log): compiled without graphs"
+                if _cudagraph_skips() > skips else None)
+        return {variant: Built(fns, {"attention": "torch_native",
+                                     "runs": "EagerRunner.forward, model under torch.compile("
+                                             "mode='reduce-overhead')"}, note=note)}
+    if variant in ("reference_eager", "compile_reduce_overhead_static"):
+        ref = ReferenceGPT(model, max(batch_sizes))
+        ref.load_kv(model, list(range(1, max(batch_sizes) + 1)))
+        eager = D.EagerRunner(model)
+        diffs, fns = {}, {}
+        for bs, b in batches.items():
+            ids, pos = b.input_ids, b.positions
+            if variant == "reference_eager":
+                def f(ids=ids, pos=pos):
+                    return ref(ids, pos)
+            else:
+                compiled_ref = torch.compile(ref, mode="reduce-overhead", dynamic=False)
+
+                def f(c=compiled_ref, ids=ids, pos=pos):
+                    torch.compiler.cudagraph_mark_step_begin()
+                    return c(ids, pos)
+            with torch.no_grad():
+                want = eager.forward(b)
+                got = f().clone()
+            diffs[bs] = (got - want).abs().max().item()
+            fns[bs] = torch.no_grad()(f)
+        _check_close(diffs, dtype, "the reference model")
+        if variant == "reference_eager":
+            cfg = {"attention": "sdpa over a dense KV cache (gpt-fast)",
+                   "runs": "ReferenceGPT eagerly (no compile)"}
+            note = None
+        else:
+            cfg = {"attention": "sdpa over a dense KV cache (gpt-fast)",
+                   "runs": "ReferenceGPT under torch.compile(mode='reduce-overhead'), one "
+                           "callable per batch size"}
+            note = ("torch skipped cudagraphs (see its log): compiled without graphs"
+                    if _cudagraph_skips() > skips else None)
+        return {variant: Built(fns, cfg, note=note,
+                               extra_of=lambda bs: {"max_abs_diff": float(f"{diffs[bs]:.3g}")})}
+    raise ValueError(f"unknown decode variant {variant!r}: choose from {', '.join(VARIANTS)}")
+
+
 def run(B, quick: bool = False, log=print, model_args: dict | None = None,
-        batch_sizes=None, variants=VARIANTS, compile_mode: str = "default") -> list[dict]:
+        batch_sizes=None, variants=VARIANTS, compile_mode: str = "default",
+        rounds: int = DEFAULT_ROUNDS, seed: int = 0) -> list[dict]:
     try:
         from labkit import decode as D
     except ImportError as e:
         return [skipped_row(B, "decode", "gpt", {}, None, v, f"labkit.decode: {e}")
                 for v in variants]
-    from labkit.bench.reference import ReferenceGPT
 
     on_gpu = B.name == "cuda"
     if model_args is None:
@@ -164,132 +290,58 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
     config = {**model_args, "dtype": str(dtype).replace("torch.", "")}
     gen = torch.Generator().manual_seed(0)
     batches = _batches(D, model, batch_sizes, gen)
-    repeats, warmup = (10, 3) if quick else (50, 10)
-    calls = 50 if quick else 100
+    repeats, warmup, calls = (5, 2, 20) if quick else (20, 3, 50)
     bandwidth, per_node = copy_bandwidth(B), node_us(B)
     floors = {bs: (None if bandwidth is None else step_bytes(model, b) / bandwidth)
               for bs, b in batches.items()}
     if bandwidth is not None:
         log(f"  floors: copy bandwidth {bandwidth / 1e3:.2f} GB/s (read + write), "
             f"{per_node:.2f} µs per graph node")
-    rows = []
-
-    def timed(fn):
-        """(synced µs, host µs to issue it, back-to-back µs, GPU busy µs, kernels)."""
-        synced, host = time_call(fn, B, warmup=warmup, repeats=repeats)
-        b2b = back_to_back_us(fn, B, calls=calls, warmup=2)
-        events = profile_gpu_events(fn, B)
-        if events is None:
-            return synced, host, b2b, None, None
-        return synced, host, b2b, events_busy_us(events), len(events)
-
-    def record(variant, fns, cfg_extra, note=None, replays=None, extra_of=None):
-        for bs in batch_sizes:
-            synced, host, b2b, busy, kernels = timed(fns[bs])
-            extra = {"host_us": round(host, 1)}
-            if kernels is not None:
-                extra.update(kernels=kernels, kernel_floor_us=round(kernels * per_node, 1),
-                             bytes_floor_us=round(floors[bs], 1))
-            if replays is not None:
-                extra.update(replay_only_us=round(measure_us(replays[bs], B, warmup=warmup,
-                                                             repeats=repeats), 3),
-                             replay_only_b2b_us=round(back_to_back_us(replays[bs], B,
-                                                                      calls=calls), 3))
-            if extra_of is not None:
-                extra.update(extra_of(bs))
-            rows.append(make_row(B, "decode", name, {**config, **cfg_extra}, bs, variant,
-                                 synced, busy, note=note, extra=extra or None,
-                                 back_to_back_us=b2b))
-            log(f"  decode bs={bs:3d} {variant:31s} synced {synced:8.1f} µs | back to back "
-                f"{b2b:8.1f} µs" + (f" | busy {busy:6.1f} µs, {kernels} kernels"
-                                    if busy is not None else ""))
-
-    for variant in variants:
+    rows: list[dict] = []
+    built: dict[str, Built] = {}
+    for variant in variants:                 # build (and check) everything first
         try:
-            skips = _cudagraph_skips()
-            if variant in GPU_ONLY and not on_gpu:
-                raise SuiteSkip(GPU_ONLY[variant])
-            if variant in ("eager", "eager_triton"):
-                eager = D.EagerRunner(model, "torch_native" if variant == "eager" else "triton")
-                record(variant, {bs: (lambda b=b: eager.forward(b)) for bs, b in batches.items()},
-                       {"attention": eager.attn.name, "runs": "EagerRunner.forward"})
-            elif variant.startswith("labkit_graph"):
-                compiled = variant == "labkit_graph_compiled"
-                attention = "torch_native" if variant == "labkit_graph_torch_attn" else "auto"
-                runner = _runner(D, model, B, batch_sizes, attention,
-                                 compile_mode if compiled else None)
-
-                def full_path(b, runner=runner):
-                    b.metadata_ready = False       # time the full path, not the fast path
-                    return runner.forward(b)
-
-                cfg = {"attention": runner.attn.name,
-                       "runs": "DecodeGraphRunner.forward (pad, fill, metadata, replay, slice)"}
-                if compiled:
-                    cfg["compile_mode"] = compile_mode
-                replays = {bs: runner.backend.graphs[bs].replay for bs in batch_sizes}
-                record(variant, {bs: (lambda b=b: full_path(b)) for bs, b in batches.items()},
-                       cfg, replays=replays)
-                if variant in STAGED:   # the same graphs, the serving loop's path
-                    host_values = {bs: (b.req_pool_indices.tolist(), b.positions.tolist(),
-                                        b.input_ids.tolist()) for bs, b in batches.items()}
-
-                    def staged(bs, runner=runner):
-                        runner.stage(*host_values[bs])
-                        return runner.replay_staged()
-
-                    record(variant + "_staged", {bs: (lambda bs=bs: staged(bs))
-                                                 for bs in batch_sizes},
-                           {**cfg, "runs": "DecodeGraphRunner.stage(host ints: one pinned "
-                                           "copy) + replay_staged()"}, replays=replays)
-                runner.backend.cleanup()
-            elif variant == "compile_reduce_overhead":
-                er = D.EagerRunner(model)
-                er.model = torch.compile(model, mode="reduce-overhead", dynamic=False)
-                fns = {bs: (lambda b=b: er.forward(b)) for bs, b in batches.items()}
-                for f in fns.values():               # compile every size before timing
-                    f()
-                note = ("torch skipped cudagraphs (see its log): compiled without graphs"
-                        if _cudagraph_skips() > skips else None)
-                record(variant, fns, {"attention": "torch_native",
-                                      "runs": "EagerRunner.forward, model under torch.compile("
-                                              "mode='reduce-overhead')"}, note=note)
-            elif variant == "compile_reduce_overhead_static":
-                ref = ReferenceGPT(model, max(batch_sizes))
-                ref.load_kv(model, list(range(1, max(batch_sizes) + 1)))
-                eager = D.EagerRunner(model)
-                diffs, fns = {}, {}
-                for bs, b in batches.items():
-                    f = torch.compile(ref, mode="reduce-overhead", dynamic=False)
-                    ids, pos = b.input_ids, b.positions
-
-                    def fn(f=f, ids=ids, pos=pos):
-                        torch.compiler.cudagraph_mark_step_begin()
-                        return f(ids, pos)
-
-                    with torch.no_grad():
-                        want = eager.forward(b)
-                        got = fn().clone()
-                    diffs[bs] = (got - want).abs().max().item()
-                    fns[bs] = torch.no_grad()(fn)
-                worst = max(diffs.values())
-                tol = 5e-2 if dtype == torch.float16 else 1e-3
-                if worst > tol:
-                    raise RuntimeError(f"the reference model's logits differ from labkit's by "
-                                       f"{worst:.3g} (> {tol}): not the same computation")
-                note = ("torch skipped cudagraphs (see its log): compiled without graphs"
-                        if _cudagraph_skips() > skips else None)
-                record(variant, fns, {"attention": "sdpa over a dense KV cache (gpt-fast)",
-                                      "runs": "ReferenceGPT under torch.compile(mode="
-                                              "'reduce-overhead'), one callable per batch size"},
-                       note=note, extra_of=lambda bs: {"max_abs_diff": float(f"{diffs[bs]:.3g}")})
-            else:
-                raise ValueError(f"unknown decode variant {variant!r}")
+            built.update(_build(variant, D, B, model, batches, batch_sizes, compile_mode,
+                                _cudagraph_skips()))
         except Exception as e:              # SuiteSkip too: a row saying why, never none
             rows += unmeasured_rows(B, "decode", name, config, batch_sizes, variant, e, log)
-        finally:
-            gc.collect()
-            if on_gpu:
-                torch._dynamo.reset()
-                torch.cuda.empty_cache()
+    if not built:
+        return rows
+    log(f"  timing {len(built)} variants × {len(batch_sizes)} batch sizes in {rounds} "
+        "interleaved rounds")
+    contenders = {(v, bs): b.fns[bs] for v, b in built.items() for bs in batch_sizes}
+    timed = interleave(contenders, round_timer(B, warmup=warmup, repeats=repeats,
+                                               calls=calls),
+                       rounds=rounds, seed=seed, log=log)
+    for variant, b in built.items():
+        for bs in batch_sizes:
+            extra = {}
+            events = profile_gpu_events(b.fns[bs], B)
+            busy = kernels = None
+            if events is not None:
+                busy, kernels = events_busy_us(events), len(events)
+                extra.update(kernels=kernels, kernel_floor_us=round(kernels * per_node, 1),
+                             bytes_floor_us=round(floors[bs], 1),
+                             top_kernels=top_kernels(events))
+            if b.replays is not None:
+                extra.update(replay_only_us=round(measure_us(b.replays[bs], B, warmup=warmup,
+                                                             repeats=repeats), 3),
+                             replay_only_b2b_us=round(back_to_back_us(b.replays[bs], B,
+                                                                      calls=calls), 3))
+            if b.extra_of is not None:
+                extra.update(b.extra_of(bs))
+            row = make_row(B, "decode", name, {**config, **b.cfg}, bs, variant, None, busy,
+                           note=b.note, extra=extra, rounds=timed[(variant, bs)])
+            rows.append(row)
+            log(f"  decode bs={bs:3d} {variant:31s} synced {row['median_us']:8.1f} µs | back "
+                f"to back {row['back_to_back_us']:8.1f} µs" +
+                (f" | busy {busy:6.1f} µs, {kernels} kernels" if busy is not None else ""))
+    for b in built.values():
+        if b.cleanup is not None:
+            b.cleanup()
+    built.clear()
+    gc.collect()
+    if on_gpu:
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
     return rows

@@ -18,7 +18,9 @@ batches of several shapes, every variant timed in the same process:
     pure decode batches only: lesson 06's :class:`~labkit.decode.DecodeGraphRunner`, the
     FULL graph vLLM's dispatcher picks for them.
 
-``gpu_busy_us`` is the GPU-busy floor: the union of the call's kernel intervals in a
+All variants are built first, then every (variant, workload) is timed in interleaved
+rounds (:mod:`labkit.bench.rounds`), synced and back to back; ``gpu_busy_us`` is the
+GPU-busy floor: the union of the call's kernel intervals in a
 profile (:func:`labkit.core.timing.events_busy_us`). ``extra.kernels`` is how many
 kernels, copies and fills the call ran (a graph's included).
 """
@@ -30,8 +32,9 @@ import random
 
 import torch
 
-from labkit.bench import SuiteSkip, make_row, unmeasured_rows
-from labkit.core.timing import back_to_back_us, events_busy_us, profile_gpu_events, time_call
+from labkit.bench import SuiteSkip, make_row, round_timer, unmeasured_rows
+from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
+from labkit.core.timing import events_busy_us, profile_gpu_events
 
 VARIANTS = ("eager", "piecewise", "compile_dynamic", "full_graph")
 GPU_ONLY = {"compile_dynamic": "torch.compile is measured on a GPU only"}
@@ -78,8 +81,61 @@ def make_batches(D, P, model, workloads, seed=0) -> dict:
     return out
 
 
+def _build(variant, D, P, B, model, batches, tokens, log) -> tuple[dict, dict, dict, list]:
+    """``(fns {workload: fn}, cfg, extra {workload: dict}, cleanups)`` for one variant."""
+    on_gpu = B.name == "cuda"
+    if variant in GPU_ONLY and not on_gpu:
+        raise SuiteSkip(GPU_ONLY[variant])
+    if variant == "eager":
+        eager = D.EagerRunner(model)
+        return ({w: (lambda b=b: eager.forward(b)) for w, b in batches.items()},
+                {"runs": "EagerRunner.forward"}, {}, [])
+    if variant == "piecewise":
+        pw = P.PiecewiseGraphRunner(model, B, max_num_tokens=max(tokens.values()),
+                                    progress=False)
+        log_ = pw.capture()
+        cap = {"graphs": len(pw.backend.graphs), "buckets": len(pw.buckets),
+               "capture_s": round(sum(r["seconds"] for r in log_), 2),
+               "pool_MiB": round(log_[-1]["pool_reserved_bytes"] / 2**20, 1)}
+        log(f"  piecewise capture: {cap}")
+        extra = {}
+        for w, b in batches.items():
+            pw.replay(b)
+            extra[w] = {"bucket": pw.last_replay[1], "pieces": pw.num_pieces, **cap}
+        return ({w: (lambda b=b: pw.replay(b)) for w, b in batches.items()},
+                {"runs": "PiecewiseGraphRunner.replay", "buckets": "vllm"}, extra,
+                [pw.backend.cleanup])
+    if variant == "compile_dynamic":
+        import torch._dynamo.utils as du
+        ce = D.EagerRunner(model)
+        ce.model = torch.compile(model, dynamic=True)
+        before = du.counters["stats"]["unique_graphs"]
+        for b in batches.values():          # compile every workload before timing
+            with torch.no_grad():
+                ce.forward(b)
+        frames = du.counters["stats"]["unique_graphs"] - before
+        return ({w: (lambda b=b: ce.forward(b)) for w, b in batches.items()},
+                {"runs": "EagerRunner.forward, model under torch.compile(dynamic=True)"},
+                {w: {"graphs_compiled": frames} for w in batches}, [])
+    if variant == "full_graph":
+        dec = {w: b for w, b in batches.items() if b.forward_mode is D.ForwardMode.DECODE}
+        if not dec:
+            raise SuiteSkip("no pure decode workload")
+        full = D.DecodeGraphRunner(model, B, max_bs=max(b.batch_size for b in dec.values()),
+                                   progress=False)
+        full.capture()
+
+        def fn(b):
+            b.metadata_ready = False      # the full path, not the fast path
+            return full.forward(b)
+        return ({w: (lambda b=b: fn(b)) for w, b in dec.items()},
+                {"runs": "DecodeGraphRunner.forward"}, {}, [full.backend.cleanup])
+    raise ValueError(f"unknown piecewise variant {variant!r}: choose from {', '.join(VARIANTS)}")
+
+
 def run(B, quick: bool = False, log=print, model_args: dict | None = None,
-        workloads: dict | None = None, variants=VARIANTS) -> list[dict]:
+        workloads: dict | None = None, variants=VARIANTS, rounds: int = DEFAULT_ROUNDS,
+        seed: int = 0) -> list[dict]:
     from labkit import decode as D
     from labkit import piecewise as P
 
@@ -94,89 +150,50 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
     config = {**model_args, "dtype": str(dtype).replace("torch.", "")}
     batches = make_batches(D, P, model, workloads)
     tokens = {w: b.num_tokens for w, b in batches.items()}
-    repeats, warmup = (10, 3) if quick else (50, 10)
-    calls = 20 if quick else 50
+    repeats, warmup, calls = (5, 2, 10) if quick else (15, 3, 20)
     eager = D.EagerRunner(model)
     with torch.no_grad():
         want = {w: eager.forward(b).argmax(-1) for w, b in batches.items()}
-    rows = []
-
-    def record(variant, w, fn, cfg, extra=None, note=None):
-        b = batches[w]
-        with torch.no_grad():
-            got = fn().argmax(-1)
-        agree = (got == want[w]).float().mean().item()
-        synced, host = time_call(fn, B, warmup=warmup, repeats=repeats)
-        b2b = back_to_back_us(fn, B, calls=calls, warmup=2)
-        events = profile_gpu_events(fn, B)
-        busy = None if events is None else events_busy_us(events)
-        ex = {"tokens": b.num_tokens, "requests": b.batch_size, "host_us": round(host, 1),
-              "greedy_agree": round(agree, 4), **(extra or {})}
-        if events is not None:
-            ex["kernels"] = len(events)
-        rows.append(make_row(B, "piecewise", f"{name} · {w}", {**config, **cfg, "workload": w},
-                             b.batch_size, variant, synced, busy, note=note, extra=ex,
-                             back_to_back_us=b2b))
-        log(f"  piecewise {w:22s} {variant:16s} synced {synced:8.1f} µs | back to back "
-            f"{b2b:8.1f} µs" + (f" | busy {busy:7.1f} µs, {len(events)} kernels"
-                                if busy is not None else ""))
-
-    for variant in variants:
+    rows, built, cleanups = [], {}, []
+    for variant in variants:                 # build (and check) everything first
         try:
-            if variant in GPU_ONLY and not on_gpu:
-                raise SuiteSkip(GPU_ONLY[variant])
-            if variant == "eager":
-                for w, b in batches.items():
-                    record(variant, w, lambda b=b: eager.forward(b),
-                           {"runs": "EagerRunner.forward"})
-            elif variant == "piecewise":
-                pw = P.PiecewiseGraphRunner(model, B, max_num_tokens=max(tokens.values()),
-                                            progress=False)
-                log_ = pw.capture()
-                cap = {"graphs": len(pw.backend.graphs), "buckets": len(pw.buckets),
-                       "capture_s": round(sum(r["seconds"] for r in log_), 2),
-                       "pool_MiB": round(log_[-1]["pool_reserved_bytes"] / 2**20, 1)}
-                log(f"  piecewise capture: {cap}")
-                for w, b in batches.items():
-                    pw.replay(b)
-                    bucket = pw.last_replay[1]
-                    record(variant, w, lambda b=b: pw.replay(b),
-                           {"runs": "PiecewiseGraphRunner.replay", "buckets": "vllm"},
-                           extra={"bucket": bucket, "pieces": pw.num_pieces, **cap})
-                pw.backend.cleanup()
-            elif variant == "compile_dynamic":
-                import torch._dynamo.utils as du
-                ce = D.EagerRunner(model)
-                ce.model = torch.compile(model, dynamic=True)
-                before = du.counters["stats"]["unique_graphs"]
-                for b in batches.values():          # compile every workload before timing
-                    with torch.no_grad():
-                        ce.forward(b)
-                frames = du.counters["stats"]["unique_graphs"] - before
-                for w, b in batches.items():
-                    record(variant, w, lambda b=b: ce.forward(b),
-                           {"runs": "EagerRunner.forward, model under torch.compile("
-                                    "dynamic=True)"}, extra={"graphs_compiled": frames})
-            elif variant == "full_graph":
-                dec = {w: b for w, b in batches.items() if b.forward_mode is D.ForwardMode.DECODE}
-                if not dec:
-                    raise SuiteSkip("no pure decode workload")
-                full = D.DecodeGraphRunner(model, B, max_bs=max(b.batch_size for b in dec.values()),
-                                           progress=False)
-                full.capture()
-                for w, b in dec.items():
-                    def fn(b=b):
-                        b.metadata_ready = False      # the full path, not the fast path
-                        return full.forward(b)
-                    record(variant, w, fn, {"runs": "DecodeGraphRunner.forward"})
-                full.backend.cleanup()
-            else:
-                raise ValueError(f"unknown piecewise variant {variant!r}")
+            fns, cfg, extra, clean = _build(variant, D, P, B, model, batches, tokens, log)
+            cleanups += clean
+            agree = {}
+            for w, fn in fns.items():
+                with torch.no_grad():
+                    agree[w] = (fn().argmax(-1) == want[w]).float().mean().item()
+            built[variant] = (fns, cfg, extra, agree)
         except Exception as e:              # SuiteSkip too: a row saying why, never none
             rows += unmeasured_rows(B, "piecewise", name, config, [None], variant, e, log)
-        finally:
-            gc.collect()
-            if on_gpu:
-                torch._dynamo.reset()
-                torch.cuda.empty_cache()
+    contenders = {(v, w): fn for v, (fns, *_) in built.items() for w, fn in fns.items()}
+    if contenders:
+        log(f"  timing {len(contenders)} (variant, workload) pairs in {rounds} interleaved "
+            "rounds")
+        timed = interleave(contenders, round_timer(B, warmup=warmup, repeats=repeats,
+                                                   calls=calls),
+                           rounds=rounds, seed=seed, log=log)
+    for variant, (fns, cfg, extra, agree) in built.items():
+        for w, fn in fns.items():
+            b = batches[w]
+            events = profile_gpu_events(fn, B)
+            busy = None if events is None else events_busy_us(events)
+            ex = {"tokens": b.num_tokens, "requests": b.batch_size,
+                  "greedy_agree": round(agree[w], 4), **extra.get(w, {})}
+            if events is not None:
+                ex["kernels"] = len(events)
+            row = make_row(B, "piecewise", f"{name} · {w}", {**config, **cfg, "workload": w},
+                           b.batch_size, variant, None, busy, extra=ex,
+                           rounds=timed[(variant, w)])
+            rows.append(row)
+            log(f"  piecewise {w:22s} {variant:16s} synced {row['median_us']:8.1f} µs | back "
+                f"to back {row['back_to_back_us']:8.1f} µs" +
+                (f" | busy {busy:7.1f} µs, {len(events)} kernels" if busy is not None else ""))
+    for clean in cleanups:
+        clean()
+    built.clear()
+    gc.collect()
+    if on_gpu:
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
     return rows

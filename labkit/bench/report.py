@@ -8,7 +8,9 @@ Every measurement is one row, appended to ``docs/benchmarks/results.json``::
 
 (``gpu_busy_us`` only where it was measured; optional ``note`` says why a row has no
 number, e.g. a variant the installed labkit cannot run; optional ``extra`` holds
-suite-specific numbers such as pool memory.) Rows are only ever appended, so the file is
+suite-specific numbers such as pool memory, and ``extra.rounds`` the row's value in each
+interleaved round, per method; optional ``run`` names the process that timed it, so that
+only rows timed in the same rounds are compared.) Rows are only ever appended, so the file is
 the history; :func:`latest` picks the newest row per (suite, config, batch size, variant,
 device) for the tables.
 
@@ -46,7 +48,8 @@ REQUIRED_KEYS = ("suite", "config_name", "config", "batch_size", "variant", "med
 SUITE_ORDER = ("launch", "decode", "serve", "train", "capture", "piecewise")
 VARIANT_ORDER = {
     "launch": ("eager", "graph"),
-    "decode": ("eager", "eager_triton", "labkit_graph", "labkit_graph_staged",
+    "decode": ("eager", "eager_triton", "reference_eager", "labkit_graph",
+               "labkit_graph_staged",
                "labkit_graph_torch_attn", "labkit_graph_compiled",
                "labkit_graph_compiled_staged", "compile_reduce_overhead",
                "compile_reduce_overhead_static"),
@@ -70,6 +73,8 @@ SUITE_TEXT = {
         "column), **back to back** = 100 calls between two events, no sync between them (a "
         "loop whose next input stays on the device). `eager` = `EagerRunner` with stock "
         "torch attention (gather + SDPA), `eager_triton` = with the Triton decode kernel; "
+        "`reference_eager` = the baseline's model (below) run eagerly, a plain model's eager "
+        "step; "
         "`labkit_graph` = `DecodeGraphRunner` (pad to bucket, fill static buffers, page "
         "table out of graph, replay, slice) with the Triton kernel; "
         "`*_staged` = the same graphs through the serving loop's path: `runner.stage(...)` "
@@ -126,11 +131,20 @@ SUITE_TEXT = {
 }
 
 TARGETS = {
-    "decode": "Targets: labkit's best row at most the `compile_reduce_overhead_static` row at "
-              "every batch size, synced and back to back; `labkit_graph` back to back at most "
-              "1.15× its GPU busy time.",
-    "train": "Target: `labkit_full_step` at most 1.10× its GPU busy time.",
+    "decode": "Targets (medians over rounds, one run): labkit's best row at most 0.90× "
+              "`compile_reduce_overhead_static` back to back and at most 1.0× synced, winning "
+              "at least 4 of 5 rounds in both; `labkit_graph` back to back at most 1.15× its "
+              "GPU busy time.",
+    "train": "Targets: `labkit_bridge` at most 1.05× `torch_make_graphed_callables`, synced "
+             "and back to back; `labkit_full_step` back to back at most 1.10× its GPU busy "
+             "time.",
+    "piecewise": "Targets: `piecewise` at most 0.7× `compile_dynamic` on every prefill and "
+                 "mixed workload, synced and back to back; its host time at most 2× its GPU "
+                 "busy time.",
 }
+
+# extra keys too long for a table cell; they stay in results.json
+_NOT_IN_TABLE = ("rounds", "top_kernels")
 
 
 def _checkout_root() -> Path:
@@ -241,6 +255,20 @@ def validate_row(row: dict) -> None:
     if row["batch_size"] is not None and (isinstance(row["batch_size"], bool) or
                                           not isinstance(row["batch_size"], int)):
         raise ValueError(f"batch_size must be an integer or null, got {row['batch_size']!r}")
+    if "run" in row and not isinstance(row["run"], str):
+        raise ValueError(f"run must be a string naming the process, got {row['run']!r}")
+    rounds = (row.get("extra") or {}).get("rounds") if isinstance(row.get("extra"), dict) \
+        else None
+    if rounds is not None:
+        if not isinstance(rounds, dict) or not all(
+                isinstance(v, list) and v and all(isinstance(x, (int, float))
+                                                  and not isinstance(x, bool) for x in v)
+                for v in rounds.values()):
+            raise ValueError("extra.rounds must map each method to a non-empty list of "
+                             f"numbers, one per round, got {rounds!r}")
+        if len({len(v) for v in rounds.values()}) > 1:
+            raise ValueError("extra.rounds must hold the same number of rounds for every "
+                             f"method, got {({k: len(v) for k, v in rounds.items()})}")
 
 
 def append_results(rows: Iterable[dict], path: str | Path | None = None) -> Path:
@@ -324,14 +352,29 @@ def _extra_text(extra: dict | None) -> str:
         return ""
     parts = []
     for k, v in extra.items():
+        if k in _NOT_IN_TABLE:
+            continue
         if isinstance(v, float):
             v = f"{v:.0f}" if abs(v) >= 1000 else f"{v:.3g}"
         parts.append(f"{k}={v}")
     return ", ".join(parts)
 
 
+def format_rounds(row: dict, method: str) -> str:
+    """``'628.6 µs (601.2 µs–655.0 µs)'``: the median over rounds and their range, or the
+    plain figure for a row not timed in rounds."""
+    from labkit.bench.verdicts import rounds_of
+
+    vals = rounds_of(row, method)
+    text = format_us(row.get(method))
+    if vals and len(vals) > 1:
+        text += f" ({format_us(min(vals))}–{format_us(max(vals))})"
+    return text
+
+
 def markdown_table(rows: Sequence[dict]) -> str:
-    """A Markdown table of ``rows`` (use :func:`latest` first)."""
+    """A Markdown table of ``rows`` (use :func:`latest` first). A row timed in rounds
+    shows its median over rounds and, in brackets, the fastest and slowest round."""
     sp = speedups(rows)
     head = ("| config | batch | variant | synced | back to back | GPU busy | vs eager | device "
             "| torch | date | notes |")
@@ -341,7 +384,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
         notes = "; ".join(x for x in (r.get("note", ""), _extra_text(r.get("extra"))) if x)
         lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
             r["config_name"], "" if r["batch_size"] is None else r["batch_size"],
-            f"`{r['variant']}`", format_us(r["median_us"]), format_us(r.get("back_to_back_us")),
+            f"`{r['variant']}`", format_rounds(r, "median_us"),
+            format_rounds(r, "back_to_back_us"),
             format_us(r.get("gpu_busy_us")),
             f"{ratio:.2f}×" if ratio else "", r["device"], r["torch"],
             str(r["date"])[:10], notes.replace("|", "/")))
@@ -353,7 +397,8 @@ def _slug(text: str) -> str:
 
 
 def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
-    """Grouped bars: one group per (config, batch size), one bar per variant; log y.
+    """Grouped bars: one group per (config, batch size), one bar per variant; log y; a
+    whisker from the fastest to the slowest round where a row was timed in rounds.
 
     Rows timed both ways get two panels, *synced* and *back to back*. Where rows carry
     floors (``extra.kernel_floor_us`` per bar, ``extra.bytes_floor_us`` per group), each
@@ -363,6 +408,8 @@ def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+
+    from labkit.bench.verdicts import rounds_of
 
     rows = [r for r in rows if r["median_us"]]
     groups = []
@@ -384,17 +431,22 @@ def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
     floors_drawn = set()
     for ax, (key, label) in zip(axes[0], methods):
         for j, v in enumerate(variants):
-            xs, ys, ticks = [], [], []
+            xs, ys, ticks, lo, hi = [], [], [], [], []
             for i, g in enumerate(groups):
                 r = by.get((g[0], g[1], v))
                 if r and r.get(key):
                     x = i + (j - (len(variants) - 1) / 2) * width
                     xs.append(x)
                     ys.append(r[key])
+                    vals = rounds_of(r, key)
+                    lo.append(r[key] - min(vals) if vals else 0.0)
+                    hi.append(max(vals) - r[key] if vals else 0.0)
                     kf = (r.get("extra") or {}).get("kernel_floor_us")
                     if kf:
                         ticks.append((x, kf))
-            ax.bar(xs, ys, width=width, label=v if key == "median_us" else None)
+            ax.bar(xs, ys, width=width, label=v if key == "median_us" else None,
+                   yerr=[lo, hi] if any(lo) or any(hi) else None, capsize=2,
+                   error_kw={"elinewidth": 0.8, "ecolor": "0.3"})
             for x, kf in ticks:
                 ax.plot([x - width / 2, x + width / 2], [kf, kf], color="black", lw=1.2,
                         label=None if "k" in floors_drawn else
@@ -432,6 +484,55 @@ def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
     return path
 
 
+# the rows whose run-to-run drift the README shows: the baselines the lessons compare with
+DRIFT_ROWS = (("decode", "compile_reduce_overhead_static", 1),
+              ("decode", "compile_reduce_overhead_static", 8),
+              ("train", "torch_make_graphed_callables", 4),
+              ("piecewise", "compile_dynamic", 8))
+
+
+def _drift_section(all_rows: Sequence[dict]) -> list[str]:
+    """How much the same row moved between runs on one device, from the file's history."""
+    from labkit.bench.verdicts import drift, spread
+
+    lines = []
+    for dev in sorted({r["device"] for r in all_rows}):
+        for suite, variant, bs in DRIFT_ROWS:
+            for method in ("median_us", "back_to_back_us"):
+                runs = drift(all_rows, suite, variant, bs, method, device=dev)
+                if len(runs) < 2:
+                    continue
+                figs = ", ".join(f"{format_us(v)} ({d[:10]})" for d, v in runs)
+                label = "synced" if method == "median_us" else "back to back"
+                lines.append(f"- {dev}, {suite} `{variant}` batch {bs}, {label}: {figs}; "
+                             f"spread {100 * spread([v for _, v in runs]):.0f} % of the "
+                             "median")
+    if not lines:
+        return []
+    return (["### How much a rerun may differ", "",
+             "The same row in each run this file holds (runs on different days, "
+             "the newest row of each). A shared GPU host drifts between runs, so one run's "
+             "ranking of two close variants is not a fact; the verdicts below pair rows of "
+             "one run, round by round.", ""] + lines + [""])
+
+
+def _verdict_section(rows: Sequence[dict]) -> list[str]:
+    from labkit.bench.verdicts import comparisons, target_checks
+
+    out = []
+    for dev in sorted({r["device"] for r in rows}):
+        drows = [r for r in rows if r["device"] == dev]
+        comps = comparisons(drows)
+        if comps:
+            n = len(comps[0].verdict.a_rounds)
+            out += [f"Verdicts on {dev} ({n} interleaved rounds):", ""]
+            out += [f"- {c.text()}" for c in comps] + [""]
+        checks = target_checks(drows)
+        if checks:
+            out += [f"Targets on {dev}:", ""] + [f"- {c}" for c in checks] + [""]
+    return out
+
+
 def render(results_path: str | Path | None = None, out_dir: str | Path | None = None) -> list[Path]:
     """Write ``README.md`` and one PNG per suite and device into ``out_dir`` (default: the
     results file's folder) from the newest rows; return the paths written.
@@ -459,10 +560,15 @@ def render(results_path: str | Path | None = None, out_dir: str | Path | None = 
           "by hand). Measure on a GPU with `python -m labkit.bench [suite ...]`; every run "
           "appends rows, and these tables show the newest row per configuration, variant "
           "and device.", "",
-          "Timing: CUDA events, warm-up first, median of repeated runs, random input data. "
-          "*GPU busy* = the sum of kernel (and memcpy/memset) times of one call from "
-          "`torch.profiler`; *median − GPU busy* is the time the GPU sat idle. *vs eager* = "
-          "eager median ÷ this median.", ""]
+          "Timing: CUDA events, warm-up first, random input data. Every suite builds all "
+          "its variants, then times them in interleaved rounds (each round times every "
+          "variant once, in a shuffled order): a figure is the median over rounds, with the "
+          "fastest and slowest round in brackets. A comparison says \"faster\" only when "
+          "one side wins at least 4 of 5 rounds, otherwise \"level within the noise of this "
+          "host\". *GPU busy* = the union of kernel (and memcpy/memset) intervals of one "
+          "call from `torch.profiler`; *median − GPU busy* is the time the GPU sat idle. "
+          "*vs eager* = eager median ÷ this median.", ""]
+    md += _drift_section(load_results(results_path, missing_ok=False))
     suites = sorted(set(SUITE_ORDER) | {r["suite"] for r in rows},
                     key=lambda s: _order(SUITE_ORDER, s))
     for suite in suites:
@@ -474,6 +580,7 @@ def render(results_path: str | Path | None = None, out_dir: str | Path | None = 
             md += [f"No results yet: run `python -m labkit.bench {suite}` on a GPU.", ""]
             continue
         md += [markdown_table(srows), ""]
+        md += _verdict_section(srows)
         for dev in sorted({r["device"] for r in srows}):
             drows = [r for r in srows if r["device"] == dev]
             if not any(r["median_us"] for r in drows):

@@ -18,7 +18,10 @@ step to step, and leave. Variants:
 ``median_us`` is the median time of one decode step of the loop (wall clock on the host,
 so it includes everything the loop does around the replay); ``extra`` holds decode
 tokens/s over the whole run, end-to-end tokens/s, the steps and the mean batch size.
-Variants that run the same kernels must generate the very same tokens (``labkit_graph``
+Every variant is built and warmed up first; then each round runs the whole workload once
+per variant, in a shuffled order (:mod:`labkit.bench.rounds`), and a row's figures are
+medians over rounds (``extra.rounds`` keeps each round's step median, tokens/s and wall
+time). Variants that run the same kernels must generate the very same tokens (``labkit_graph``
 and its overlapped twin as ``eager``; the compiled pair as each other: fused kernels round
 differently, and in fp16 a rounding can flip a greedy token); a row whose tokens differ
 from its family's first says so.
@@ -27,11 +30,13 @@ from its family's first says so.
 from __future__ import annotations
 
 import gc
+import statistics
 
 import torch
 
 from labkit.bench import SuiteSkip, make_row, unmeasured_rows
 from labkit.bench.decode import CPU_MODEL, MODEL
+from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
 
 VARIANTS = ("eager", "labkit_graph", "labkit_graph_overlap", "labkit_graph_compiled",
             "labkit_graph_compiled_overlap")
@@ -41,7 +46,7 @@ CPU_WORKLOAD = dict(num_requests=24, arrival_rate=2.0, prompt_len=(4, 12), outpu
 
 def run(B, quick: bool = False, log=print, model_args: dict | None = None,
         workload: dict | None = None, max_running: int | None = None,
-        variants=VARIANTS) -> list[dict]:
+        variants=VARIANTS, rounds: int = DEFAULT_ROUNDS, seed: int = 0) -> list[dict]:
     from labkit import decode as D
 
     on_gpu = B.name == "cuda"
@@ -59,7 +64,7 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
               "workload": {k: list(v) if isinstance(v, tuple) else v
                            for k, v in workload.items()},
               "max_running": max_running}
-    rows, reference = [], {}
+    rows, runs, cfgs, results = [], {}, {}, {}
     runners: dict[bool, object] = {}
 
     def runner_for(compiled: bool):
@@ -74,7 +79,7 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
             runners[compiled] = r
         return runners[compiled]
 
-    for variant in variants:
+    for variant in variants:                 # build and warm up everything first
         try:
             compiled = "compiled" in variant
             if compiled and not on_gpu:
@@ -83,17 +88,14 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
                       else runner_for(compiled))
             overlap = variant.endswith("_overlap")
             D.serve(model, wl[:8], runner=runner, max_running=max_running, overlap=overlap)
-            res = D.serve(model, wl, runner=runner, max_running=max_running, overlap=overlap)
-            family = "compiled" if compiled else "plain"    # same kernels, same tokens
-            first = reference.setdefault(family, (variant, res.tokens))
-            note = (None if res.tokens == first[1] else
-                    f"tokens differ from {first[0]}'s, which runs the same kernels")
-            s = res.summary()
-            lat = sorted(res.decode_latency_s)
-            med = 1e6 * lat[len(lat) // 2]
-            extra = {"decode_tokens_per_s": s["decode_tokens_per_s"],
-                     "tokens_per_s": s["tokens_per_s"], "decode_steps": s["decode_steps"],
-                     "mean_batch": round(s["mean_batch"], 1), "wall_s": round(res.wall_s, 3)}
+
+            def one_run(variant=variant, runner=runner, overlap=overlap):
+                res = D.serve(model, wl, runner=runner, max_running=max_running,
+                              overlap=overlap)
+                results.setdefault(variant, res)          # the first round's tokens
+                return res
+
+            runs[variant] = one_run
             cfg = {**config, "overlap": overlap,
                    "runs": "serve(model, workload, runner=" + type(runner).__name__
                    + ("(...), overlap=True)" if overlap else "(...))"),
@@ -102,17 +104,45 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
                 cfg["buckets"] = runner.buckets
                 if compiled:
                     cfg["compile_mode"] = "default"
-            rows.append(make_row(B, "serve", name, cfg, None, variant, med, note=note,
-                                 extra=extra))
-            log(f"  serve {variant:31s} step p50 {med:8.1f} µs | decode "
-                f"{s['decode_tokens_per_s']:9.0f} tokens/s | end to end "
-                f"{s['tokens_per_s']:9.0f} tokens/s" + (f" | {note}" if note else ""))
+            cfgs[variant] = cfg
         except Exception as e:              # SuiteSkip too: a row saying why, never none
             rows += unmeasured_rows(B, "serve", name, config, [None], variant, e, log)
+
+    def time_one(fn):
+        res = fn()
+        s = res.summary()
+        lat = sorted(res.decode_latency_s)
+        return {"median_us": 1e6 * lat[len(lat) // 2],
+                "decode_tokens_per_s": s["decode_tokens_per_s"],
+                "tokens_per_s": s["tokens_per_s"], "wall_s": res.wall_s}
+
+    if runs:
+        log(f"  running the workload {rounds} times per variant, interleaved")
+        timed = interleave(runs, time_one, rounds=rounds, seed=seed, log=log)
+    reference = {}
+    for variant in runs:
+        res = results[variant]
+        family = "compiled" if "compiled" in variant else "plain"   # same kernels, same tokens
+        first = reference.setdefault(family, (variant, res.tokens))
+        note = (None if res.tokens == first[1] else
+                f"tokens differ from {first[0]}'s, which runs the same kernels")
+        s = res.summary()
+        r = timed[variant]
+        extra = {"decode_tokens_per_s": round(statistics.median(r["decode_tokens_per_s"]), 1),
+                 "tokens_per_s": round(statistics.median(r["tokens_per_s"]), 1),
+                 "decode_steps": s["decode_steps"], "mean_batch": round(s["mean_batch"], 1),
+                 "wall_s": round(statistics.median(r["wall_s"]), 3)}
+        row = make_row(B, "serve", name, cfgs[variant], None, variant, None, note=note,
+                       extra=extra, rounds=r)
+        rows.append(row)
+        log(f"  serve {variant:31s} step p50 {row['median_us']:8.1f} µs | decode "
+            f"{extra['decode_tokens_per_s']:9.0f} tokens/s | end to end "
+            f"{extra['tokens_per_s']:9.0f} tokens/s" + (f" | {note}" if note else ""))
     for r in runners.values():
         r.backend.cleanup()
     gc.collect()
     if on_gpu:
         torch._dynamo.reset()
         torch.cuda.empty_cache()
-    return rows
+    order = {v: i for i, v in enumerate(variants)}
+    return sorted(rows, key=lambda r: order.get(r["variant"], len(order)))

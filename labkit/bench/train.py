@@ -25,7 +25,9 @@ The model is ``labkit.full_step``'s ``"bench"`` LM: 6 pre-norm transformer layer
 Every variant starts from the same seeded weights and cycles through the same random
 batches; each timed call is one full step (for the graph variants: copying the batch
 into the static buffers included), timed both ways: synced before every step
-(``median_us``) and back to back (``back_to_back_us``, 20 steps between two events).
+(``median_us``) and back to back (``back_to_back_us``, 20 steps between two events). All
+variants are built first and then timed in interleaved rounds
+(:mod:`labkit.bench.rounds`); GPU busy comes from one profiled step after the rounds.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ import itertools
 import torch
 
 from labkit import full_step as FS
-from labkit.bench import SuiteSkip, make_row, unmeasured_rows
-from labkit.core.timing import back_to_back_us, profile_gpu_busy_us, time_call
+from labkit.bench import SuiteSkip, make_row, round_timer, unmeasured_rows
+from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
+from labkit.core.timing import profile_gpu_busy_us
 
 VARIANTS = ("eager", "labkit_bridge", "torch_make_graphed_callables", "labkit_full_step",
             "labkit_full_step_compiled", "compile_reduce_overhead")
@@ -105,17 +108,17 @@ def _cudagraph_skips() -> int:
 
 
 def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
-        variants=VARIANTS) -> list[dict]:
+        variants=VARIANTS, rounds: int = DEFAULT_ROUNDS, seed: int = 0) -> list[dict]:
     if cfg is None:
         cfg = "bench" if B.name == "cuda" else "tiny"
     name = cfg if isinstance(cfg, str) else "custom"
     cfg = FS.CONFIGS[cfg] if isinstance(cfg, str) else cfg
     config = {**dataclasses.asdict(cfg), "optimizer": "AdamW", "lr": LR}
-    repeats, warmup = (8, 4) if quick else (30, 6)
+    repeats, warmup = (4, 2) if quick else (10, 3)
     gen = torch.Generator().manual_seed(0)
     batches = [FS.random_microbatches(cfg, gen, device=B.device) for _ in range(4)]
-    rows = []
-    for variant in variants:
+    rows, steps, notes = [], {}, {}
+    for variant in variants:                 # build (and warm up) everything first
         try:
             skips = _cudagraph_skips()
             trainer = build(variant, cfg, B)
@@ -124,24 +127,31 @@ def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
             def step(trainer=trainer, cycle=cycle):
                 return trainer.step(next(cycle))
 
-            med, host = time_call(step, B, warmup=warmup, repeats=repeats)
-            b2b = back_to_back_us(step, B, calls=20, warmup=2, repeats=3)
-            busy = profile_gpu_busy_us(step, B)
-            note = None
+            for _ in range(warmup + 3):      # past FullStepTrainer's warm-up and capture
+                step()
             if variant == "compile_reduce_overhead" and _cudagraph_skips() > skips:
-                note = "torch skipped cudagraphs for part of the model (see its log)"
-            rows.append(make_row(B, "train", name, config, cfg.micro_batch, variant, med,
-                                 busy, note=note, back_to_back_us=b2b,
-                                 extra={"host_us": round(host, 1)}))
-            log(f"  train {variant:30s} synced {med / 1e3:9.3f} ms | back to back "
-                f"{b2b / 1e3:9.3f} ms" + (f" | busy {busy / 1e3:8.3f} ms" if busy else ""))
+                notes[variant] = "torch skipped cudagraphs for part of the model (see its log)"
+            steps[variant] = step
         except Exception as e:              # SuiteSkip too: a row saying why, never none
             rows += unmeasured_rows(B, "train", name, config, [cfg.micro_batch], variant, e,
                                     log)
-        finally:
-            trainer = step = None
-            gc.collect()
-            if B.name == "cuda":
-                torch._dynamo.reset()
-                torch.cuda.empty_cache()
-    return rows
+    if steps:
+        log(f"  timing {len(steps)} variants in {rounds} interleaved rounds")
+        timed = interleave(steps, round_timer(B, warmup=warmup, repeats=repeats, calls=20,
+                                              b2b_repeats=2),
+                           rounds=rounds, seed=seed, log=log)
+        for variant, step in steps.items():
+            busy = profile_gpu_busy_us(step, B)
+            row = make_row(B, "train", name, config, cfg.micro_batch, variant, None, busy,
+                           note=notes.get(variant), rounds=timed[variant])
+            rows.append(row)
+            log(f"  train {variant:30s} synced {row['median_us'] / 1e3:9.3f} ms | back to back "
+                f"{row['back_to_back_us'] / 1e3:9.3f} ms" +
+                (f" | busy {busy / 1e3:8.3f} ms" if busy else ""))
+    steps.clear()
+    gc.collect()
+    if B.name == "cuda":
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    order = {v: i for i, v in enumerate(variants)}
+    return sorted(rows, key=lambda r: order.get(r["variant"], len(order)))

@@ -455,6 +455,12 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
     count depends on the inputs' strides. Here it asks the CPU's choice and calls that
     kernel, one op with its own backward, as a GPU graph holds one attention kernel.
     """
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # torch's composite SDPA turns a boolean mask into an additive one before it picks
+        # a kernel (convert_boolean_attn_mask, aten/.../transformers/attention.cpp); the
+        # CPU's flash kernel refuses a boolean mask
+        attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(
+            attn_mask.logical_not(), float("-inf"))
     choice = _aten._fused_sdp_choice(host(query), host(key), host(value),
                                      host(attn_mask) if attn_mask is not None else None,
                                      dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)

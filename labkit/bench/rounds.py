@@ -1,0 +1,147 @@
+"""Interleaved rounds: how ``labkit.bench`` compares variants on a host that drifts.
+
+A GPU host shared with other work drifts by tens of per cent between runs, and within a
+run (clocks, a neighbour's jobs, the allocator's state). Timing variant A for a minute
+and then variant B for a minute lets that drift decide the ranking. So every suite that
+compares variants first *builds* all of them, then times them in **rounds**: each round
+times every variant once (a short burst of samples, both timing methods), in an order
+shuffled per round from a fixed seed. Drift then hits every variant alike, and each
+round is a paired comparison.
+
+A row keeps its rounds (``extra.rounds``: one value per round, in round order, per
+method); its ``median_us`` / ``back_to_back_us`` are the medians over rounds.
+:func:`verdict` turns two rows' rounds into the sentence a lesson may quote: "A is faster
+than B" only when A wins at least 4 of 5 rounds (80 %, paired by round), otherwise
+"level within the noise of this host", with both ranges.
+
+Nothing here needs torch: the timer is passed in, so tests drive the bookkeeping with a
+fake one.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Hashable, Mapping, Sequence
+
+__all__ = ["DEFAULT_ROUNDS", "WIN_SHARE", "METHODS", "interleave", "summary", "Verdict",
+           "verdict"]
+
+DEFAULT_ROUNDS = 5
+WIN_SHARE = 0.8          # 4 of 5 rounds
+METHODS = {"median_us": "synced", "back_to_back_us": "back to back"}
+
+
+def interleave(contenders: Mapping[Hashable, Callable[[], object]],
+               time_one: Callable[[Callable[[], object]], Mapping[str, float]], *,
+               rounds: int = DEFAULT_ROUNDS, seed: int = 0,
+               log: Callable[[str], None] | None = None) -> dict[Hashable, dict[str, list]]:
+    """Time every contender once per round, in an order shuffled per round.
+
+    Args:
+        contenders: key (e.g. ``(variant, batch_size)``) → the callable to time.
+        time_one: times one callable and returns ``{method: value}`` (e.g.
+            ``{"median_us": ..., "back_to_back_us": ..., "host_us": ...}``); every call
+            must return the same methods.
+        rounds: how many rounds (at least 1; a verdict wants at least 5).
+        seed: the shuffle's seed, so a rerun times in the same orders.
+        log: called with one line per round, if given.
+
+    Returns:
+        key → ``{method: [value of round 0, value of round 1, ...]}``.
+    """
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a whole number >= 1, got {rounds!r}")
+    if not contenders:
+        raise ValueError("interleave needs at least one contender to time")
+    rng = random.Random(seed)
+    keys = list(contenders)
+    out: dict[Hashable, dict[str, list]] = {k: {} for k in keys}
+    for r in range(rounds):
+        order = keys[:]
+        rng.shuffle(order)
+        for k in order:
+            for method, value in time_one(contenders[k]).items():
+                out[k].setdefault(method, []).append(float(value))
+        if log is not None:
+            log(f"  round {r + 1}/{rounds} done")
+    for k, by_method in out.items():
+        bad = {m: len(v) for m, v in by_method.items() if len(v) != rounds}
+        if bad:
+            raise ValueError(f"time_one returned different methods across rounds for {k!r}: "
+                             f"values per method {bad}, expected {rounds} each")
+    return out
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """``{"median", "min", "max"}`` of one row's rounds."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _fmt(us: float) -> str:
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The comparison of two rows over paired rounds, for one timing method.
+
+    ``winner`` is the name of the faster row when it won at least ``WIN_SHARE`` of the
+    rounds, else None (level within the noise). ``wins`` counts the rounds each side was
+    faster in (ties count for neither).
+    """
+
+    a: str
+    b: str
+    method: str
+    a_rounds: tuple[float, ...]
+    b_rounds: tuple[float, ...]
+    wins: tuple[int, int]
+    winner: str | None
+
+    @property
+    def ratio(self) -> float:
+        """Median of ``a`` over median of ``b`` (below 1: ``a`` is quicker)."""
+        return statistics.median(self.a_rounds) / statistics.median(self.b_rounds)
+
+    def text(self) -> str:
+        n = len(self.a_rounds)
+        label = METHODS.get(self.method, self.method)
+        ra, rb = summary(self.a_rounds), summary(self.b_rounds)
+        span = (f"{self.a} {_fmt(ra['median'])} ({_fmt(ra['min'])}–{_fmt(ra['max'])}), "
+                f"{self.b} {_fmt(rb['median'])} ({_fmt(rb['min'])}–{_fmt(rb['max'])})")
+        if self.winner is None:
+            return (f"{label}: {self.a} and {self.b} are level within the noise of this host "
+                    f"({self.a} faster in {self.wins[0]} of {n} rounds; {span})")
+        loser = self.b if self.winner == self.a else self.a
+        k = self.wins[0] if self.winner == self.a else self.wins[1]
+        r = self.ratio if self.winner == self.a else 1 / self.ratio
+        return (f"{label}: {self.winner} is faster than {loser} (in {k} of {n} rounds; "
+                f"{r:.2f}× its time at the median; {span})")
+
+    __str__ = text
+
+
+def verdict(a: str, a_rounds: Sequence[float], b: str, b_rounds: Sequence[float], *,
+            method: str = "median_us", share: float = WIN_SHARE) -> Verdict:
+    """Compare two rows round by round (round *i* of ``a`` against round *i* of ``b``).
+
+    ``a`` is called faster only when it is quicker in at least ``ceil(share × rounds)``
+    rounds (4 of 5 by default), and likewise ``b``; otherwise the two are level.
+
+    Raises:
+        ValueError: the two rows have different numbers of rounds (they were not timed
+            in the same rounds), or none.
+    """
+    if len(a_rounds) != len(b_rounds) or not a_rounds:
+        raise ValueError(f"{a!r} has {len(a_rounds)} rounds and {b!r} {len(b_rounds)}: a "
+                         "verdict pairs rows timed in the same rounds (same run, same "
+                         "--rounds)")
+    need = math.ceil(share * len(a_rounds) - 1e-9)
+    wins_a = sum(x < y for x, y in zip(a_rounds, b_rounds))
+    wins_b = sum(y < x for x, y in zip(a_rounds, b_rounds))
+    winner = a if wins_a >= need else b if wins_b >= need else None
+    return Verdict(a, b, method, tuple(map(float, a_rounds)), tuple(map(float, b_rounds)),
+                   (wins_a, wins_b), winner)

@@ -1,0 +1,215 @@
+"""The comparisons the lessons quote, as verdicts over interleaved rounds, and the targets.
+
+:data:`PAIRS` names, per suite, the pairs of variants a lesson, the README or the
+instructor notes compare. :func:`comparisons` finds them among result rows and judges
+each with :func:`labkit.bench.rounds.verdict`, once per timing method: "A is faster than
+B" only when A wins at least 4 of 5 rounds, otherwise "level within the noise of this
+host". Only rows of the same run (``row["run"]``, set by :func:`labkit.bench.make_row`)
+are paired: rounds of different runs were not timed side by side.
+
+``labkit_best`` stands for labkit's quickest decode row *for that method* (the lowest
+median over rounds among the ``labkit_*`` variants at that batch size).
+
+:func:`target_checks` reads the same rows against the targets of the benchmark issue
+(decode and train) and of the piecewise suite, and says met or missed with the figures;
+:func:`drift` lists one row's median in every run the results file holds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from labkit.bench.rounds import METHODS, Verdict, verdict
+
+__all__ = ["PAIRS", "BEST_LABKIT", "Comparison", "comparisons", "target_checks", "drift",
+           "rounds_of"]
+
+BEST_LABKIT = "labkit_best"
+
+PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
+    "launch": (("graph", "eager"),),
+    "decode": ((BEST_LABKIT, "compile_reduce_overhead_static"),
+               ("labkit_graph", "reference_eager"),
+               ("labkit_graph", "eager"),
+               ("labkit_graph_compiled_staged", "labkit_graph_staged")),
+    "serve": (("labkit_graph_overlap", "labkit_graph"),
+              ("labkit_graph", "eager"),
+              ("labkit_graph_compiled_overlap", "labkit_graph_overlap")),
+    "train": (("labkit_bridge", "torch_make_graphed_callables"),
+              ("labkit_full_step", "eager"),
+              ("labkit_full_step", "compile_reduce_overhead"),
+              ("labkit_full_step_compiled", "labkit_full_step")),
+    "capture": (("shared_pool", "separate_pools"),
+                ("decode_runner_triton", "decode_runner_torch_native")),
+    "piecewise": (("piecewise", "compile_dynamic"),
+                  ("piecewise", "eager"),
+                  ("full_graph", "piecewise")),
+}
+
+
+def rounds_of(row: dict, method: str) -> list[float] | None:
+    """The row's per-round values for ``method`` (``"median_us"``, ``"back_to_back_us"``),
+    or None if it was not timed in rounds."""
+    vals = ((row.get("extra") or {}).get("rounds") or {}).get(method)
+    return list(vals) if vals else None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One pair's verdict at one (config, batch size, device)."""
+
+    suite: str
+    config_name: str
+    batch_size: int | None
+    device: str
+    verdict: Verdict
+
+    def where(self) -> str:
+        bs = "" if self.batch_size is None else f", batch {self.batch_size}"
+        return f"{self.suite} · {self.config_name}{bs}"
+
+    def text(self) -> str:
+        return f"{self.where()} — {self.verdict.text()}"
+
+    __str__ = text
+
+
+def _best_labkit(rows: Sequence[dict], method: str) -> dict | None:
+    cands = [r for r in rows if r["variant"].startswith("labkit_") and r.get(method)
+             and rounds_of(r, method)]
+    return min(cands, key=lambda r: r[method]) if cands else None
+
+
+def _groups(rows: Iterable[dict]) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault((r["suite"], r["config_name"], r["batch_size"], r["device"],
+                        r.get("run")), []).append(r)
+    return out
+
+
+def comparisons(rows: Iterable[dict], suite: str | None = None,
+                methods: Sequence[str] = tuple(METHODS)) -> list[Comparison]:
+    """The verdicts of :data:`PAIRS` among ``rows`` (pass :func:`report.latest` rows),
+    one per pair, group and timing method that both rows were timed in, in rounds."""
+    out = []
+    for (s, config, bs, device, run), group in _groups(rows).items():
+        if (suite is not None and s != suite) or s not in PAIRS or run is None:
+            continue
+        by_variant = {r["variant"]: r for r in group}
+        for a_name, b_name in PAIRS[s]:
+            for method in methods:
+                a = (_best_labkit(group, method) if a_name == BEST_LABKIT
+                     else by_variant.get(a_name))
+                b = by_variant.get(b_name)
+                if a is None or b is None or a is b:
+                    continue
+                ra, rb = rounds_of(a, method), rounds_of(b, method)
+                if ra is None or rb is None or len(ra) != len(rb):
+                    continue
+                out.append(Comparison(s, config, bs, device,
+                                      verdict(a["variant"], ra, b["variant"], rb,
+                                              method=method)))
+    return out
+
+
+def _find(rows, suite, variant, bs=None, config=None):
+    for r in rows:
+        if (r["suite"] == suite and r["variant"] == variant and r.get("median_us")
+                and (bs is None or r["batch_size"] == bs)
+                and (config is None or r["config_name"] == config)):
+            return r
+    return None
+
+
+def _ratio_check(label, a, b, method, limit, need_wins) -> str:
+    ra, rb = rounds_of(a, method), rounds_of(b, method)
+    ratio = a[method] / b[method]
+    ok = ratio <= limit
+    won = ""
+    if ra and rb and len(ra) == len(rb):
+        v = verdict(a["variant"], ra, b["variant"], rb, method=method)
+        won = f", won {v.wins[0]} of {len(ra)} rounds"
+        if need_wins:
+            ok = ok and v.winner == a["variant"]
+    wins_wanted = ", winning 4 of 5 rounds" if need_wins else ""
+    return (f"{'met' if ok else 'MISSED'}: {label}, {METHODS[method]}: {a['variant']} is "
+            f"{ratio:.2f}× {b['variant']} (target ≤ {limit:.2f}×{wins_wanted}){won}")
+
+
+def _busy_check(label, row, limit) -> str | None:
+    busy, b2b = row.get("gpu_busy_us"), row.get("back_to_back_us")
+    if not busy or not b2b:
+        return None
+    ratio = b2b / busy
+    return (f"{'met' if ratio <= limit else 'MISSED'}: {label}: {row['variant']} back to "
+            f"back is {ratio:.2f}× its GPU busy time (target ≤ {limit:.2f}×)")
+
+
+def target_checks(rows: Sequence[dict]) -> list[str]:
+    """Each target the rows can be judged against, one line: ``met`` or ``MISSED``,
+    with the figures (pass :func:`report.latest` rows of one device)."""
+    out = []
+    dec = [r for r in rows if r["suite"] == "decode"]
+    for bs in sorted({r["batch_size"] for r in dec if r["batch_size"] is not None}):
+        group = [r for r in dec if r["batch_size"] == bs]
+        base = _find(group, "decode", "compile_reduce_overhead_static")
+        for method, limit in (("back_to_back_us", 0.90), ("median_us", 1.00)):
+            best = _best_labkit(group, method)
+            if base and best and base.get(method):
+                out.append(_ratio_check(f"decode batch {bs}", best, base, method, limit, True))
+        graph = _find(group, "decode", "labkit_graph")
+        line = graph and _busy_check(f"decode batch {bs}", graph, 1.15)
+        if line:
+            out.append(line)
+    bridge = _find(rows, "train", "labkit_bridge")
+    torch_mgc = _find(rows, "train", "torch_make_graphed_callables")
+    if bridge and torch_mgc:
+        for method in METHODS:
+            if bridge.get(method) and torch_mgc.get(method):
+                out.append(_ratio_check("train", bridge, torch_mgc, method, 1.05, False))
+    full = _find(rows, "train", "labkit_full_step")
+    line = full and _busy_check("train", full, 1.10)
+    if line:
+        out.append(line)
+    for r in rows:
+        if r["suite"] != "piecewise" or r["variant"] != "piecewise" or not r.get("median_us"):
+            continue
+        workload = r["config_name"].split(" · ", 1)[-1]
+        comp = _find(rows, "piecewise", "compile_dynamic", config=r["config_name"])
+        if comp and not workload.startswith("decode"):
+            for method in METHODS:
+                if r.get(method) and comp.get(method):
+                    out.append(_ratio_check(f"piecewise {workload}", r, comp, method, 0.70,
+                                            False))
+        host, busy = (r.get("extra") or {}).get("host_us"), r.get("gpu_busy_us")
+        if host and busy:
+            out.append(f"{'met' if host <= 2 * busy else 'MISSED'}: piecewise {workload}: "
+                       f"host time {host:.0f} µs is {host / busy:.1f}× GPU busy "
+                       f"{busy:.0f} µs (target ≤ 2×)")
+    return out
+
+
+def drift(all_rows: Iterable[dict], suite: str, variant: str, batch_size: int | None,
+          method: str = "median_us", device: str | None = None) -> list[tuple[str, float]]:
+    """``[(date, median)]``: the newest row of one (suite, variant, batch size) in each run
+    of the results history (a run = one date's rows, where rows carry no run id)."""
+    per_run: dict[str, tuple[str, float]] = {}
+    for r in all_rows:
+        if (r["suite"], r["variant"], r["batch_size"]) != (suite, variant, batch_size):
+            continue
+        if device is not None and r["device"] != device:
+            continue
+        if not r.get(method):
+            continue
+        run = r.get("run") or r["date"][:10]
+        if run not in per_run or r["date"] >= per_run[run][0]:
+            per_run[run] = (r["date"], float(r[method]))
+    return sorted(per_run.values())
+
+
+def spread(values: Sequence[float]) -> float:
+    """(max − min) / median, the relative spread of a few figures."""
+    return (max(values) - min(values)) / statistics.median(values)
