@@ -225,3 +225,31 @@ def test_a_suite_interleaves_variants_and_batch_sizes(monkeypatch):
     assert len({tuple(map(id, r)) for r in rounds}) > 1                # shuffled
     seen = sorted(v for r in measured for v in r["extra"]["rounds"]["median_us"])
     assert seen == [float(i) for i in range(1, 3 * per_round + 1)]      # every value kept
+
+
+def test_the_short_line_a_lesson_prints():
+    level = R.verdict("labkit_graph", [351.0, 400, 420, 510, 380],
+                      "compile_reduce_overhead_static", [379.0, 390, 541, 500, 400])
+    names = {"labkit_graph": "labkit", "compile_reduce_overhead_static": "reduce-overhead"}
+    assert level.short(names) == ("labkit ≈ reduce-overhead: level, 3/5 rounds to labkit "
+                                  "(351–510 µs vs 379–541 µs)")
+    won = R.verdict("a", [2000.0] * 5, "b", [1000.0] * 5, method="back_to_back_us")
+    assert won.short() == "b faster than a: 5/5 rounds, 0.50× its time"
+    assert R.verdict("a", [14900.0, 19800], "b", [13600.0, 23900]).short().endswith(
+        "(14.9–19.8 ms vs 13.6–23.9 ms)")
+
+
+def test_quote_reads_the_pairs_a_lesson_names():
+    rows = [_row("labkit_graph", [5, 5, 5, 5, 5], [3, 3, 3, 3, 3], bs=1),
+            _row("compile_reduce_overhead_static", [6, 6, 6, 6, 6], [2, 2, 2, 2, 2], bs=1),
+            _row("eager", [60, 60, 60, 60, 60], [50, 50, 50, 50, 50], bs=1)]
+    for r in rows:
+        r["device"] = "NVIDIA H200"
+    lines = V.quote("decode", [("labkit_best", "compile_reduce_overhead_static")],
+                    labels={"compile_reduce_overhead_static": "reduce-overhead"}, rows=rows)
+    assert lines == [
+        "batch 1   synced:       labkit_graph faster than reduce-overhead: 5/5 rounds, "
+        "0.83× its time",
+        "batch 1   back to back: reduce-overhead faster than labkit_graph: 5/5 rounds, "
+        "0.67× its time"]
+    assert V.quote("decode", [("labkit_graph", "eager")], rows=rows, device="other") == []

@@ -84,6 +84,14 @@ def _fmt(us: float) -> str:
     return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
 
 
+def _span(values: Sequence[float]) -> str:
+    """``'351–510 µs'`` / ``'14.9–19.8 ms'``: the range of some rounds, one unit."""
+    lo, hi = min(values), max(values)
+    if hi >= 1000:
+        return f"{lo / 1000:.1f}–{hi / 1000:.1f} ms"
+    return f"{lo:.0f}–{hi:.0f} µs"
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The comparison of two rows over paired rounds, for one timing method.
@@ -120,6 +128,20 @@ class Verdict:
         r = self.ratio if self.winner == self.a else 1 / self.ratio
         return (f"{label}: {self.winner} is faster than {loser} (in {k} of {n} rounds; "
                 f"{r:.2f}× its time at the median; {span})")
+
+    def short(self, labels: dict | None = None) -> str:
+        """One short line for a lesson: who is faster in how many rounds (and the ratio of
+        the medians), or level with both ranges; ``labels`` renames variants."""
+        name = (labels or {}).get
+        a, b = name(self.a, self.a), name(self.b, self.b)
+        n = len(self.a_rounds)
+        if self.winner is None:
+            return (f"{a} ≈ {b}: level, {self.wins[0]}/{n} rounds to {a} "
+                    f"({_span(self.a_rounds)} vs {_span(self.b_rounds)})")
+        win, lose = (a, b) if self.winner == self.a else (b, a)
+        k = self.wins[0] if self.winner == self.a else self.wins[1]
+        r = self.ratio if self.winner == self.a else 1 / self.ratio
+        return f"{win} faster than {lose}: {k}/{n} rounds, {r:.2f}× its time"
 
     __str__ = text
 

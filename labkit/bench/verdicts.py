@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 from labkit.bench.rounds import METHODS, Verdict, verdict
 
 __all__ = ["PAIRS", "BEST_LABKIT", "Comparison", "comparisons", "target_checks", "drift",
-           "rounds_of"]
+           "rounds_of", "quote"]
 
 BEST_LABKIT = "labkit_best"
 
@@ -213,3 +213,37 @@ def drift(all_rows: Iterable[dict], suite: str, variant: str, batch_size: int | 
 def spread(values: Sequence[float]) -> float:
     """(max − min) / median, the relative spread of a few figures."""
     return (max(values) - min(values)) / statistics.median(values)
+
+
+def quote(suite: str, pairs: Sequence[tuple[str, str]] | None = None, *,
+          labels: dict | None = None, device: str = "NVIDIA H200",
+          rows: Iterable[dict] | None = None) -> list[str]:
+    """The verdicts a lesson quotes, one short line each, from the committed results.
+
+    Args:
+        suite: the benchmark suite (``"decode"``, ``"train"``, ...).
+        pairs: which ``(a, b)`` variant pairs (default: the suite's :data:`PAIRS`);
+            ``"labkit_best"`` stands for labkit's quickest row per method.
+        labels: short names for variants in the lines.
+        device: whose rows.
+        rows: the rows to read (default: the newest of the committed results file).
+    """
+    from labkit.bench.report import latest, load_results
+
+    if rows is None:
+        rows = latest(load_results(), suite)
+    rows = [r for r in rows if r["device"] == device and r["suite"] == suite]
+    wanted = list(pairs) if pairs is not None else list(PAIRS.get(suite, ()))
+    lines = []
+    for a_name, b_name in wanted:
+        for c in comparisons(rows, suite):
+            v = c.verdict
+            if v.b != b_name or (a_name != BEST_LABKIT and v.a != a_name):
+                continue
+            if a_name == BEST_LABKIT and not v.a.startswith("labkit_"):
+                continue
+            where = "" if c.batch_size is None else f"batch {c.batch_size:<3d} "
+            if c.suite == "piecewise":
+                where = f"{c.config_name.split(' · ', 1)[-1]:22s}"
+            lines.append(f"{where}{METHODS[v.method] + ':':13s} {v.short(labels)}")
+    return lines
