@@ -31,7 +31,8 @@ __all__ = ["DEFAULT_ROUNDS", "WIN_SHARE", "METHODS", "interleave", "summary", "V
 
 DEFAULT_ROUNDS = 5
 WIN_SHARE = 0.8          # 4 of 5 rounds
-METHODS = {"median_us": "synced", "back_to_back_us": "back to back"}
+METHODS = {"median_us": "synced", "back_to_back_us": "back to back",
+           "wall_s": "whole run"}      # wall_s: the serve suite's time for the workload, s
 
 
 def interleave(contenders: Mapping[Hashable, Callable[[], object]],
@@ -80,13 +81,17 @@ def summary(values: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def _fmt(us: float) -> str:
+def _fmt(us: float, method: str = "median_us") -> str:
+    if method.endswith("_s"):
+        return f"{us:.2f} s"
     return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
 
 
-def _span(values: Sequence[float]) -> str:
+def _span(values: Sequence[float], method: str = "median_us") -> str:
     """``'351–510 µs'`` / ``'14.9–19.8 ms'``: the range of some rounds, one unit."""
     lo, hi = min(values), max(values)
+    if method.endswith("_s"):
+        return f"{lo:.2f}–{hi:.2f} s"
     if hi >= 1000:
         return f"{lo / 1000:.1f}–{hi / 1000:.1f} ms"
     return f"{lo:.0f}–{hi:.0f} µs"
@@ -108,6 +113,7 @@ class Verdict:
     b_rounds: tuple[float, ...]
     wins: tuple[int, int]
     winner: str | None
+    label: str | None = None          # what the method measured, if not METHODS' name
 
     @property
     def ratio(self) -> float:
@@ -116,10 +122,12 @@ class Verdict:
 
     def text(self) -> str:
         n = len(self.a_rounds)
-        label = METHODS.get(self.method, self.method)
+        label = self.label or METHODS.get(self.method, self.method)
         ra, rb = summary(self.a_rounds), summary(self.b_rounds)
-        span = (f"{self.a} {_fmt(ra['median'])} ({_fmt(ra['min'])}–{_fmt(ra['max'])}), "
-                f"{self.b} {_fmt(rb['median'])} ({_fmt(rb['min'])}–{_fmt(rb['max'])})")
+        m = self.method
+        span = (f"{self.a} {_fmt(ra['median'], m)} ({_fmt(ra['min'], m)}–"
+                f"{_fmt(ra['max'], m)}), {self.b} {_fmt(rb['median'], m)} "
+                f"({_fmt(rb['min'], m)}–{_fmt(rb['max'], m)})")
         if self.winner is None:
             return (f"{label}: {self.a} and {self.b} are level within the noise of this host "
                     f"({self.a} faster in {self.wins[0]} of {n} rounds; {span})")
@@ -137,7 +145,8 @@ class Verdict:
         n = len(self.a_rounds)
         if self.winner is None:
             return (f"{a} ≈ {b}: level, {self.wins[0]}/{n} rounds to {a} "
-                    f"({_span(self.a_rounds)} vs {_span(self.b_rounds)})")
+                    f"({_span(self.a_rounds, self.method)} vs "
+                    f"{_span(self.b_rounds, self.method)})")
         win, lose = (a, b) if self.winner == self.a else (b, a)
         k = self.wins[0] if self.winner == self.a else self.wins[1]
         r = self.ratio if self.winner == self.a else 1 / self.ratio
@@ -147,7 +156,8 @@ class Verdict:
 
 
 def verdict(a: str, a_rounds: Sequence[float], b: str, b_rounds: Sequence[float], *,
-            method: str = "median_us", share: float = WIN_SHARE) -> Verdict:
+            method: str = "median_us", share: float = WIN_SHARE,
+            label: str | None = None) -> Verdict:
     """Compare two rows round by round (round *i* of ``a`` against round *i* of ``b``).
 
     ``a`` is called faster only when it is quicker in at least ``ceil(share × rounds)``
@@ -166,4 +176,4 @@ def verdict(a: str, a_rounds: Sequence[float], b: str, b_rounds: Sequence[float]
     wins_b = sum(y < x for x, y in zip(a_rounds, b_rounds))
     winner = a if wins_a >= need else b if wins_b >= need else None
     return Verdict(a, b, method, tuple(map(float, a_rounds)), tuple(map(float, b_rounds)),
-                   (wins_a, wins_b), winner)
+                   (wins_a, wins_b), winner, label)

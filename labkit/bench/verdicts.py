@@ -34,7 +34,7 @@ PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
                ("labkit_graph", "reference_eager"),
                ("labkit_graph", "eager"),
                ("labkit_graph_compiled_staged", "labkit_graph_staged")),
-    "serve": (("labkit_graph_overlap", "labkit_graph"),
+    "serve": (("labkit_graph_overlap", "labkit_graph"),        # step and whole run
               ("labkit_graph", "eager"),
               ("labkit_graph_compiled_overlap", "labkit_graph_overlap")),
     "train": (("labkit_bridge", "torch_make_graphed_callables"),
@@ -47,6 +47,10 @@ PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
                   ("piecewise", "eager"),
                   ("full_graph", "piecewise")),
 }
+
+
+# what a method measured in a suite, where METHODS' name would mislead
+LABELS = {("serve", "median_us"): "decode step"}
 
 
 def rounds_of(row: dict, method: str) -> list[float] | None:
@@ -111,7 +115,8 @@ def comparisons(rows: Iterable[dict], suite: str | None = None,
                     continue
                 out.append(Comparison(s, config, bs, device,
                                       verdict(a["variant"], ra, b["variant"], rb,
-                                              method=method)))
+                                              method=method,
+                                              label=LABELS.get((s, method)))))
     return out
 
 
@@ -245,5 +250,6 @@ def quote(suite: str, pairs: Sequence[tuple[str, str]] | None = None, *,
             where = "" if c.batch_size is None else f"batch {c.batch_size:<3d} "
             if c.suite == "piecewise":
                 where = f"{c.config_name.split(' · ', 1)[-1]:22s}"
-            lines.append(f"{where}{METHODS[v.method] + ':':13s} {v.short(labels)}")
+            label = v.label or METHODS[v.method]
+            lines.append(f"{where}{label + ':':13s} {v.short(labels)}")
     return lines
