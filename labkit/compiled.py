@@ -125,20 +125,11 @@ class ReduceOverhead:
         self.B = ensure(B)
         self.kinds: list[str] = []
         self.recordings: list[Recording] = []   # torch: the function's sibling nodes
-        self.current: Recording | None = None    # the recording that ran last
-
-    # the last recording's state, under the names the single-graph version had
-    @property
-    def graph(self):
-        return None if self.current is None else self.current.graph
-
-    @property
-    def buffers(self) -> list:
-        return [] if self.current is None else self.current.buffers
-
-    @property
-    def outputs(self):
-        return None if self.current is None else self.current.outputs
+        # the recording that ran last, and its graph, inputs and outputs
+        self.current: Recording | None = None
+        self.graph = None
+        self.buffers: list = []
+        self.outputs = None
 
     def __call__(self, *args):
         if max(self.static, default=-1) >= len(args):
@@ -159,6 +150,7 @@ class ReduceOverhead:
             self.kinds.append("replay")
             self._copy_inputs(node, args)
         self.current = node
+        self.graph, self.buffers, self.outputs = node.graph, node.buffers, node.outputs
         node.graph.replay()
         return node.outputs
 
