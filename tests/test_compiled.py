@@ -169,6 +169,27 @@ def test_torch_tree_kinds_and_mutation_skip_on_gpu():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_torch_tree_keeps_a_sibling_per_static_address_on_gpu():
+    """What ReduceOverhead models: torch records one node per address of a static input
+    and replays whichever passes check_invariants (two weights in turn: two recordings)."""
+    B = backend.get("cuda")
+    torch._dynamo.reset()
+    w1, w2 = (torch.randn(64, 64, device=B.device) for _ in range(2))
+    for w in (w1, w2):
+        torch._dynamo.mark_static_address(w)
+    x = torch.randn(8, 64, device=B.device)
+    f = torch.compile(lambda w, x: torch.relu(x @ w), mode="reduce-overhead")
+    with torch.no_grad(), torch._inductor.utils.fresh_inductor_cache():
+        kinds = [C.call_kind(f, w, x, B=B)[1] for w in (w1, w2) * 3]
+    assert kinds == ["warm-up", "record", "record", "replay", "replay", "replay"]
+    assert C.tree_summary(B).graphs == 2
+    mine = C.ReduceOverhead(lambda w, x: torch.relu(x @ w), static=(0,), B=B)
+    assert [mine(w, x) is not None and mine.kinds[-1] for w in (w1, w2) * 3] == kinds
+    torch._dynamo.reset()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_recording_sweep_on_gpu():
     B = backend.get("cuda")
     torch._dynamo.reset()
