@@ -5,7 +5,8 @@
 with the non-static inputs copied into the graph's static buffers before each replay.
 
 :class:`ReduceOverhead` is that life cycle for one function, written on ``B`` so that it
-runs on the emulator too (the reference of lesson 08's first exercise).
+runs on the emulator too (the reference of lesson 08's first exercise, which keeps one
+graph; this class keeps torch's sibling recordings, one per address of the static inputs).
 :func:`call_kind`, :func:`tree_summary` and :class:`watch_skips` look at what torch itself
 did: which kind of call just ran, what the tree holds, which "skipping cudagraphs due
 to ..." verdicts were given. :func:`recording_sweep` measures the memory and time of one
@@ -33,7 +34,7 @@ from labkit.capture import capture
 from labkit.core.validate import check_int
 
 __all__ = [
-    "ReduceOverhead",
+    "ReduceOverhead", "Recording",
     "call_kind", "tree_summary", "TreeSummary",
     "watch_skips", "SkipLog",
     "recording_sweep",
@@ -41,6 +42,30 @@ __all__ = [
 
 
 # ---- reduce-overhead for one function, by hand ----------------------------------------
+
+@dataclass
+class Recording:
+    """One recorded graph of a :class:`ReduceOverhead` function (torch: a ``CUDAGraphNode``).
+
+    ``buffers`` are the graph's inputs: each static input as the caller gave it, a copy of
+    every other tensor argument; ``outputs`` what the capture returned (the graph's static
+    outputs); ``static_ptrs`` the ``data_ptr()`` of each static input at recording.
+    """
+
+    graph: object
+    buffers: list
+    outputs: object
+    static_ptrs: tuple
+
+    def check_invariants(self, args, static: Sequence[int]) -> bool:
+        """Can this recording run ``args``: is every static input at its recorded address?
+
+        torch's ``CUDAGraphNode.check_invariants`` checks that, and more (the tree's own
+        outputs at their addresses, the same tensors alive); a failure there is
+        ``StaticInputIdxMismatch``.
+        """
+        return all(args[i].data_ptr() == p for i, p in zip(static, self.static_ptrs))
+
 
 class ReduceOverhead:
     """One function under CUDA graph trees' life cycle: warm up, record, replay.
@@ -51,21 +76,42 @@ class ReduceOverhead:
         f(w, x1)     # call 1: runs eagerly (the warm-up)
         f(w, x2)     # call 2: records a graph on static copies of x, replays it
         f(w, x3)     # call 3 on: copies x3 into x's static buffer, replays
+        f(w2, x4)    # w2 at another address: records a second graph, a sibling
+        f(w, x5)     # w again: replays the first recording; nothing is recorded
 
     ``static`` lists the positions of the *static inputs*: parameters and buffers in
     torch (``static_input_idxs``), used at their own address and never copied. Every other
     tensor argument is copied into a static buffer of the graph before each replay
-    (``CUDAGraphNode.run`` → ``_copy_inputs_and_remove_from_src`` in torch). A static
-    input that arrives at another address records a new graph, as torch's
-    ``CUDAGraphNode.check_invariants`` sends it to a new recording. Non-tensor
+    (``CUDAGraphNode.run`` → ``_copy_inputs_and_remove_from_src`` in torch). Non-tensor
     arguments are baked in at recording, as in any capture. Tensor arguments live on
     ``B.device``: a graph records no host work (a ValueError names the input that is not).
+
+    A function can hold several recordings, as torch's tree holds several *sibling*
+    nodes of one function (``CUDAGraphTreeManager.roots[function_id]``, or a node's
+    ``children[function_id]``): a call replays the first recording whose
+    :meth:`Recording.check_invariants` holds (its static inputs at the recorded addresses),
+    and records a new sibling when none does. So alternating two weight tensors records
+    twice and then only replays, in torch as here. ``recordings`` lists them, in the order
+    they were made; ``graph``, ``buffers`` and ``outputs`` are those of the recording that
+    ran last.
 
     ``kinds`` lists what each call was: ``"warm-up"``, ``"record"``, ``"replay"``.
 
     .. warning::
-        From the recording call on, the returned tensors are the graph's static outputs:
-        the next call overwrites them in place. ``clone()`` what you keep, as with
+        Nothing bounds the number of recordings: every new address of a static input
+        records one more graph and keeps it. torch does the same: a re-recording for a
+        static input at a new address (``StaticInputIdxMismatch``) is not counted against
+        ``triton.cudagraph_unexpected_rerecord_limit`` (torch 2.11:
+        ``exceed_rerecord_limit`` is always False under ``inline_inbuilt_nn_modules``; 2.13:
+        that status is not counted), so a program that hands the function new parameter
+        tensors grows the tree on every new address.
+
+    .. warning::
+        Each recording here keeps its own input copies and outputs alive (strong
+        references, a private pool each); torch's siblings share the tree's one pool, and
+        roots that run in different generations may reuse each other's memory. What a
+        recording returns is its graph's static outputs: the next replay *of that
+        recording* overwrites them in place. ``clone()`` what you keep, as with
         ``torch.compile(mode="reduce-overhead")``.
     """
 
@@ -78,8 +124,11 @@ class ReduceOverhead:
             check_int("static index", i, 0)
         self.B = ensure(B)
         self.kinds: list[str] = []
+        self.recordings: list[Recording] = []   # torch: the function's sibling nodes
+        # the recording that ran last, and its graph, inputs and outputs
+        self.current: Recording | None = None
         self.graph = None
-        self.buffers: list = []        # the graph's inputs: static ones as given, copies else
+        self.buffers: list = []
         self.outputs = None
 
     def __call__(self, *args):
@@ -92,14 +141,18 @@ class ReduceOverhead:
         if not self.kinds:
             self.kinds.append("warm-up")
             return self.fn(*args)
-        if self.graph is None or self._static_moved(args):
+        node = self._find(args)
+        if node is None:
             self.kinds.append("record")
-            self._record(args)
+            node = self._record(args)
+            self.recordings.append(node)
         else:
             self.kinds.append("replay")
-            self._copy_inputs(args)
-        self.graph.replay()
-        return self.outputs
+            self._copy_inputs(node, args)
+        self.current = node
+        self.graph, self.buffers, self.outputs = node.graph, node.buffers, node.outputs
+        node.graph.replay()
+        return node.outputs
 
     def _check_devices(self, args) -> None:
         # a graph records only the device's work: a host tensor's ops would run once, at
@@ -115,19 +168,23 @@ class ReduceOverhead:
     def _is_copied(self, i: int, a) -> bool:
         return isinstance(a, torch.Tensor) and i not in self.static
 
-    def _static_moved(self, args) -> bool:
-        return any(args[i].data_ptr() != self.buffers[i].data_ptr() for i in self.static)
+    def _find(self, args) -> Recording | None:
+        """The first recording whose invariants hold for ``args`` (torch's ``_run`` loop)."""
+        return next((r for r in self.recordings if r.check_invariants(args, self.static)),
+                    None)
 
-    def _record(self, args) -> None:
+    def _record(self, args) -> Recording:
         # the copied inputs get buffers of their own; static ones are the caller's tensors
-        self.buffers = [a.detach().clone() if self._is_copied(i, a) else a
-                        for i, a in enumerate(args)]
+        buffers = [a.detach().clone() if self._is_copied(i, a) else a
+                   for i, a in enumerate(args)]
         with torch.no_grad():
-            self.graph, self.outputs = capture(self.fn, *self.buffers, B=self.B, warmup=0)
+            graph, outputs = capture(self.fn, *buffers, B=self.B, warmup=0)
+        return Recording(graph, buffers, outputs,
+                         tuple(args[i].data_ptr() for i in self.static))
 
-    def _copy_inputs(self, args) -> None:
+    def _copy_inputs(self, node: Recording, args) -> None:
         with torch.no_grad():
-            for i, (buf, a) in enumerate(zip(self.buffers, args)):
+            for i, (buf, a) in enumerate(zip(node.buffers, args)):
                 if self._is_copied(i, a):
                     buf.copy_(a)
 

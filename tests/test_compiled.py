@@ -41,6 +41,46 @@ def test_static_input_in_place_is_read_and_a_new_tensor_records_again():
     assert f.kinds[-1] == "record" and f(w2, x) is not None and f.kinds[-1] == "replay"
 
 
+def test_alternating_two_weights_records_two_siblings_then_only_replays():
+    """torch's tree keeps one sibling node per address of the static inputs and replays
+    whichever passes check_invariants: two weights, two recordings, never a third."""
+    w1 = torch.randn(4, 4, device=E.device)
+    w2 = torch.randn(4, 4, device=E.device)
+    f = C.ReduceOverhead(layer, static=(0,), B=E)
+    for step in range(8):
+        w = (w1, w2)[step % 2]
+        x = torch.randn(3, 4, device=E.device)
+        assert torch.allclose(f(w, x), layer(w, x))
+    assert f.kinds == ["warm-up", "record", "record"] + ["replay"] * 5
+    assert len(f.recordings) == 2
+    assert [r.static_ptrs for r in f.recordings] == [(w2.data_ptr(),), (w1.data_ptr(),)]
+    assert f.graph is f.recordings[0].graph          # the last call (w2) ran the first one
+
+
+def test_each_sibling_keeps_its_own_outputs_and_copies():
+    w1 = torch.randn(4, 4, device=E.device)
+    w2 = torch.randn(4, 4, device=E.device)
+    f = C.ReduceOverhead(layer, static=(0,), B=E)
+    x = torch.randn(3, 4, device=E.device)
+    f(w1, x)
+    out1, out2 = f(w1, x), f(w2, x)
+    assert out1 is not out2 and f.recordings[0].buffers[1] is not f.recordings[1].buffers[1]
+    assert f(w1, x) is out1 and f.kinds[-1] == "replay"   # the first recording's output
+    assert f.recordings[0].buffers[0] is w1 and f.recordings[1].buffers[0] is w2
+
+
+def test_recording_check_invariants_reads_every_static_position():
+    a, b, x = (torch.randn(2, 2, device=E.device) for _ in range(3))
+    f = C.ReduceOverhead(lambda a, x, b: a @ x @ b, static=(0, 2), B=E)
+    f(a, x, b), f(a, x, b)
+    node = f.recordings[0]
+    assert node.check_invariants((a, torch.zeros(2, 2), b), f.static)
+    assert not node.check_invariants((a, x, b.clone()), f.static)
+    assert not node.check_invariants((a.clone(), x, b), f.static)
+    f(a, x, b.clone())
+    assert f.kinds[-1] == "record" and len(f.recordings) == 2
+
+
 def test_non_static_inputs_are_copied_not_aliased():
     f = C.ReduceOverhead(lambda a, b: a + b, B=E)
     a, b = torch.ones(3, device=E.device), torch.ones(3, device=E.device)
@@ -124,6 +164,27 @@ def test_torch_tree_kinds_and_mutation_skip_on_gpu():
         kinds = [C.call_kind(g, x, torch.zeros_like(x), B=B)[1] for _ in range(3)]
     assert skips.count == 1 and "mutated inputs" in skips.messages[0]
     assert kinds == ["eager"] * 3
+    torch._dynamo.reset()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_torch_tree_keeps_a_sibling_per_static_address_on_gpu():
+    """What ReduceOverhead models: torch records one node per address of a static input
+    and replays whichever passes check_invariants (two weights in turn: two recordings)."""
+    B = backend.get("cuda")
+    torch._dynamo.reset()
+    w1, w2 = (torch.randn(64, 64, device=B.device) for _ in range(2))
+    for w in (w1, w2):
+        torch._dynamo.mark_static_address(w)
+    x = torch.randn(8, 64, device=B.device)
+    f = torch.compile(lambda w, x: torch.relu(x @ w), mode="reduce-overhead")
+    with torch.no_grad(), torch._inductor.utils.fresh_inductor_cache():
+        kinds = [C.call_kind(f, w, x, B=B)[1] for w in (w1, w2) * 3]
+    assert kinds == ["warm-up", "record", "record", "replay", "replay", "replay"]
+    assert C.tree_summary(B).graphs == 2
+    mine = C.ReduceOverhead(lambda w, x: torch.relu(x @ w), static=(0,), B=B)
+    assert [mine(w, x) is not None and mine.kinds[-1] for w in (w1, w2) * 3] == kinds
     torch._dynamo.reset()
 
 
