@@ -10,7 +10,7 @@ times every (variant, batch size) once, in a shuffled order), and **both ways**:
     as in a serving loop that needs each step's tokens on the host. Host work around the
     replay is paid in full.
 ``back_to_back_us`` — *back to back*
-    :func:`~labkit.core.timing.back_to_back_us`: 100 calls between two events, no sync
+    :func:`~labkit.core.timing.back_to_back_us`: 50 calls between two events, no sync
     in between, as in a loop whose next input stays on the device. Host work hides behind
     the device wherever it is shorter.
 

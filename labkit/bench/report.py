@@ -70,7 +70,7 @@ SUITE_TEXT = {
         "Decode step of an 8-layer, d=512, 8-head fp16 GPT (`labkit.decode`) at batch sizes "
         "1, 8, 64, each row timed two ways in one run: **synced** = the device synchronized "
         "before every call (a loop that needs each step's tokens on the host; the *synced* "
-        "column), **back to back** = 100 calls between two events, no sync between them (a "
+        "column), **back to back** = 50 calls between two events, no sync between them (a "
         "loop whose next input stays on the device). `eager` = `EagerRunner` with stock "
         "torch attention (gather + SDPA), `eager_triton` = with the Triton decode kernel; "
         "`reference_eager` = the baseline's model (below) run eagerly, a plain model's eager "
