@@ -81,7 +81,7 @@ def draw(dag: DAG, ax=None, *, title: str | None = None, max_nodes: int = 80):
         import matplotlib.pyplot as plt
 
         _, ax = plt.subplots(figsize=(min(9.0, 1.2 + 2.6 * width),
-                                      min(14.0, 0.9 + 0.62 * len(layers))))
+                                      min(14.0, 0.9 + 0.5 * len(layers))))
     for i, (x, y) in pos.items():
         n = shown.nodes[i]
         face, edge, box, line = STYLE[n.kind]
