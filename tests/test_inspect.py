@@ -189,6 +189,13 @@ def test_parse_dot_reads_the_captured_graph_and_says_what_it_left_out():
     assert "2 nodes of child graphs not shown" in repr(dag)
 
 
+def test_parse_dot_reads_plain_dot_too():
+    dag = parse_dot("/* a comment */ strict digraph {\n// another\n#line 1\n"
+                    'a [label="x"]; subgraph { b [label="y"] }\n a -> b -> c; c [label=z]\n}')
+    assert [n.name for n in dag.nodes] == ["x", "y", "z"]
+    assert dag.edges == ((0, 1), (1, 2)) and [n.kind for n in dag.nodes] == ["other"] * 3
+
+
 def test_parse_dot_keeps_unknown_node_types_as_other():
     dag = parse_dot('digraph dot {\n"a"[shape="record" label="{EVENT_RECORD | {ID | 0}}"];\n'
                     '"b"[shape="record" label="{HOST | {ID | 1}}"];\n"a" -> "b";\n}\n')
@@ -214,6 +221,8 @@ def test_parse_dot_refuses_bad_input():
      "Li4EbEEvNS_4cuda6detail10TensorInfoIKT_T1_EENS5_IS6_S8_EENS5_IT4_S8_EES8_T0_NS_15Philox"
      "CudaStateE", "fused_dropout_kernel_vec"),
     ("_Z5saxpyifPfS_", "saxpy"),
+    ("_ZN7cutlass7Kernel2I43cutlass_80_tensorop_s1688gemm_64x64_32x6_tnEEvNT_6ParamsE",
+     "Kernel2[cutlass_80_tensorop_s1688gemm_64x64_32x6_tn]"),
     ("ampere_sgemm_128x64_tn", "ampere_sgemm_128x64_tn"),
     ("sm90_xmma_gemm_" + "x" * 100, "sm90_xmma_gemm_" + "x" * 42 + "..."),
 ])

@@ -90,8 +90,11 @@ def _statements(text: str):
     i = 0
     while i < len(toks):
         t = toks[i]
-        if t == "subgraph" and i + 1 < len(toks):
-            pending_cluster, i = _unquote(toks[i + 1]), i + 2
+        if t == "subgraph":         # a cluster is a graph of its own (CUDA: one per graph);
+            named = i + 1 < len(toks) and toks[i + 1] != "{"   # other subgraphs only group
+            name = _unquote(toks[i + 1]) if named else ""
+            pending_cluster = name if name.startswith("cluster") else None
+            i += 2 if named else 1
             continue
         if t == "{":
             clusters.append(pending_cluster if pending_cluster is not None else
@@ -99,7 +102,8 @@ def _statements(text: str):
             pending_cluster, i = None, i + 1
             continue
         if t == "}":
-            clusters and clusters.pop()
+            if clusters:
+                clusters.pop()
             i += 1
             continue
         cluster = clusters[-1] if clusters else None
@@ -150,6 +154,9 @@ def _record(label: str) -> list:
             i += 2
             continue
         if ch == "{":
+            if "".join(buf).strip():
+                flush()
+            buf.clear()
             stack.append([])
         elif ch == "}" and len(stack) > 1:
             flush()
@@ -289,6 +296,17 @@ def _nested_name(body: str) -> list[str]:
     return out
 
 
+def _first_class(rest: str) -> str | None:
+    """The first length-prefixed identifier in ``rest``, e.g. the kernel class a generic
+    ``cutlass::Kernel<...>`` template runs."""
+    for m in re.finditer(r"(?<!\d)(\d+)", rest):
+        n = int(m.group(1))
+        ident = rest[m.end():m.end() + n]
+        if n >= 4 and len(ident) == n and re.fullmatch(r"[A-Za-z_]\w*", ident):
+            return ident
+    return None
+
+
 def _functor(rest: str) -> str | None:
     """The last length-prefixed identifier in ``rest`` that names a functor: the innermost
     one (``AUnaryFunctor<..., MulFunctor<float>>`` gives ``MulFunctor``)."""
@@ -306,7 +324,8 @@ def short_symbol(symbol: str) -> str:
 
     ``_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_21CUDAFunctorOnSelf_addIfEE...``
     becomes ``vectorized_elementwise_kernel[CUDAFunctorOnSelf_add]``: the function's own
-    name and, for element-wise kernels, the functor that says which operation it runs.
+    name and, for element-wise kernels, the functor that says which operation it runs (for
+    a generic ``Kernel<...>`` template, the class it runs).
     Names that are not mangled (``ampere_sgemm_128x64_tn``) pass through, cut to 60
     characters. It is a heuristic, not a demangler: the full symbol stays in ``Node.name``.
     """
@@ -315,6 +334,8 @@ def short_symbol(symbol: str) -> str:
     if not names:
         return s if len(s) <= 60 else s[:57] + "..."
     functor = _functor(s)
+    if functor is None and re.fullmatch(r"(device_)?[Kk]ernel\d*", names[-1]):
+        functor = _first_class(s.split(names[-1], 1)[1])    # cutlass::Kernel<the gemm>
     name = f"{names[-1]}[{functor}]" if functor else names[-1]
     return name if len(name) <= 60 else name[:57] + "..."
 

@@ -68,8 +68,9 @@ def inspectable_graph(B=None):
     * cuda: ``torch.cuda.CUDAGraph(keep_graph=True)``: torch keeps the graph's
       ``cudaGraph_t`` after capture, so ``debug_dump`` can print it (as often as asked).
       It instantiates the graph at its first ``replay()`` (or ``g.instantiate()``) instead
-      of at the end of capture. A torch without ``keep_graph`` (before 2.8) gets
-      ``enable_debug_mode()`` instead, which kept the ``cudaGraph_t`` there.
+      of at the end of capture. An older torch, without ``keep_graph``, gets
+      ``enable_debug_mode()`` instead, which kept the ``cudaGraph_t`` there (for one
+      ``debug_dump``).
     * emulated: the emulator's ``CUDAGraph``, extended to keep each recorded step's
       dependencies (which steps it waits for) after capture.
 
@@ -86,7 +87,7 @@ def inspectable_graph(B=None):
         return _emulated_class(B.CUDAGraph)()
     try:
         return B.CUDAGraph(keep_graph=True)
-    except TypeError:                      # torch < 2.8: no keep_graph
+    except TypeError:                      # an older torch: no keep_graph
         g = B.CUDAGraph()
         g.enable_debug_mode()
         return g
@@ -137,7 +138,8 @@ def _cuda_dag(g) -> DAG:
             "captured_dag: torch's debug_dump wrote nothing for this graph: it holds no "
             "cudaGraph_t. Either it was never captured (or its capture failed, or it was "
             "reset), or it is a plain CUDAGraph, which drops its cudaGraph_t when capture "
-            f"ends: {_MAKE_ONE}")
+            "ends (with enable_debug_mode() and no keep_graph, older torch printed a graph "
+            f"once, then dropped it): {_MAKE_ONE}")
     return parse_dot(text, source="cuda")
 
 
