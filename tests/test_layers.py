@@ -19,7 +19,7 @@ LAYERS = [
     (0, ["labkit.core", "labkit.widgets"]),
     (1, ["labkit.emulator"]),
     (2, ["labkit.backend"]),
-    (3, ["labkit.capture"]),
+    (3, ["labkit.capture", "labkit.inspect"]),
     (4, ["labkit.guards"]),
     (5, ["labkit.timeline", "labkit.bridge"]),
     (6, ["labkit.pipeline", "labkit.full_step", "labkit.decode", "labkit.compiled"]),
