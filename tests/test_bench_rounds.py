@@ -245,11 +245,11 @@ def test_quote_reads_the_pairs_a_lesson_names():
             _row("eager", [60, 60, 60, 60, 60], [50, 50, 50, 50, 50], bs=1)]
     for r in rows:
         r["device"] = "NVIDIA H200"
-    lines = V.quote("decode", [("labkit_best", "compile_reduce_overhead_static")],
+    lines = report.quote("decode", [("labkit_best", "compile_reduce_overhead_static")],
                     labels={"compile_reduce_overhead_static": "reduce-overhead"}, rows=rows)
     assert lines == [
         "batch 1   synced:       labkit_graph faster than reduce-overhead: 5/5 rounds, "
         "0.83× its time",
         "batch 1   back to back: reduce-overhead faster than labkit_graph: 5/5 rounds, "
         "0.67× its time"]
-    assert V.quote("decode", [("labkit_graph", "eager")], rows=rows, device="other") == []
+    assert report.quote("decode", [("labkit_graph", "eager")], rows=rows, device="other") == []

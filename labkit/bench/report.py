@@ -32,15 +32,25 @@ into a temporary directory (never into ``docs/``).
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from labkit.bench.rounds import format_us
+from labkit.bench.verdicts import (
+    BEST_LABKIT,
+    METHODS,
+    PAIRS,
+    comparisons,
+    drift_section,
+    rounds_of,
+    verdict_section,
+)
+
 __all__ = ["REQUIRED_KEYS", "SUITE_ORDER", "ResultsError", "default_results_path",
            "checkout_results_path", "packaged_results_path", "load_results",
            "append_results", "validate_row", "latest", "speedups", "markdown_table",
-           "render", "format_us"]
+           "render", "format_us", "quote"]
 
 REQUIRED_KEYS = ("suite", "config_name", "config", "batch_size", "variant", "median_us",
                  "device", "torch", "date")
@@ -338,15 +348,6 @@ def speedups(rows: Sequence[dict]) -> dict[int, float]:
     return out
 
 
-def format_us(us: float | None) -> str:
-    """``'7.41 ms'`` / ``'85.2 µs'`` / ``'—'``."""
-    if us is None or (isinstance(us, float) and math.isnan(us)):
-        return "—"
-    if us >= 1000:
-        return f"{us / 1000:.2f} ms"
-    return f"{us:.1f} µs"
-
-
 def _extra_text(extra: dict | None) -> str:
     if not extra:
         return ""
@@ -363,8 +364,6 @@ def _extra_text(extra: dict | None) -> str:
 def format_rounds(row: dict, method: str) -> str:
     """``'628.6 µs (601.2 µs–655.0 µs)'``: the median over rounds and their range, or the
     plain figure for a row not timed in rounds."""
-    from labkit.bench.verdicts import rounds_of
-
     vals = rounds_of(row, method)
     text = format_us(row.get(method))
     if vals and len(vals) > 1:
@@ -408,8 +407,6 @@ def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-
-    from labkit.bench.verdicts import rounds_of
 
     rows = [r for r in rows if r["median_us"]]
     groups = []
@@ -484,55 +481,6 @@ def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
     return path
 
 
-# the rows whose run-to-run drift the README shows: the baselines the lessons compare with
-DRIFT_ROWS = (("decode", "compile_reduce_overhead_static", 1),
-              ("decode", "compile_reduce_overhead_static", 8),
-              ("train", "torch_make_graphed_callables", 4),
-              ("piecewise", "compile_dynamic", 8))
-
-
-def _drift_section(all_rows: Sequence[dict]) -> list[str]:
-    """How much the same row moved between runs on one device, from the file's history."""
-    from labkit.bench.verdicts import drift, spread
-
-    lines = []
-    for dev in sorted({r["device"] for r in all_rows}):
-        for suite, variant, bs in DRIFT_ROWS:
-            for method in ("median_us", "back_to_back_us"):
-                runs = drift(all_rows, suite, variant, bs, method, device=dev)
-                if len(runs) < 2:
-                    continue
-                figs = ", ".join(f"{format_us(v)} ({d[:10]})" for d, v in runs)
-                label = "synced" if method == "median_us" else "back to back"
-                lines.append(f"- {dev}, {suite} `{variant}` batch {bs}, {label}: {figs}; "
-                             f"spread {100 * spread([v for _, v in runs]):.0f} % of the "
-                             "median")
-    if not lines:
-        return []
-    return (["### How much a rerun may differ", "",
-             "The same row in each run this file holds (runs on different days, "
-             "the newest row of each). A shared GPU host drifts between runs, so one run's "
-             "ranking of two close variants is not a fact; the verdicts below pair rows of "
-             "one run, round by round.", ""] + lines + [""])
-
-
-def _verdict_section(rows: Sequence[dict]) -> list[str]:
-    from labkit.bench.verdicts import comparisons, target_checks
-
-    out = []
-    for dev in sorted({r["device"] for r in rows}):
-        drows = [r for r in rows if r["device"] == dev]
-        comps = comparisons(drows)
-        if comps:
-            n = len(comps[0].verdict.a_rounds)
-            out += [f"Verdicts on {dev} ({n} interleaved rounds):", ""]
-            out += [f"- {c.text()}" for c in comps] + [""]
-        checks = target_checks(drows)
-        if checks:
-            out += [f"Targets on {dev}:", ""] + [f"- {c}" for c in checks] + [""]
-    return out
-
-
 def render(results_path: str | Path | None = None, out_dir: str | Path | None = None) -> list[Path]:
     """Write ``README.md`` and one PNG per suite and device into ``out_dir`` (default: the
     results file's folder) from the newest rows; return the paths written.
@@ -568,7 +516,7 @@ def render(results_path: str | Path | None = None, out_dir: str | Path | None = 
           "host\". *GPU busy* = the union of kernel (and memcpy/memset) intervals of one "
           "call from `torch.profiler`; *median − GPU busy* is the time the GPU sat idle. "
           "*vs eager* = eager median ÷ this median.", ""]
-    md += _drift_section(load_results(results_path, missing_ok=False))
+    md += drift_section(load_results(results_path, missing_ok=False))
     suites = sorted(set(SUITE_ORDER) | {r["suite"] for r in rows},
                     key=lambda s: _order(SUITE_ORDER, s))
     for suite in suites:
@@ -580,7 +528,7 @@ def render(results_path: str | Path | None = None, out_dir: str | Path | None = 
             md += [f"No results yet: run `python -m labkit.bench {suite}` on a GPU.", ""]
             continue
         md += [markdown_table(srows), ""]
-        md += _verdict_section(srows)
+        md += verdict_section(srows)
         for dev in sorted({r["device"] for r in srows}):
             drows = [r for r in srows if r["device"] == dev]
             if not any(r["median_us"] for r in drows):
@@ -592,3 +540,36 @@ def render(results_path: str | Path | None = None, out_dir: str | Path | None = 
     readme.write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
     written.insert(0, readme)
     return written
+
+
+def quote(suite: str, pairs: Sequence[tuple[str, str]] | None = None, *,
+          labels: dict | None = None, device: str = "NVIDIA H200",
+          rows: Iterable[dict] | None = None) -> list[str]:
+    """The verdicts a lesson quotes, one short line each, from the committed results.
+
+    Args:
+        suite: the benchmark suite (``"decode"``, ``"train"``, ...).
+        pairs: which ``(a, b)`` variant pairs (default: the suite's :data:`PAIRS`);
+            ``"labkit_best"`` stands for labkit's quickest row per method.
+        labels: short names for variants in the lines.
+        device: whose rows.
+        rows: the rows to read (default: the newest of the committed results file).
+    """
+    if rows is None:
+        rows = latest(load_results(), suite)
+    rows = [r for r in rows if r["device"] == device and r["suite"] == suite]
+    wanted = list(pairs) if pairs is not None else list(PAIRS.get(suite, ()))
+    lines = []
+    for a_name, b_name in wanted:
+        for c in comparisons(rows, suite):
+            v = c.verdict
+            if v.b != b_name or (a_name != BEST_LABKIT and v.a != a_name):
+                continue
+            if a_name == BEST_LABKIT and not v.a.startswith("labkit_"):
+                continue
+            where = "" if c.batch_size is None else f"batch {c.batch_size:<3d} "
+            if c.suite == "piecewise":
+                where = f"{c.config_name.split(' · ', 1)[-1]:22s}"
+            label = v.label or METHODS[v.method]
+            lines.append(f"{where}{label + ':':13s} {v.short(labels)}")
+    return lines

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Hashable, Mapping, Sequence
 
 __all__ = ["DEFAULT_ROUNDS", "WIN_SHARE", "METHODS", "interleave", "summary", "Verdict",
-           "verdict"]
+           "verdict", "format_us"]
 
 DEFAULT_ROUNDS = 5
 WIN_SHARE = 0.8          # 4 of 5 rounds
@@ -79,6 +79,15 @@ def interleave(contenders: Mapping[Hashable, Callable[[], object]],
 def summary(values: Sequence[float]) -> dict[str, float]:
     """``{"median", "min", "max"}`` of one row's rounds."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def format_us(us: float | None) -> str:
+    """``'7.41 ms'`` / ``'85.2 µs'`` / ``'—'``."""
+    if us is None or (isinstance(us, float) and math.isnan(us)):
+        return "—"
+    if us >= 1000:
+        return f"{us / 1000:.2f} ms"
+    return f"{us:.1f} µs"
 
 
 def _fmt(us: float, method: str = "median_us") -> str:

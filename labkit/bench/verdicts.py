@@ -21,10 +21,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from labkit.bench.rounds import METHODS, Verdict, verdict
+from labkit.bench.rounds import METHODS, Verdict, format_us, verdict
 
-__all__ = ["PAIRS", "BEST_LABKIT", "Comparison", "comparisons", "target_checks", "drift",
-           "rounds_of", "quote"]
+__all__ = ["PAIRS", "BEST_LABKIT", "LABELS", "Comparison", "comparisons", "target_checks",
+           "drift", "spread", "rounds_of", "DRIFT_ROWS", "drift_section", "verdict_section"]
 
 BEST_LABKIT = "labkit_best"
 
@@ -220,36 +220,46 @@ def spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / statistics.median(values)
 
 
-def quote(suite: str, pairs: Sequence[tuple[str, str]] | None = None, *,
-          labels: dict | None = None, device: str = "NVIDIA H200",
-          rows: Iterable[dict] | None = None) -> list[str]:
-    """The verdicts a lesson quotes, one short line each, from the committed results.
+# the rows whose run-to-run drift the README shows: the baselines the lessons compare with
+DRIFT_ROWS = (("decode", "compile_reduce_overhead_static", 1),
+              ("decode", "compile_reduce_overhead_static", 8),
+              ("train", "torch_make_graphed_callables", 4),
+              ("piecewise", "compile_dynamic", 8))
 
-    Args:
-        suite: the benchmark suite (``"decode"``, ``"train"``, ...).
-        pairs: which ``(a, b)`` variant pairs (default: the suite's :data:`PAIRS`);
-            ``"labkit_best"`` stands for labkit's quickest row per method.
-        labels: short names for variants in the lines.
-        device: whose rows.
-        rows: the rows to read (default: the newest of the committed results file).
-    """
-    from labkit.bench.report import latest, load_results
 
-    if rows is None:
-        rows = latest(load_results(), suite)
-    rows = [r for r in rows if r["device"] == device and r["suite"] == suite]
-    wanted = list(pairs) if pairs is not None else list(PAIRS.get(suite, ()))
+def drift_section(all_rows: Sequence[dict]) -> list[str]:
+    """How much the same row moved between runs on one device, from the file's history."""
     lines = []
-    for a_name, b_name in wanted:
-        for c in comparisons(rows, suite):
-            v = c.verdict
-            if v.b != b_name or (a_name != BEST_LABKIT and v.a != a_name):
-                continue
-            if a_name == BEST_LABKIT and not v.a.startswith("labkit_"):
-                continue
-            where = "" if c.batch_size is None else f"batch {c.batch_size:<3d} "
-            if c.suite == "piecewise":
-                where = f"{c.config_name.split(' · ', 1)[-1]:22s}"
-            label = v.label or METHODS[v.method]
-            lines.append(f"{where}{label + ':':13s} {v.short(labels)}")
-    return lines
+    for dev in sorted({r["device"] for r in all_rows}):
+        for suite, variant, bs in DRIFT_ROWS:
+            for method in ("median_us", "back_to_back_us"):
+                runs = drift(all_rows, suite, variant, bs, method, device=dev)
+                if len(runs) < 2:
+                    continue
+                figs = ", ".join(f"{format_us(v)} ({d[:10]})" for d, v in runs)
+                label = "synced" if method == "median_us" else "back to back"
+                lines.append(f"- {dev}, {suite} `{variant}` batch {bs}, {label}: {figs}; "
+                             f"spread {100 * spread([v for _, v in runs]):.0f} % of the "
+                             "median")
+    if not lines:
+        return []
+    return (["### How much a rerun may differ", "",
+             "The same row in each run this file holds (runs on different days, "
+             "the newest row of each). A shared GPU host drifts between runs, so one run's "
+             "ranking of two close variants is not a fact; the verdicts below pair rows of "
+             "one run, round by round.", ""] + lines + [""])
+
+
+def verdict_section(rows: Sequence[dict]) -> list[str]:
+    out = []
+    for dev in sorted({r["device"] for r in rows}):
+        drows = [r for r in rows if r["device"] == dev]
+        comps = comparisons(drows)
+        if comps:
+            n = len(comps[0].verdict.a_rounds)
+            out += [f"Verdicts on {dev} ({n} interleaved rounds):", ""]
+            out += [f"- {c.text()}" for c in comps] + [""]
+        checks = target_checks(drows)
+        if checks:
+            out += [f"Targets on {dev}:", ""] + [f"- {c}" for c in checks] + [""]
+    return out
