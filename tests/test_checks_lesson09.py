@@ -137,8 +137,6 @@ def test_split_labels_reference_passes(capsys):
     ({"first_add": False, "second_add": False}, "was not split out"),
     ({"second_add": False}, "after it: after a split op, add 1 again"),
     ({"first_add": False}, "before it: add 1 before labelling a split op"),
-    ({"skip": ("get_attr",)}, "labelled the placeholder"),
-    ({"skip": ("placeholder", "get_attr")}, "labelled the output node"),
     ({"first_op_only": True}, "is in ops too"),
     ({"by_name": True}, "compare node.target"),
     # the same __name__ (and __qualname__) as gate, another object: names are no identity
@@ -165,12 +163,97 @@ def test_split_labels_mistakes(flags, words):
     {"attr_pass": "value", "attr_value": -1},
     {"attr_pass": "value", "attr_value": 999},
     {"attr_pass": "value", "attr_value": "x"},
+    # placeholders and the output labelled too: split_module reads no label there either
+    {"skip": ("get_attr",)},
+    {"skip": ("placeholder", "get_attr")},
+    {"skip": (), "attr_pass": None},
 ])
 def test_split_labels_get_attr_labels_are_ignored(flags):
     """split_module asks for no label of a get_attr node, so none is required and any
     entry there, whatever its value, is ignored (vLLM's split_graph labels them where they
     stand)."""
     assert check_split_labels(make_split_labels(**flags))
+
+
+def placeholders_labelled(value):
+    """The reference, plus a label of any value on every placeholder and the output."""
+    ref = make_split_labels()
+
+    def split_labels(gm, ops):
+        labels = ref(gm, ops)
+        for n in gm.graph.nodes:
+            if n.op in ("placeholder", "output"):
+                labels[n] = value
+        return labels
+    return split_labels
+
+
+@pytest.mark.parametrize("value", [None, -1, 7, "x"])
+def test_split_labels_placeholder_and_output_labels_are_ignored(value):
+    """The text says a label on a placeholder, the output or a get_attr node is ignored
+    (split_module asks for none): any value there passes."""
+    assert check_split_labels(placeholders_labelled(value))
+
+
+def compact_with_get_attr(gm, ops):
+    """A compact numbering (no id unused) that labels get_attr nodes where they stand, so
+    that a get_attr opens a piece: on the text's `attend, attend_1, add` it gives 0, 1, 2
+    where vLLM gives 1, 3, 4."""
+    labels, sid, kind = {}, -1, None
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op == "call_function" and node.target in ops:
+            sid += 1
+            labels[node] = sid
+            kind = "split"
+        else:
+            if kind != "piece":
+                sid += 1
+                kind = "piece"
+            labels[node] = sid
+    return labels
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_split_labels_compact_numbering_is_caught(seed):
+    r = check_split_labels(compact_with_get_attr, seed=seed)
+    assert not r and "the ids are not vLLM's" in r.message, r.message
+
+
+def test_split_labels_checks_the_texts_own_examples():
+    """The graphs include the text's examples, `relu, attend, add` (0, 1, 2) and `attend,
+    attend_1, add` (1, 3, 4), with no get_attr node at all."""
+    from labkit.checks.lesson09.split_labels import _hand_built, reference_split_labels
+
+    gen = torch.Generator().manual_seed(0)
+    seen = set()
+    for which in (0, 1):
+        gm, ops, _, _ = _hand_built(gen, "text", which)
+        labels = reference_split_labels(gm, ops)
+        seen.add(tuple((n.name, labels[n]) for n in gm.graph.nodes if n in labels))
+        assert not [n for n in gm.graph.nodes if n.op == "get_attr"]
+    assert seen == {(("relu", 0), ("attend", 1), ("add", 2)),
+                    (("attend", 1), ("attend_1", 3), ("add", 4))}
+
+
+def test_split_labels_get_attr_placement_varies():
+    """In the graphs one check draws, some split op reads a get_attr made right before it
+    and some do not (a split op first, two in a row, one reading a hoisted get_attr or no
+    attribute at all): a labelling that lets a get_attr open a piece is caught."""
+    from labkit.checks.lesson09.split_labels import CASES, _hand_built
+
+    gen = torch.Generator().manual_seed(0)
+    before = []
+    for trial in range(12):
+        case = CASES[trial % len(CASES)]
+        if case == "model":
+            continue
+        gm, ops, _, _ = _hand_built(gen, case)
+        nodes = [n for n in gm.graph.nodes if n.op != "placeholder"]
+        before += [i > 0 and nodes[i - 1].op == "get_attr" for i, n in enumerate(nodes)
+                   if n.op == "call_function" and n.target in ops]
+    assert any(before) and not all(before), before
 
 
 def test_split_labels_missing_label_names_the_nodes_that_need_none():
