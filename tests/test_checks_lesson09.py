@@ -603,6 +603,66 @@ def test_replay_piece_host_reads_spares_labkit_and_the_reference():
     assert "test_checks_lesson09.py" in reads.message()
 
 
+def _replay_piece_with(copy_in=None, moved=None, ret=None):
+    """The reference with its copy, its test of a moved tensor or its return replaced."""
+    def replay_piece(graph, static_args, output, args):
+        for new, static in zip(args, static_args):
+            if not isinstance(new, torch.Tensor):
+                if new != static:
+                    raise RuntimeError(f"argument {new!r} differs from {static!r}")
+            elif (moved or (lambda n, s: n.data_ptr() != s.data_ptr()))(new, static):
+                (copy_in or (lambda s, n: s[: n.size(0)].copy_(n)))(static, new)
+        graph.replay()
+        return (ret or (lambda o: o))(output)
+    return replay_piece
+
+
+def test_replay_piece_a_new_tuple_of_a_list_output_is_caught():
+    """tuple(output) is output itself for a tuple, a new object for a list: the pieces
+    return a list too."""
+    r = check_replay_piece(_replay_piece_with(
+        ret=lambda o: tuple(o) if isinstance(o, (tuple, list)) else o))
+    assert not r and "returned a new tuple holding output's tensors" in r.message, r.message
+
+
+def test_replay_piece_trials_return_lists_too():
+    from labkit.checks.lesson09.replay_piece import _Trial
+
+    gen = torch.Generator().manual_seed(0)
+    outs = {type(_Trial(None, E, gen, int, out_kind=k).output).__name__
+            for k in ("tensor", "tuple", "list")}
+    assert outs == {"Tensor", "tuple", "list"}
+
+
+def test_replay_piece_same_address_with_fewer_rows_is_not_copied():
+    """A tensor at the captured address with fewer rows (the captured memory's first
+    rows) is the captured memory itself: copying it because its shape differs is named."""
+    r = check_replay_piece(_replay_piece_with(
+        moved=lambda n, s: n.shape != s.shape or n.data_ptr() != s.data_ptr()))
+    assert not r and "same data_ptr()" in r.message and "not by shape" in r.message, r.message
+
+
+def test_replay_piece_trials_pass_a_same_address_tensor_with_fewer_rows():
+    from labkit.checks.lesson09.replay_piece import _Trial
+
+    gen = torch.Generator().manual_seed(0)
+    t = _Trial(None, E, gen, int)
+    i = t.kinds.index("head")
+    new, static = t.args_for(2)[i], t.static_args[i]
+    assert new.data_ptr() == static.data_ptr() and new.shape != static.shape
+
+
+@pytest.mark.parametrize("copy_in, words", [
+    (lambda s, n: s[-n.size(0):].copy_(n), "into rows"),                  # the last rows
+    (lambda s, n: s[1: n.size(0) + 1].copy_(n), "into rows 1.."),         # one row down
+    (lambda s, n: s[: n.size(0) - 1].copy_(n[:-1]), "one row short"),     # n - 1 rows
+])
+def test_replay_piece_copies_into_the_wrong_rows_are_named(copy_in, words):
+    """A copy that went to the wrong rows, or one row short, is not "not copied"."""
+    r = check_replay_piece(_replay_piece_with(copy_in=copy_in))
+    assert not r and words in r.message and "was not copied" not in r.message, r.message
+
+
 def test_replay_piece_mistakes_on_every_backend(B):
     for flags, words in (({"copy": "none"}, "stale result"),
                          ({"copy": "is"}, "copy only where new.data_ptr() != static"),
