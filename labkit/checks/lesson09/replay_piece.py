@@ -15,8 +15,12 @@ often they were written (their version counters), and calls the learner's functi
 runner would, step after step: a bucket filled exactly, a few tokens, one token; the
 arguments in a random order (one or two attention outputs, a view into the same buffer as
 its captured tensor but at another offset (same storage, another ``data_ptr()``: it must
-be copied), the previous piece's output, a static int buffer, an int or a float, which
-arrives as a new float object every call). Every call runs under :class:`HostReads`: a
+be copied), the previous piece's output, a static int buffer, a static buffer passed as its
+first rows (the same ``data_ptr()``, another shape: copied for its shape, it is named), an
+int or a float, which arrives as a new float object every call); the piece returns one
+tensor, a tuple or a list (``tuple(output)`` is a new object for a list). A copy that went
+to the wrong rows, or one row short, is named as such. Every call runs under
+:class:`HostReads`: a
 read of a tensor's value on the host (``torch.equal``, ``.item()``, ``.tolist()``, an
 ``if`` on a tensor) is a device→host sync on every step and is refused. A last call
 changes the number (a float by less than 1, without crossing an integer, so that
