@@ -799,6 +799,50 @@ def test_greedy_accept_mistakes(flags, words):
     assert_usable(E)
 
 
+def _greedy_accept_with(result):
+    """The reference's values, returned as ``result(accepted, target_tokens, agree,
+    draft_tokens)`` makes them."""
+    def greedy_accept(draft_tokens, target_logits):
+        bs, k = draft_tokens.shape
+        t = target_logits.view(bs, k + 1, -1).argmax(-1)
+        agree = draft_tokens == t[:, :k]
+        return result(agree.long().cumprod(1).sum(1), t, agree, draft_tokens)
+    return greedy_accept
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_accept_target_tokens_cast_to_the_drafts_dtype(seed):
+    """The drafts come as int64 or int32: target_tokens cast to theirs is caught."""
+    r = check_greedy_accept(_greedy_accept_with(lambda a, t, agree, d: (a, t.to(d.dtype))),
+                            seed=seed)
+    assert not r and "the dtype of draft_tokens" in r.message, r.message
+
+
+def test_greedy_accept_trials_vary_the_drafts_dtype():
+    r = check_greedy_accept(make_greedy_accept(), trials=6)
+    assert r
+    from labkit.checks.lesson09.greedy_accept import _dtypes
+
+    gen = torch.Generator().manual_seed(0)
+    assert {_dtypes(gen, t)[0] for t in range(6)} == {torch.int64, torch.int32}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_accept_batch_minimum_is_named(seed):
+    """Every request given the batch's smallest count: not "one position off"."""
+    r = check_greedy_accept(_greedy_accept_with(
+        lambda a, t, agree, d: (a.min().expand(a.shape).clone(), t)), seed=seed)
+    assert not r and "minimum" in r.message and "one position off" not in r.message, r.message
+
+
+@pytest.mark.parametrize("as_long", [False, True])
+def test_greedy_accept_agreement_mask_as_target_tokens_is_named(as_long):
+    r = check_greedy_accept(_greedy_accept_with(
+        lambda a, t, agree, d: (a, agree.long() if as_long else agree)))
+    assert not r and "agreement mask" in r.message, r.message
+    assert "at the k draft positions only" not in r.message
+
+
 def test_greedy_accept_host_read_on_every_backend(B):
     r = check_greedy_accept(make_greedy_accept(host="item"), B=B)
     assert not r and r.kind == "exception" and "nothing may wait for the device" in r.message
