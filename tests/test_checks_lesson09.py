@@ -984,7 +984,7 @@ def test_capture_batch_harmless_variations_pass(flags):
     (extend_batch_in_slot0, "make_extend_batch (and make_decode_batch) refuse slot 0"),
     (make_capture_batch(split=False), "one request holds at most"),
     (make_capture_batch(split=False, loc="slice"), "slot 0 has"),
-    (make_capture_batch(restart=False), "each with its own positions 0..len-1"),
+    (make_capture_batch(restart=False), "its positions start again at 0"),
     (make_capture_batch(restart=False, loc="mod"), "each request has its own positions, from 0"),
     (make_capture_batch(zero_tail=True), "is a multiple of max_seq_len"),
     (make_capture_batch(count=1), "the capture batch has exactly num_tokens tokens"),
@@ -1042,6 +1042,37 @@ def test_capture_batch_layout_mistakes_get_the_layout_hint_first():
                                                      "a fresh prefill in slot 0"), r.message
     r = check_capture_batch(broken_capture_batch, B=E)
     assert not r and r.more_hints[0].startswith("Which cache does attention write")
+
+
+def test_capture_batch_positions_not_restarted_are_named():
+    """Split into requests of at most max_seq_len, in slot 0, but the positions run on
+    (torch.arange(num_tokens)): indexing slot 0's row fails past max_seq_len, and the
+    report names the positions, not the split."""
+    r = check_capture_batch(make_capture_batch(restart=False), B=E)
+    assert not r and "positions" in r.message and "start again at 0" in r.message, r.message
+    assert "Split the tokens into requests" not in r.message
+
+
+def test_capture_batch_one_request_past_max_seq_len_is_named():
+    """No split at all: the report says to split (and where the positions start)."""
+    r = check_capture_batch(make_capture_batch(split=False), B=E)
+    assert not r and "one request holds at most" in r.message, r.message
+
+
+@pytest.mark.parametrize("fn", [
+    make_capture_batch(count=1),
+    make_capture_batch(mode=ForwardMode.DECODE),
+    make_capture_batch(dtypes={"seq_lens": torch.int64}),
+    make_capture_batch(split=False),
+    make_capture_batch(restart=False),
+    make_capture_batch(loc="pos"),
+    extend_batch_in_slot0,
+])
+def test_capture_batch_hints_do_not_ask_for_the_slot_when_it_is_right(fn):
+    r = check_capture_batch(fn, B=E)
+    assert not r and r.more_hints, r.message
+    assert "Which slot" not in r.more_hints[0] and "Which cache" not in r.more_hints[0], \
+        r.more_hints[0]
 
 
 def test_capture_batch_models_have_a_permuted_table():
