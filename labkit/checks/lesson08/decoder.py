@@ -87,7 +87,7 @@ def check_decoder(cls, *, trials: int = 3, seed: int = 0, compile_on_gpu: bool =
         extra = "; compiled with reduce-overhead on this GPU: recorded and replayed, 0 skips"
     return passed(NAME, f"same values as the broken step in {trials} random trials, no "
                         f"argument written, the cache module state written in place, a step "
-                        f"captured and replayed on {B.name}{extra}")
+                        f"captured and replayed with new x and pos{extra}")
 
 
 def _cache_buffer(mod, max_len, dim):
