@@ -644,7 +644,33 @@ class SharedAcrossChecks(Right):
         self.register_buffer("cache", _SHARED_AGAIN[key])
 
 
-@pytest.mark.parametrize("cls", [HostReadRow, IntRow])
+class TolistRow(Right):
+    def forward(self, x, pos):
+        for p in pos.tolist():
+            self.cache[p] = x[0]
+        return self.cache.sum(0)
+
+
+class BranchOnPos(Right):
+    def forward(self, x, pos):
+        if pos >= 0:
+            self.cache.index_copy_(0, pos, x)
+        return self.cache.sum(0)
+
+
+class EmptyCache(Right):
+    """torch.empty: whatever the memory held, zeros by chance or not."""
+    def __init__(self, max_len, dim, device):
+        torch.nn.Module.__init__(self)
+        self.register_buffer("cache", torch.empty(max_len, dim, device=device))
+
+
+def test_decoder_empty_cache_is_caught_even_where_memory_holds_zeros():
+    r = check_decoder(EmptyCache, compile_on_gpu=False)
+    assert not r and "does not start as zeros" in r.message and "torch.empty" in r.message
+
+
+@pytest.mark.parametrize("cls", [HostReadRow, IntRow, TolistRow, BranchOnPos])
 def test_decoder_host_read_fails_on_every_backend(cls):
     r = check_decoder(cls, compile_on_gpu=False)
     assert not r and "host" in r.message and "pos itself" in r.message, r.message

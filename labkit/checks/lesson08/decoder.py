@@ -25,6 +25,7 @@ the exercise's text rules out.
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit import backend
 from labkit.capture import capture
@@ -88,6 +89,28 @@ def check_decoder(cls, *, trials: int = 3, seed: int = 0, compile_on_gpu: bool =
     return passed(NAME, f"same values as the broken step in {trials} random trials, no "
                         f"argument written, the cache module state written in place, a step "
                         f"captured and replayed with new x and pos{extra}")
+
+
+_EMPTY = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
+          torch.ops.aten.empty_like.default, torch.ops.aten.new_empty.default}
+
+
+class _GarbageEmpty(TorchDispatchMode):
+    """Fills every float tensor ``torch.empty`` (and its kin) makes with NaN: memory that
+    happens to hold zeros must not pass for a zeroed cache."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _EMPTY and isinstance(out, torch.Tensor) and out.is_floating_point():
+            out.fill_(float("nan"))
+        return out
+
+
+def _build(cls, max_len, dim, device):
+    """The learner's ``cls(max_len, dim, device)``, built with uninitialised memory made
+    visible (:class:`_GarbageEmpty`)."""
+    with _GarbageEmpty():
+        return call_learner(cls, max_len, dim, device)
 
 
 def _cache_buffer(mod, max_len, dim):
@@ -158,8 +181,8 @@ def _no_buffer(mod, max_len, dim, device):
 
 
 def _one_trial(cls, max_len, dim, device, gen):
-    a = call_learner(cls, max_len, dim, device)
-    b = call_learner(cls, max_len, dim, device)           # a second instance, stepped between
+    a = _build(cls, max_len, dim, device)
+    b = _build(cls, max_len, dim, device)                 # a second instance, stepped between
     name, buf = _cache_buffer(a, max_len, dim)
     if buf is None:
         return _no_buffer(a, max_len, dim, device)
@@ -179,8 +202,8 @@ def _one_trial(cls, max_len, dim, device, gen):
                 f"{torch.device(device)}: torch.zeros(max_len, dim, device=device)")
     if bool((buf != 0).any()):
         return (f"the cache self.{name} does not start as zeros (right after __init__ it "
-                f"holds nonzero values): torch.zeros(max_len, dim, device=device), as in the "
-                f"broken step")
+                f"holds other values: torch.empty keeps whatever the memory held, torch.randn "
+                f"is random): torch.zeros(max_len, dim, device=device), as in the broken step")
     ref_cache = torch.zeros(max_len, dim, device=device)
     ref_other = torch.zeros(max_len, dim, device=device)
     ptr = buf.data_ptr()
@@ -271,7 +294,7 @@ def _captured(cls, B, gen):
     ``x`` and ``pos``: the cache and the output must follow. A host read in forward fails
     the capture on every backend (the emulator refuses it as a GPU does)."""
     max_len, dim = 6, 3
-    mod = call_learner(cls, max_len, dim, B.device)
+    mod = _build(cls, max_len, dim, B.device)
     name, cache = _cache_buffer(mod, max_len, dim)
     if cache is None:
         return None                         # the eager trials named it already
@@ -286,7 +309,8 @@ def _captured(cls, B, gen):
     except Exception as e:
         backend.recover(B)
         text = _short(e)
-        host = any(w in text for w in ("capturing", "on the host", "_local_scalar_dense"))
+        host = any(w in text for w in ("capturing", "graph capture", "on the host",
+                                        "host memory", "_local_scalar_dense"))
         return (f"a step of your Decoder, captured into a graph on {B.name}, failed: {text}"
                 + ("\n   " + _HOST_READ.format(what="pos.item(), int(pos), pos.tolist(), an "
                                                    "`if` on a tensor", name=name)
