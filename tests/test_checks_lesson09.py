@@ -642,6 +642,22 @@ def test_replay_piece_same_address_with_fewer_rows_is_not_copied():
     assert not r and "same data_ptr()" in r.message and "not by shape" in r.message, r.message
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_replay_piece_numbers_compared_after_rounding_are_caught(seed):
+    """A float changed by a hair (0.01 to 0.04) rounds back to the captured value."""
+    def rounds(graph, static_args, output, args):
+        for i, (new, static) in enumerate(zip(args, static_args)):
+            if not isinstance(new, torch.Tensor):
+                if round(new, 1) != round(static, 1):
+                    raise RuntimeError(f"argument {i} is {new!r}, captured with {static!r}")
+            elif new.data_ptr() != static.data_ptr():
+                static[: new.size(0)].copy_(new)
+        graph.replay()
+        return output
+    r = check_replay_piece(rounds, seed=seed)
+    assert not r and "not int(new) or a rounded value" in r.message, r.message
+
+
 def test_replay_piece_trials_pass_a_same_address_tensor_with_fewer_rows():
     from labkit.checks.lesson09.replay_piece import _Trial
 
