@@ -443,10 +443,13 @@ def test_capture_chain_g1_on_a_copy_whose_memory_is_reused(B):
     (that is why "a copy of the input" read differently on CUDA). Here g2 writes into the
     copy, which stands for that reuse on any backend: the report still says that g1 does not
     read static_input, as it does for a copy that never changes."""
+    kept = []                       # x stays alive: g2 writes into memory it owns
+
     def reused(f1, f2, static_input):
         pool = B.graph_pool_handle()
         g1, g2 = B.CUDAGraph(), B.CUDAGraph()
         x = static_input.clone()
+        kept.append(x)
         with B.graph(g1, pool=pool):
             mid = f1(x)
         with B.graph(g2, pool=pool):
