@@ -436,6 +436,31 @@ def test_capture_chain_names_what_g1_reads_and_writes(B):
     assert "does not read static_input" not in msg
 
 
+def test_capture_chain_g1_on_a_copy_whose_memory_is_reused(B):
+    """g1 captured on a copy of the input that nothing keeps alive: on a GPU the copy's
+    memory goes back to the caching allocator once capture_chain returns, and the
+    checker's own tensors land there, so what g1 reads changes from one replay to the next
+    (that is why "a copy of the input" read differently on CUDA). Here g2 writes into the
+    copy, which stands for that reuse on any backend: the report still says that g1 does not
+    read static_input, as it does for a copy that never changes."""
+    kept = []                       # x stays alive: g2 writes into memory it owns
+
+    def reused(f1, f2, static_input):
+        pool = B.graph_pool_handle()
+        g1, g2 = B.CUDAGraph(), B.CUDAGraph()
+        x = static_input.clone()
+        kept.append(x)
+        with B.graph(g1, pool=pool):
+            mid = f1(x)
+        with B.graph(g2, pool=pool):
+            out = f2(mid)
+            x.copy_(out)            # the copy's memory rewritten between g1's replays
+        return g1, g2, mid, out
+
+    msg = _msg(check_capture_chain(reused, B=B))
+    assert "g1 does not read static_input" in msg and "a copy of it" in msg, msg
+
+
 def test_capture_chain_names_what_g2_reads_instead(B):
     msg = _msg(check_capture_chain(_chain(B, g2_on="input"), B=B))
     assert "It gave f2(static_input): your g2 records f2 of static_input" in msg

@@ -137,8 +137,6 @@ def test_split_labels_reference_passes(capsys):
     ({"first_add": False, "second_add": False}, "was not split out"),
     ({"second_add": False}, "after it: after a split op, add 1 again"),
     ({"first_add": False}, "before it: add 1 before labelling a split op"),
-    ({"skip": ("get_attr",)}, "labelled the placeholder"),
-    ({"skip": ("placeholder", "get_attr")}, "labelled the output node"),
     ({"first_op_only": True}, "is in ops too"),
     ({"by_name": True}, "compare node.target"),
     # the same __name__ (and __qualname__) as gate, another object: names are no identity
@@ -165,12 +163,97 @@ def test_split_labels_mistakes(flags, words):
     {"attr_pass": "value", "attr_value": -1},
     {"attr_pass": "value", "attr_value": 999},
     {"attr_pass": "value", "attr_value": "x"},
+    # placeholders and the output labelled too: split_module reads no label there either
+    {"skip": ("get_attr",)},
+    {"skip": ("placeholder", "get_attr")},
+    {"skip": (), "attr_pass": None},
 ])
 def test_split_labels_get_attr_labels_are_ignored(flags):
     """split_module asks for no label of a get_attr node, so none is required and any
     entry there, whatever its value, is ignored (vLLM's split_graph labels them where they
     stand)."""
     assert check_split_labels(make_split_labels(**flags))
+
+
+def placeholders_labelled(value):
+    """The reference, plus a label of any value on every placeholder and the output."""
+    ref = make_split_labels()
+
+    def split_labels(gm, ops):
+        labels = ref(gm, ops)
+        for n in gm.graph.nodes:
+            if n.op in ("placeholder", "output"):
+                labels[n] = value
+        return labels
+    return split_labels
+
+
+@pytest.mark.parametrize("value", [None, -1, 7, "x"])
+def test_split_labels_placeholder_and_output_labels_are_ignored(value):
+    """The text says a label on a placeholder, the output or a get_attr node is ignored
+    (split_module asks for none): any value there passes."""
+    assert check_split_labels(placeholders_labelled(value))
+
+
+def compact_with_get_attr(gm, ops):
+    """A compact numbering (no id unused) that labels get_attr nodes where they stand, so
+    that a get_attr opens a piece: on the text's `attend, attend_1, add` it gives 0, 1, 2
+    where vLLM gives 1, 3, 4."""
+    labels, sid, kind = {}, -1, None
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op == "call_function" and node.target in ops:
+            sid += 1
+            labels[node] = sid
+            kind = "split"
+        else:
+            if kind != "piece":
+                sid += 1
+                kind = "piece"
+            labels[node] = sid
+    return labels
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_split_labels_compact_numbering_is_caught(seed):
+    r = check_split_labels(compact_with_get_attr, seed=seed)
+    assert not r and "the ids are not vLLM's" in r.message, r.message
+
+
+def test_split_labels_checks_the_texts_own_examples():
+    """The graphs include the text's examples, `relu, attend, add` (0, 1, 2) and `attend,
+    attend_1, add` (1, 3, 4), with no get_attr node at all."""
+    from labkit.checks.lesson09.split_labels import _hand_built, reference_split_labels
+
+    gen = torch.Generator().manual_seed(0)
+    seen = set()
+    for which in (0, 1):
+        gm, ops, _, _ = _hand_built(gen, "text", which)
+        labels = reference_split_labels(gm, ops)
+        seen.add(tuple((n.name, labels[n]) for n in gm.graph.nodes if n in labels))
+        assert not [n for n in gm.graph.nodes if n.op == "get_attr"]
+    assert seen == {(("relu", 0), ("attend", 1), ("add", 2)),
+                    (("attend", 1), ("attend_1", 3), ("add", 4))}
+
+
+def test_split_labels_get_attr_placement_varies():
+    """In the graphs one check draws, some split op reads a get_attr made right before it
+    and some do not (a split op first, two in a row, one reading a hoisted get_attr or no
+    attribute at all): a labelling that lets a get_attr open a piece is caught."""
+    from labkit.checks.lesson09.split_labels import CASES, _hand_built
+
+    gen = torch.Generator().manual_seed(0)
+    before = []
+    for trial in range(12):
+        case = CASES[trial % len(CASES)]
+        if case == "model":
+            continue
+        gm, ops, _, _ = _hand_built(gen, case)
+        nodes = [n for n in gm.graph.nodes if n.op != "placeholder"]
+        before += [i > 0 and nodes[i - 1].op == "get_attr" for i, n in enumerate(nodes)
+                   if n.op == "call_function" and n.target in ops]
+    assert any(before) and not all(before), before
 
 
 def test_split_labels_missing_label_names_the_nodes_that_need_none():
@@ -520,6 +603,82 @@ def test_replay_piece_host_reads_spares_labkit_and_the_reference():
     assert "test_checks_lesson09.py" in reads.message()
 
 
+def _replay_piece_with(copy_in=None, moved=None, ret=None):
+    """The reference with its copy, its test of a moved tensor or its return replaced."""
+    def replay_piece(graph, static_args, output, args):
+        for new, static in zip(args, static_args):
+            if not isinstance(new, torch.Tensor):
+                if new != static:
+                    raise RuntimeError(f"argument {new!r} differs from {static!r}")
+            elif (moved or (lambda n, s: n.data_ptr() != s.data_ptr()))(new, static):
+                (copy_in or (lambda s, n: s[: n.size(0)].copy_(n)))(static, new)
+        graph.replay()
+        return (ret or (lambda o: o))(output)
+    return replay_piece
+
+
+def test_replay_piece_a_new_tuple_of_a_list_output_is_caught():
+    """tuple(output) is output itself for a tuple, a new object for a list: the pieces
+    return a list too."""
+    r = check_replay_piece(_replay_piece_with(
+        ret=lambda o: tuple(o) if isinstance(o, (tuple, list)) else o))
+    assert not r and "returned a new tuple holding output's tensors" in r.message, r.message
+
+
+def test_replay_piece_trials_return_lists_too():
+    from labkit.checks.lesson09.replay_piece import _Trial
+
+    gen = torch.Generator().manual_seed(0)
+    outs = {type(_Trial(None, E, gen, int, out_kind=k).output).__name__
+            for k in ("tensor", "tuple", "list")}
+    assert outs == {"Tensor", "tuple", "list"}
+
+
+def test_replay_piece_same_address_with_fewer_rows_is_not_copied():
+    """A tensor at the captured address with fewer rows (the captured memory's first
+    rows) is the captured memory itself: copying it because its shape differs is named."""
+    r = check_replay_piece(_replay_piece_with(
+        moved=lambda n, s: n.shape != s.shape or n.data_ptr() != s.data_ptr()))
+    assert not r and "same data_ptr()" in r.message and "not by shape" in r.message, r.message
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_replay_piece_numbers_compared_after_rounding_are_caught(seed):
+    """A float changed by a hair (0.01 to 0.04) rounds back to the captured value."""
+    def rounds(graph, static_args, output, args):
+        for i, (new, static) in enumerate(zip(args, static_args)):
+            if not isinstance(new, torch.Tensor):
+                if round(new, 1) != round(static, 1):
+                    raise RuntimeError(f"argument {i} is {new!r}, captured with {static!r}")
+            elif new.data_ptr() != static.data_ptr():
+                static[: new.size(0)].copy_(new)
+        graph.replay()
+        return output
+    r = check_replay_piece(rounds, seed=seed)
+    assert not r and "not int(new) or a rounded value" in r.message, r.message
+
+
+def test_replay_piece_trials_pass_a_same_address_tensor_with_fewer_rows():
+    from labkit.checks.lesson09.replay_piece import _Trial
+
+    gen = torch.Generator().manual_seed(0)
+    t = _Trial(None, E, gen, int)
+    i = t.kinds.index("head")
+    new, static = t.args_for(2)[i], t.static_args[i]
+    assert new.data_ptr() == static.data_ptr() and new.shape != static.shape
+
+
+@pytest.mark.parametrize("copy_in, words", [
+    (lambda s, n: s[-n.size(0):].copy_(n), "into rows"),                  # the last rows
+    (lambda s, n: s[1: n.size(0) + 1].copy_(n), "into rows 1.."),         # one row down
+    (lambda s, n: s[: n.size(0) - 1].copy_(n[:-1]), "one row short"),     # n - 1 rows
+])
+def test_replay_piece_copies_into_the_wrong_rows_are_named(copy_in, words):
+    """A copy that went to the wrong rows, or one row short, is not "not copied"."""
+    r = check_replay_piece(_replay_piece_with(copy_in=copy_in))
+    assert not r and words in r.message and "was not copied" not in r.message, r.message
+
+
 def test_replay_piece_mistakes_on_every_backend(B):
     for flags, words in (({"copy": "none"}, "stale result"),
                          ({"copy": "is"}, "copy only where new.data_ptr() != static"),
@@ -654,6 +813,50 @@ def test_greedy_accept_mistakes(flags, words):
     r = check_greedy_accept(make_greedy_accept(**flags))
     assert not r and words in r.message, r.message
     assert_usable(E)
+
+
+def _greedy_accept_with(result):
+    """The reference's values, returned as ``result(accepted, target_tokens, agree,
+    draft_tokens)`` makes them."""
+    def greedy_accept(draft_tokens, target_logits):
+        bs, k = draft_tokens.shape
+        t = target_logits.view(bs, k + 1, -1).argmax(-1)
+        agree = draft_tokens == t[:, :k]
+        return result(agree.long().cumprod(1).sum(1), t, agree, draft_tokens)
+    return greedy_accept
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_accept_target_tokens_cast_to_the_drafts_dtype(seed):
+    """The drafts come as int64 or int32: target_tokens cast to theirs is caught."""
+    r = check_greedy_accept(_greedy_accept_with(lambda a, t, agree, d: (a, t.to(d.dtype))),
+                            seed=seed)
+    assert not r and "the dtype of draft_tokens" in r.message, r.message
+
+
+def test_greedy_accept_trials_vary_the_drafts_dtype():
+    r = check_greedy_accept(make_greedy_accept(), trials=6)
+    assert r
+    from labkit.checks.lesson09.greedy_accept import _dtypes
+
+    gen = torch.Generator().manual_seed(0)
+    assert {_dtypes(gen, t)[0] for t in range(6)} == {torch.int64, torch.int32}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_accept_batch_minimum_is_named(seed):
+    """Every request given the batch's smallest count: not "one position off"."""
+    r = check_greedy_accept(_greedy_accept_with(
+        lambda a, t, agree, d: (a.min().expand(a.shape).clone(), t)), seed=seed)
+    assert not r and "minimum" in r.message and "one position off" not in r.message, r.message
+
+
+@pytest.mark.parametrize("as_long", [False, True])
+def test_greedy_accept_agreement_mask_as_target_tokens_is_named(as_long):
+    r = check_greedy_accept(_greedy_accept_with(
+        lambda a, t, agree, d: (a, agree.long() if as_long else agree)))
+    assert not r and "agreement mask" in r.message, r.message
+    assert "at the k draft positions only" not in r.message
 
 
 def test_greedy_accept_host_read_on_every_backend(B):
@@ -797,7 +1000,7 @@ def test_capture_batch_harmless_variations_pass(flags):
     (extend_batch_in_slot0, "make_extend_batch (and make_decode_batch) refuse slot 0"),
     (make_capture_batch(split=False), "one request holds at most"),
     (make_capture_batch(split=False, loc="slice"), "slot 0 has"),
-    (make_capture_batch(restart=False), "each with its own positions 0..len-1"),
+    (make_capture_batch(restart=False), "its positions start again at 0"),
     (make_capture_batch(restart=False, loc="mod"), "each request has its own positions, from 0"),
     (make_capture_batch(zero_tail=True), "is a multiple of max_seq_len"),
     (make_capture_batch(count=1), "the capture batch has exactly num_tokens tokens"),
@@ -855,6 +1058,37 @@ def test_capture_batch_layout_mistakes_get_the_layout_hint_first():
                                                      "a fresh prefill in slot 0"), r.message
     r = check_capture_batch(broken_capture_batch, B=E)
     assert not r and r.more_hints[0].startswith("Which cache does attention write")
+
+
+def test_capture_batch_positions_not_restarted_are_named():
+    """Split into requests of at most max_seq_len, in slot 0, but the positions run on
+    (torch.arange(num_tokens)): indexing slot 0's row fails past max_seq_len, and the
+    report names the positions, not the split."""
+    r = check_capture_batch(make_capture_batch(restart=False), B=E)
+    assert not r and "positions" in r.message and "start again at 0" in r.message, r.message
+    assert "Split the tokens into requests" not in r.message
+
+
+def test_capture_batch_one_request_past_max_seq_len_is_named():
+    """No split at all: the report says to split (and where the positions start)."""
+    r = check_capture_batch(make_capture_batch(split=False), B=E)
+    assert not r and "one request holds at most" in r.message, r.message
+
+
+@pytest.mark.parametrize("fn", [
+    make_capture_batch(count=1),
+    make_capture_batch(mode=ForwardMode.DECODE),
+    make_capture_batch(dtypes={"seq_lens": torch.int64}),
+    make_capture_batch(split=False),
+    make_capture_batch(restart=False),
+    make_capture_batch(loc="pos"),
+    extend_batch_in_slot0,
+])
+def test_capture_batch_hints_do_not_ask_for_the_slot_when_it_is_right(fn):
+    r = check_capture_batch(fn, B=E)
+    assert not r and r.more_hints, r.message
+    assert "Which slot" not in r.more_hints[0] and "Which cache" not in r.more_hints[0], \
+        r.more_hints[0]
 
 
 def test_capture_batch_models_have_a_permuted_table():

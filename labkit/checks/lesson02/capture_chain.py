@@ -93,6 +93,8 @@ def check_capture_chain(capture_chain, *, B=None, trials: int = 3,
 
     def learner(f1, f2, static_input, fresh, probe):
         calls: list[tuple] = []     # ("begin", graph) / ("f1" or "f2", capturing?)
+        # made before capture_chain runs: memory it frees cannot be in them (see below)
+        first, second = torch.empty_like(static_input), torch.empty_like(static_input)
         try:
             with _recording_captures(B, calls):
                 result = _call(B, capture_chain, _logged(B, f1, "f1", calls),
@@ -127,8 +129,21 @@ def check_capture_chain(capture_chain, *, B=None, trials: int = 3,
                 g2.replay()
                 mids.append(mid.clone())
                 outs.append(out.clone())
-            # every fresh input gave the same static_mid: g1 reads no static_input
-            mid_constant = len(mids) > 1 and all(torch.equal(m, mids[0]) for m in mids)
+            # does g1 read static_input? g1 alone, replayed back to back on two inputs,
+            # with nothing allocated between, into buffers allocated before capture_chain
+            # ran. (Not the loop above: a copy of the input made in capture_chain and kept
+            # by nothing goes back to the caching allocator on a GPU, and the loop's clones
+            # land there, so what g1 reads changes between those replays although g1 reads
+            # no input; the emulator never hands memory outside a graph pool out again.)
+            mid_constant = False
+            if mid.shape == first.shape and mid.dtype == first.dtype:
+                static_input.copy_(fresh[0])
+                g1.replay()
+                first.copy_(mid)
+                static_input.copy_(fresh[1])
+                g1.replay()
+                second.copy_(mid)
+                mid_constant = bool(torch.equal(first, second))
             # probe 1: g1 alone must write static_mid and must not compute static_out.
             # (It MAY scribble on static_out: in a shared pool g2's output can live in a
             # block g1 used for an intermediate; that is why shared pools replay in order.)

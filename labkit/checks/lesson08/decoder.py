@@ -2,23 +2,42 @@
 
 The broken step writes its KV cache through an argument (``cache.index_copy_``), a mutated
 input that is not static, so graph trees skip it. The fix the lesson teaches (§4) is
-gpt-fast's: the cache is a registered buffer of a module, written in place. The checker
-builds the learner's ``Decoder(max_len, dim, device)``, steps it against the reference,
-and checks that no argument is written, that the cache is a buffer made in ``__init__``
-(zeros, x's dtype, on ``device``), written in place at a fixed address (row ``pos``
-replaced, a row written twice included, the others kept), and one per instance; a wrong
-cache is described by what it is (a plain or class attribute, a parameter, another shape,
-made lazily in ``forward``), a wrong row by where ``x`` went. On a GPU it also compiles
-the module with ``mode="reduce-overhead"`` and checks that torch records and replays a
-graph, no skip.
+gpt-fast's: the cache is module state, a registered buffer (or a parameter that needs no
+grad: dynamo treats both as static), written in place. The checker builds the learner's
+``Decoder(max_len, dim, device)``, steps it against the reference, and checks that no
+argument is written, that the cache is made in ``__init__`` (zeros, x's dtype, on
+``device``), one per instance, written in place at a fixed address (row ``pos`` replaced,
+a row written twice included, the others kept); a wrong cache is described by what it is
+(a plain attribute, marked with ``mark_static_address`` or not, a class attribute, a
+parameter that needs grad, another shape, made lazily in ``forward``), a wrong row by
+where ``x`` went. Then it captures one step of a fresh ``Decoder`` on the backend and
+replays it with new ``x`` and ``pos``: a host read (``pos.item()``, ``int(pos)``) fails
+the capture on every backend, as it breaks torch.compile's graph. On a GPU it also
+compiles the module with ``mode="reduce-overhead"`` and checks that torch records and
+replays a graph, no skip.
+
+A plain tensor attribute is refused although torch.compile would not copy it either
+(dynamo marks every tensor attribute of a module static, ``VariableBuilder.wrap_tensor``):
+it is no module state, so ``Decoder(...).to(device)`` leaves it where it was made, which
+the exercise's text rules out.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit import backend
-from labkit.checks import call_learner, fail, learner_raised, passed
+from labkit.capture import capture
+from labkit.checks import (
+    LearnerTimeout,
+    call_learner,
+    describe_exception,
+    fail,
+    learner_raised,
+    passed,
+)
+from labkit.core.errors import capture_cause
 from labkit.core.signature import fmt_shape
 
 NAME = "Decoder"
@@ -54,6 +73,13 @@ def check_decoder(cls, *, trials: int = 3, seed: int = 0, compile_on_gpu: bool =
             return learner_raised(NAME, e, f"{where}: your code raised", more_hints=HINTS)
         if msg:
             return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
+    try:
+        msg = _captured(cls, B, gen)
+    except Exception as e:
+        return learner_raised(NAME, e, "capturing a step of your Decoder: your code raised",
+                              more_hints=HINTS, B=B)
+    if msg:
+        return fail(NAME, msg, more_hints=HINTS)
     extra = ""
     if B.name == "cuda" and compile_on_gpu:
         msg = _compiled_on_gpu(cls, B)
@@ -61,13 +87,40 @@ def check_decoder(cls, *, trials: int = 3, seed: int = 0, compile_on_gpu: bool =
             return fail(NAME, msg, more_hints=HINTS)
         extra = "; compiled with reduce-overhead on this GPU: recorded and replayed, 0 skips"
     return passed(NAME, f"same values as the broken step in {trials} random trials, no "
-                        f"argument written, the cache a buffer written in place{extra}")
+                        f"argument written, the cache module state written in place, a step "
+                        f"captured and replayed with new x and pos{extra}")
+
+
+_EMPTY = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
+          torch.ops.aten.empty_like.default, torch.ops.aten.new_empty.default}
+
+
+class _GarbageEmpty(TorchDispatchMode):
+    """Fills every float tensor ``torch.empty`` (and its kin) makes with NaN: memory that
+    happens to hold zeros must not pass for a zeroed cache."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _EMPTY and isinstance(out, torch.Tensor) and out.is_floating_point():
+            out.fill_(float("nan"))
+        return out
+
+
+def _build(cls, max_len, dim, device):
+    """The learner's ``cls(max_len, dim, device)``, built with uninitialised memory made
+    visible (:class:`_GarbageEmpty`)."""
+    with _GarbageEmpty():
+        return call_learner(cls, max_len, dim, device)
 
 
 def _cache_buffer(mod, max_len, dim):
+    """The cache: a (max_len, dim) buffer, or parameter that needs no grad, of ``mod``."""
     for name, buf in mod.named_buffers():
         if tuple(buf.shape) == (max_len, dim):
             return name, buf
+    for name, p in mod.named_parameters():
+        if tuple(p.shape) == (max_len, dim) and not p.requires_grad:
+            return name, p
     return None, None
 
 
@@ -76,15 +129,28 @@ def _no_buffer(mod, max_len, dim, device):
     want = (max_len, dim)
     for k, v in vars(mod).items():
         if isinstance(v, torch.Tensor) and tuple(v.shape) == want:
-            return (f"the cache self.{k} is a plain tensor attribute, not a registered "
-                    f"buffer. Buffers (and parameters) are the inputs graph trees treat as "
-                    f"static (§3): self.register_buffer({k!r}, ...)")
+            marked = getattr(v, "_dynamo_static_input_type", None) is not None
+            what = ("marked with torch._dynamo.mark_static_address" if marked
+                    else "not registered with the module")
+            why = ("The mark tells torch.compile to use it in place (dynamo does that for "
+                   "every tensor attribute of a module anyway), but it does not make the "
+                   "tensor module state" if marked else
+                   "torch.compile would not copy it (dynamo treats a module's tensor "
+                   "attributes as static, like buffers), but it is no module state")
+            return (f"the cache self.{k} is a plain tensor attribute, {what}. {why}: "
+                    f"Decoder(...).to(device) (or .cuda(), .half()) moves the module's "
+                    f"buffers and parameters and leaves it where it was made, so a Decoder "
+                    f"built on the CPU and moved to the GPU keeps its cache on the CPU. The "
+                    f"text asks for a cache that moves with the module: "
+                    f"self.register_buffer({k!r}, torch.zeros(max_len, dim, device=device))")
     for k, v in mod.named_parameters():
         if tuple(v.shape) == want:
-            return (f"the cache self.{k} is an nn.Parameter: a parameter is a weight "
-                    f"(model.parameters() hands it to the optimizer, and with requires_grad "
-                    f"an in-place write into it fails). A cache is state: register it with "
-                    f"self.register_buffer({k!r}, torch.zeros(max_len, dim, device=device))")
+            return (f"the cache self.{k} is an nn.Parameter with requires_grad=True: "
+                    f"autograd refuses an in-place write into it (a leaf that requires grad), "
+                    f"and model.parameters() hands it to the optimizer as a weight. A cache is "
+                    f"state, never trained: register it as a buffer, "
+                    f"self.register_buffer({k!r}, torch.zeros(max_len, dim, device=device)) "
+                    f"(a Parameter with requires_grad=False works too)")
     for klass in type(mod).__mro__:
         for k, v in vars(klass).items():
             if isinstance(v, torch.Tensor) and tuple(v.shape) == want:
@@ -115,11 +181,17 @@ def _no_buffer(mod, max_len, dim, device):
 
 
 def _one_trial(cls, max_len, dim, device, gen):
-    a = call_learner(cls, max_len, dim, device)
-    b = call_learner(cls, max_len, dim, device)           # a second instance, stepped between
+    a = _build(cls, max_len, dim, device)
+    b = _build(cls, max_len, dim, device)                 # a second instance, stepped between
     name, buf = _cache_buffer(a, max_len, dim)
     if buf is None:
         return _no_buffer(a, max_len, dim, device)
+    _, other = _cache_buffer(b, max_len, dim)
+    if other is not None and _overlap(buf, other):
+        return (f"two Decoder instances share one cache (Decoder({max_len}, {dim}, device) "
+                f"twice gives the same memory for self.{name}, which an earlier check may "
+                f"have written already): create the tensor in __init__, torch.zeros(max_len, "
+                f"dim, device=device), one per instance")
     want_dtype = torch.zeros(0).dtype
     if buf.dtype != want_dtype:
         return (f"the cache self.{name} is {buf.dtype}, but x and the broken step's cache "
@@ -130,8 +202,8 @@ def _one_trial(cls, max_len, dim, device, gen):
                 f"{torch.device(device)}: torch.zeros(max_len, dim, device=device)")
     if bool((buf != 0).any()):
         return (f"the cache self.{name} does not start as zeros (right after __init__ it "
-                f"holds nonzero values): torch.zeros(max_len, dim, device=device), as in the "
-                f"broken step")
+                f"holds other values: torch.empty keeps whatever the memory held, torch.randn "
+                f"is random): torch.zeros(max_len, dim, device=device), as in the broken step")
     ref_cache = torch.zeros(max_len, dim, device=device)
     ref_other = torch.zeros(max_len, dim, device=device)
     ptr = buf.data_ptr()
@@ -185,6 +257,81 @@ def _one_trial(cls, max_len, dim, device, gen):
         if not torch.allclose(a_now, ref_cache, atol=1e-6):
             return ("two Decoder instances share one cache (stepping the second changed the "
                     "first's): create the buffer in __init__, one per instance")
+    return None
+
+
+def _overlap(a, b) -> bool:
+    """Whether tensors ``a`` and ``b`` share memory (the same storage, bytes in common)."""
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    size = a.element_size()
+    lo_a, lo_b = a.data_ptr(), b.data_ptr()
+    return lo_a < lo_b + b.numel() * size and lo_b < lo_a + a.numel() * size
+
+
+_HOST_READ = ("forward reads a value back to the host ({what}): lesson 08 §6, under "
+              "torch.compile that is a graph break (two graphs with eager Python between), "
+              "and a CUDA graph capture refuses it (a GPU would wait for the value). Index "
+              "with the tensor pos itself: self.{name}.index_copy_(0, pos, x) or "
+              "self.{name}[pos] = x")
+
+
+_CUDA_BOILERPLATE = ("Search for `cuda", "CUDA kernel errors might be asynchronously",
+                     "For debugging consider passing CUDA_LAUNCH_BLOCKING",
+                     "Compile with `TORCH_USE_CUDA_DSA`")
+
+
+def _short(exc) -> str:
+    """The error a failed capture started with and the learner's line, without CUDA's
+    lines on where to search and how to debug."""
+    text = describe_exception(capture_cause(exc))
+    return "\n".join(ln for ln in text.split("\n")
+                     if ln.strip() and not ln.startswith(_CUDA_BOILERPLATE))
+
+
+def _captured(cls, B, gen):
+    """Capture one step of a fresh ``Decoder`` on ``B`` (warm-up 1) and replay it on new
+    ``x`` and ``pos``: the cache and the output must follow. A host read in forward fails
+    the capture on every backend (the emulator refuses it as a GPU does)."""
+    max_len, dim = 6, 3
+    mod = _build(cls, max_len, dim, B.device)
+    name, cache = _cache_buffer(mod, max_len, dim)
+    if cache is None:
+        return None                         # the eager trials named it already
+    x = torch.randn(1, dim, generator=gen).to(B.device)
+    pos = torch.tensor([2]).to(B.device)
+    ref = torch.zeros(max_len, dim, device=B.device)
+    reference_step(x.clone(), ref, pos.clone())             # what the warm-up writes
+    try:
+        g, out = call_learner(capture, mod, x, pos, B=B, warmup=1)
+    except (NotImplementedError, LearnerTimeout):
+        raise
+    except Exception as e:
+        backend.recover(B)
+        text = _short(e)
+        host = any(w in text for w in ("capturing", "graph capture", "on the host",
+                                        "host memory", "_local_scalar_dense"))
+        return (f"a step of your Decoder, captured into a graph on {B.name}, failed: {text}"
+                + ("\n   " + _HOST_READ.format(what="pos.item(), int(pos), pos.tolist(), an "
+                                                   "`if` on a tensor", name=name)
+                   if host else "\n   forward must run inside a capture as it is (§1: "
+                                "torch.compile's graph trees capture it)"))
+    for step, p in enumerate((4, 0, 2)):
+        new_x = torch.randn(1, dim, generator=gen).to(B.device)
+        x.copy_(new_x)
+        pos.fill_(p)
+        g.replay()
+        B.synchronize()
+        want = reference_step(new_x, ref, torch.tensor([p]).to(B.device))
+        _, now = _cache_buffer(mod, max_len, dim)
+        if not (torch.allclose(now, ref, atol=1e-6) and isinstance(out, torch.Tensor)
+                and out.shape == want.shape and torch.allclose(out, want, atol=1e-5)):
+            return (f"a step of your Decoder, captured into a graph on {B.name} and replayed "
+                    f"with new x and pos={p} (replay {step + 1}), did not write row {p} or "
+                    f"return the new sums, although the same steps run eagerly are right: "
+                    f"the graph replays only the device work recorded while capturing, and "
+                    f"a value forward worked out on the host then stays what it was. "
+                    + _HOST_READ.format(what="the row number taken out of pos", name=name))
     return None
 
 

@@ -108,10 +108,23 @@ def _kind(out) -> str:
 
 
 def _static_sets(gen, arity):
-    """Which positions are static, per trial: none, all, one at random, a random subset."""
-    subset = [i for i in range(arity) if bool(torch.rand((), generator=gen) < 0.5)]
-    return [(), tuple(range(arity)), (int(torch.randint(0, arity, (), generator=gen)),),
-            tuple(subset)]
+    """Which positions are static, per trial: none, all, one, a random subset. The last two
+    always hold a static position followed by a non-static one, as the lesson's own example
+    does (``f(w, x)``, ``static=(0,)``): code that pairs buffers and arguments by order, or
+    takes the non-static inputs to come first, is caught there."""
+    def draw(lo, hi):
+        return int(torch.randint(lo, hi, (), generator=gen))
+    one = (draw(0, arity - 1),) if arity > 1 else (0,)
+    subset = {i for i in range(arity) if bool(torch.rand((), generator=gen) < 0.5)}
+    if arity > 1 and not _mixed(subset, arity):
+        i = draw(0, arity - 1)                  # a static position, a non-static one after it
+        subset = (subset | {i}) - {draw(i + 1, arity)}
+    return [(), tuple(range(arity)), one, tuple(sorted(subset))]
+
+
+def _mixed(static, arity) -> bool:
+    """Whether a static position comes before a non-static one."""
+    return any(i in static and j not in static for i in range(arity) for j in range(i + 1, arity))
 
 
 @contextlib.contextmanager
@@ -171,8 +184,60 @@ def _run_trials(fn, trials, seed):
                    if any(t in str(cause) for t in _TORCH_CUDA) else "")
             return f"{where}: your code raised {describe_exception(cause)}{tip}", "exception"
         if msg:
-            return f"{where}: {msg}", "mismatch"
+            misread = _misread_static(fn, f, arity, static, gen)
+            return f"{where}: {misread or msg}", "mismatch"
     return None
+
+
+def _treated_static(learner, f, arity, static, gen):
+    """The positions at which a new tensor alone makes the learner's code record again,
+    probed one position at a time on a fresh ``reduce_overhead(f, static, B)`` after its
+    warm-up and recording; None when the probe itself fails."""
+    B, counter = _counting_backend()
+    try:
+        call = call_learner(learner, _probe(f, B, counter), static, B)
+        args = _args(gen, arity, B.device)
+        for _ in range(2):
+            call_learner(call, *args)
+        seen = []
+        for p in range(arity):
+            args[p] = torch.randn(args[p].shape, generator=gen, device=B.device)
+            was = counter["captures"]
+            call_learner(call, *args)
+            if counter["captures"] > was:
+                seen.append(p)
+        return tuple(seen)
+    except Exception:           # noqa: BLE001 - a probe: the trial's own message stands
+        backend.recover(B)
+        return None
+
+
+def _misread_static(learner, f, arity, static, gen) -> str | None:
+    """When the learner's code takes other positions for the static ones than ``static``
+    names, in a way that has a name (counted from 1, or the last ones), say so; else None
+    (the trial's own message stands)."""
+    if not static:
+        return None
+    seen = _treated_static(learner, f, arity, static, gen)
+    if seen is None or set(seen) == set(static):
+        return None
+    shifted = [{s + d for s in static if 0 <= s + d < arity} for d in (-1, 1)]
+    last = set(range(arity - len(static), arity))
+    one_off = any(seen_set == set(seen) and seen_set for seen_set in shifted)
+    at_end = set(seen) == last
+    if not (one_off or at_end):
+        return None
+    head = (f"your code records again when a new tensor arrives at position(s) "
+            f"{list(seen)}, and only there: it takes those for the static inputs, but "
+            f"static={static}. ")
+    zero = ("Positions in static count from 0, as args[i] and enumerate(args) do (torch's "
+            "static_input_idxs too): compare args[i] for i in static, no + 1 or - 1")
+    anywhere = ("The positions in static can be anywhere in args, not only the last ones "
+                "(the lesson's f(w, x) has static=(0,)): compare data_ptr() at exactly the "
+                "positions in static, and copy every other argument into its buffer")
+    if one_off and at_end:
+        return head + anywhere + ". " + zero
+    return head + (zero if one_off else anywhere)
 
 
 def _times(k: int) -> str:
@@ -215,6 +280,7 @@ class _Trial:
         n, c = self.n, self.counter
         was = dict(c)
         before = [a.clone() for a in args]
+        self.values = before
         got = call_learner(self.call, *args)
         did = {k: c[k] - was[k] for k in ("captures", "replays", "eager", "captured")}
         want = self.f(*before)
@@ -317,6 +383,9 @@ class _Trial:
                     f"{_kind(want)}: return fn's result (call 1) or the graph's outputs as "
                     f"fn returned them")
         if not _same(want, got):
+            paired = self.paired_by_order(got) if n > 2 else None
+            if paired:
+                return f"call {n} returned a wrong result: {paired}"
             if n > 2 and self.copied:
                 return (f"call {n} returned a stale result: the replay did not see this "
                         f"call's values of input(s) {self.copied}. Before each replay, copy_ "
@@ -334,6 +403,26 @@ class _Trial:
                     f"the same tensors every call, as torch does (no clone: the caller "
                     f"clones what it keeps, §5)")
         return None
+
+    def paired_by_order(self, got):
+        """Whether ``got`` is what a replay gives when the buffers of the non-static inputs
+        (in order) received the first arguments, ``zip(buffers, args)`` over every argument
+        (right only while the non-static inputs come first); why, or None."""
+        values = list(self.values)
+        wrong = [(i, j) for j, i in enumerate(self.copied) if i != j]
+        if not wrong:
+            return None
+        for j, i in enumerate(self.copied):
+            values[i] = self.values[j]
+        if not _same(self.f(*values), got):
+            return None
+        i, j = wrong[0]
+        return (f"the replay read input {j}'s values where input {i} belongs: your copies "
+                f"pair the buffers with the wrong arguments. With static={self.static} the "
+                f"non-static inputs are {self.copied}: a zip of their buffers against every "
+                f"argument, zip(buffers, args), hands buffer {self.copied.index(i)} (input "
+                f"{i}'s) argument {j}. Copy each non-static argument into the buffer of its own "
+                f"position: for i, a in enumerate(args), skip i in static, buffers[i].copy_(a)")
 
     def static_rules(self, args):
         """Static inputs: a new object at the same address, an in-place change, a new tensor."""

@@ -71,6 +71,19 @@ _LAYOUT_HINTS = [
     "positions = torch.cat([torch.arange(n, device=dev) for n in lens]); seq_lens = "
     "torch.tensor(lens, dtype=torch.int32, device=dev); seq_lens_cpu = extend_lens = lens.",
 ]
+_BATCH_HINTS = [
+    "The slot is right (slot 0, which no request owns); what the report names is in how the "
+    "batch is built. help(ForwardBatch) lists the fields: one entry per token in input_ids, "
+    "positions and out_cache_loc, one per request in req_pool_indices and seq_lens, each "
+    "with the dtype the text gives.",
+    HINTS[1],
+]
+_LOC_HINTS = [
+    "Attention stores each token's K/V at its out_cache_loc, a location in the KV pool, and "
+    "reads a request's keys back through model.req_to_token[slot, position]. The location "
+    "of a token is looked up in that table, in slot 0's row, at the token's position.",
+    HINTS[1],
+]
 _WHY = ("The warm-ups and the capture run attention eagerly, and attention stores the "
         "batch's keys and values in its slot's cache: whatever request owns that slot loses "
         "its K/V. Put the capture batch in slot 0 (DUMMY_SLOT), which no request owns")
@@ -106,22 +119,51 @@ def _slots_word(model) -> str:
     return f"slots 1..{model.num_slots - 1} belong to requests"
 
 
-def _explain_raise(e, model, n) -> str:
-    """What the learner's code raising for ``n`` tokens most likely means."""
+def _explain_raise(e, model, n):
+    """What the learner's code raising for ``n`` tokens most likely means: ``(text,
+    hints)``."""
     L = model.args.max_seq_len
     text = describe_exception(e)
     s = str(e)
     if "reserved dummy slot" in s:
-        return (f"{text}\n   make_extend_batch (and make_decode_batch) refuse slot 0: they keep "
-                f"every request out of the dummy slot, whose cache padded rows write. The "
+        return (f"{text}\n   make_extend_batch (and make_decode_batch) refuse slot 0: they "
+                f"keep every request out of the dummy slot, whose cache padded rows write. The "
                 f"capture batch is the one batch that belongs there: build the ForwardBatch "
-                f"yourself, ForwardBatch(forward_mode=ForwardMode.EXTEND, ...)")
+                f"yourself, ForwardBatch(forward_mode=ForwardMode.EXTEND, ...)", _BATCH_HINTS)
     if n > L and ("out of range" in s or "outside" in s or "out of bounds" in s):
+        lens = _split_lens(e, n, L)
+        if lens is not None:
+            return (f"{text}\n   num_tokens={n} is more than max_seq_len={L}, and your code "
+                    f"split it into requests of {lens} tokens, all at most {L}: right. But the "
+                    f"positions run on from one request to the next (torch.arange(num_tokens) "
+                    f"reaches {n - 1}), and slot 0's row of req_to_token has {L} entries (the "
+                    f"rotary table {L} rows): every request is a fresh prefill, so its "
+                    f"positions start again at 0, torch.cat([torch.arange(m) for m in lens])",
+                    _LAYOUT_HINTS)
         return (f"{text}\n   num_tokens={n} is more than max_seq_len={L}: one request holds at "
                 f"most {L} tokens (slot 0 has {L} cache locations, the rotary table {L} rows). "
                 f"Split the tokens into requests of at most max_seq_len, all in slot 0, each "
-                f"with its own positions 0..len-1")
-    return text
+                f"with its own positions 0..len-1 (they start again at 0 for every request)",
+                _LAYOUT_HINTS)
+    return text, _BATCH_HINTS
+
+
+def _split_lens(e, n, L) -> list | None:
+    """The request lengths the learner's code had worked out when it raised (a list of
+    ints, each 1..L, summing to ``n``, in a local variable of its own frames), or None:
+    then the tokens were split and what ran past max_seq_len is a position."""
+    from labkit.core.errors import in_library
+
+    tb = e.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if not in_library(frame.f_code.co_filename):
+            for v in frame.f_locals.values():
+                if (isinstance(v, (list, tuple)) and len(v) > 1
+                        and all(type(x) is int and 1 <= x <= L for x in v) and sum(v) == n):
+                    return list(v)
+        tb = tb.tb_next
+    return None
 
 
 _DTYPES = {   # field: (dtype, what it holds)
@@ -204,20 +246,20 @@ def judge_batch(model, n, batch) -> str | None:
                     f"every request of the capture batch is in slot 0 (DUMMY_SLOT)")
         whose = ("a live request's slot" if row != DUMMY_SLOT else "the dummy slot, by a "
                  "detour: write DUMMY_SLOT (0) itself")
-        return (f"req_pool_indices holds {s}: a negative index counts from the end of "
-                f"req_to_token, so {s} is row {row}, slot {row}, {whose} ({_slots_word(model)}). "
-                f"{_WHY}")
+        return Reason(f"req_pool_indices holds {s}: a negative index counts from the end of "
+                      f"req_to_token, so {s} is row {row}, slot {row}, {whose} "
+                      f"({_slots_word(model)}). {_WHY}", HINTS)
     high = [s for s in slots if s >= rows]
     if high:
-        return (f"req_pool_indices holds {high[0]}, but req_to_token has rows 0..{rows - 1} "
-                f"only (slot 0, the dummy slot, then one per request): every request of the "
-                f"capture batch is in slot 0 (DUMMY_SLOT)")
+        return Reason(f"req_pool_indices holds {high[0]}, but req_to_token has rows "
+                      f"0..{rows - 1} only (slot 0, the dummy slot, then one per request): "
+                      f"every request of the capture batch is in slot 0 (DUMMY_SLOT)", HINTS)
     live = sorted({s for s in slots if s != DUMMY_SLOT})
     if live:
         which = (f"slot {live[0]}" if len(live) == 1
                  else f"slots {', '.join(map(str, live))}")
-        return (f"req_pool_indices holds {which}: {_slots_word(model)}, and a live request's "
-                f"slot is not the capture's to write. {_WHY}")
+        return Reason(f"req_pool_indices holds {which}: {_slots_word(model)}, and a live "
+                      f"request's slot is not the capture's to write. {_WHY}", HINTS)
     ext = batch.extend_lens
     if ext is None:
         return Reason("extend_lens is None; an EXTEND batch needs extend_lens, a list of "
@@ -278,34 +320,47 @@ def judge_batch(model, n, batch) -> str | None:
                 "the pool, so look it up)" if locs == pos else "")
         size = table.numel()
         if not -size <= loc < size:
-            return (f"out_cache_loc[{j}] is {loc}, which is no location of the KV pool "
-                    f"(0..{size - 1}): position {p} of slot 0 is location "
-                    f"req_to_token[0, {p}] = {want}")
+            return Reason(f"out_cache_loc[{j}] is {loc}, which is no location of the KV pool "
+                          f"(0..{size - 1}): position {p} of slot 0 is location "
+                          f"req_to_token[0, {p}] = {want}", _LOC_HINTS)
         at = (table == loc % size).nonzero()
         s_, c = int(at[0, 0]), int(at[0, 1])
         if loc < 0:
-            return (f"out_cache_loc[{j}] is {loc}: labkit's attention stores every token's "
-                    f"K/V, there is no 'skip' location (vLLM's dummy runs pass -1 to a kernel "
-                    f"that skips it), and a negative index counts from the end of the pool: "
-                    f"location {loc % size}, req_to_token[{s_}, {c}]"
-                    f"{', a live request' + chr(39) + 's' if s_ != DUMMY_SLOT else ''}. "
-                    f"Position {p} of slot 0 is location req_to_token[0, {p}] = {want}")
+            live = ", a live request" + chr(39) + "s" if s_ != DUMMY_SLOT else ""
+            return Reason(
+                f"out_cache_loc[{j}] is {loc}: labkit's attention stores every token's K/V, "
+                f"there is no 'skip' location (vLLM's dummy runs pass -1 to a kernel that "
+                f"skips it), and a negative index counts from the end of the pool: location "
+                f"{loc % size}, req_to_token[{s_}, {c}]{live}. Position {p} of slot 0 is "
+                f"location req_to_token[0, {p}] = {want}", _LOC_HINTS)
         if s_ != DUMMY_SLOT:
-            return (f"out_cache_loc[{j}] is location {loc}, slot {s_}'s (req_to_token[{s_}, "
-                    f"{c}]), a live request's: attention stores each token's K/V at its "
-                    f"out_cache_loc, so the capture would overwrite that request's cache. "
-                    f"Position {p} of slot 0 is location req_to_token[0, {p}] = {want}: "
-                    f"out_cache_loc = model.req_to_token[DUMMY_SLOT].index_select(0, "
-                    f"positions){same}")
-        return (f"location {loc} for position {p} of slot 0 (out_cache_loc[{j}]) is not "
-                f"req_to_token[0, {p}] = {want}: attention stores each token's K/V at its "
-                f"out_cache_loc and reads a request's keys back through req_to_token, so "
-                f"out_cache_loc[i] = model.req_to_token[DUMMY_SLOT, positions[i]]{same}")
+            return Reason(
+                f"out_cache_loc[{j}] is location {loc}, slot {s_}'s (req_to_token[{s_}, {c}]), "
+                f"a live request's: attention stores each token's K/V at its out_cache_loc, "
+                f"so the capture would overwrite that request's cache. Position {p} of slot 0 "
+                f"is location req_to_token[0, {p}] = {want}: out_cache_loc = "
+                f"model.req_to_token[DUMMY_SLOT].index_select(0, positions){same}", _LOC_HINTS)
+        return Reason(
+            f"location {loc} for position {p} of slot 0 (out_cache_loc[{j}]) is not "
+            f"req_to_token[0, {p}] = {want}: attention stores each token's K/V at its "
+            f"out_cache_loc and reads a request's keys back through req_to_token, so "
+            f"out_cache_loc[i] = model.req_to_token[DUMMY_SLOT, positions[i]]{same}", _LOC_HINTS)
     ids = batch.input_ids
     if bool(((ids < 0) | (ids >= model.args.vocab_size)).any()):
         return (f"input_ids holds ids outside the vocabulary 0..{model.args.vocab_size - 1}: "
                 f"any id in range works (zeros, as SGLang's capture does)")
     return None
+
+
+def _hints_for(batch):
+    """The hints for a mistake judge_batch gave no hints of its own: about the slot only
+    when the batch's slot is wrong."""
+    from labkit.decode.model import DUMMY_SLOT
+
+    slots = getattr(batch, "req_pool_indices", None)
+    if isinstance(slots, torch.Tensor) and bool((slots != DUMMY_SLOT).any()):
+        return HINTS
+    return _BATCH_HINTS
 
 
 def _span(xs) -> str:
@@ -368,9 +423,9 @@ def _changed_kv(model, before, live) -> str | None:
             now = layer.attention.kv_cache.kv
             diff = (now[locs] != old[locs]).flatten(1).any(1).nonzero().flatten().tolist()
             if diff:
-                return (f"after runner.capture(), the K/V of slot {slot} (a live request, "
-                        f"prefilled before the capture) changed in layer {li}, positions "
-                        f"{_span(diff)}. {_WHY}")
+                return Reason(f"after runner.capture(), the K/V of slot {slot} (a live "
+                              f"request, prefilled before the capture) changed in layer {li}, "
+                              f"positions {_span(diff)}. {_WHY}", HINTS)
     return None
 
 
@@ -430,19 +485,20 @@ def _check(fn, B, trials, seed):
                 except (NotImplementedError, LearnerTimeout):
                     raise
                 except Exception as e:
-                    return fail(NAME, f"{where}: capture_batch(model, {n}) raised "
-                                      f"{_explain_raise(e, model, n)}",
-                                kind="exception", more_hints=HINTS)
+                    text, hints = _explain_raise(e, model, n)
+                    return fail(NAME, f"{where}: capture_batch(model, {n}) raised {text}",
+                                kind="exception", more_hints=hints)
                 msg = judge_batch(model, n, batch)
                 if msg:
                     return fail(NAME, f"{where}: capture_batch(model, {n}): {msg}",
-                                more_hints=getattr(msg, "hints", None) or HINTS)
+                                more_hints=getattr(msg, "hints", None) or _hints_for(batch))
             msg = _trial(fn, B, gen, seed + t, L, buckets)
         except Exception as e:
             return learner_raised(NAME, e, f"{where}: capturing with your batches raised",
-                                  describe=short_description, more_hints=HINTS, B=B)
+                                  describe=short_description, more_hints=_BATCH_HINTS, B=B)
         if msg:
-            return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
+            return fail(NAME, f"{where}: {msg}", more_hints=getattr(msg, "hints", None)
+                        or _BATCH_HINTS)
     return passed(NAME, "every capture batch in the dummy slot, no request longer than "
                         "max_seq_len, exactly num_tokens tokens; the live requests' K/V "
                         f"untouched by runner.capture() and the pieces equal to eager after "

@@ -8,10 +8,15 @@ target agrees with (``d[j] == argmax`` of the target's logits at position j), an
 
 The checker builds logits with a clear argmax and draft rows of every kind: all accepted,
 none, a first mismatch anywhere with later tokens that agree again (they must not
-count), for random bs, k and vocabulary sizes. A wrong ``accepted`` is named by the
-mistake it matches: agreements summed instead of the prefix (``sum`` without
+count), for random bs, k and vocabulary sizes; the drafts int64 or int32, the logits
+float32 or float16 (``target_tokens`` and ``accepted`` are int64 whatever they are). The
+first batch keeps at least one draft in every row, so that the batch's minimum given to
+every request is told from a count that is 0 everywhere. A wrong ``accepted`` is named by
+the mistake it matches: agreements summed instead of the prefix (``sum`` without
 ``cumprod``), ``argmax`` of the mismatch mask (0 when all agree), the bonus token
-counted, drafts compared with the target one position off. Then the function is captured
+counted, drafts compared with the target one position off, the batch's minimum for
+every request; an agreement mask returned as ``target_tokens`` is named too. Then the
+function is captured
 on the emulator, which refuses a host read (``.item()``, ``.tolist()``, ``nonzero``,
 ``if`` on a tensor) as a GPU does, and the graph is replayed with new inputs: it must
 follow them. Before each replay the function is also called eagerly on the same new
@@ -71,9 +76,22 @@ def reference_greedy_accept(draft_tokens, target_logits):
     return agree.cumprod(1).sum(1), t
 
 
-def _case(gen, bs, k, vocab, device):
-    """Draft tokens and logits; rows cycle through: all accepted, none, a first mismatch
-    at a random place (drafts after it agree with the target again)."""
+def _dtypes(gen, trial):
+    """The drafts' and the logits' dtypes for a trial: int64 and float32 first, int32
+    drafts second (engines keep token ids in either), then at random; the logits float32
+    or float16."""
+    if trial < 2:
+        return (torch.int64, torch.int32)[trial], torch.float32
+    draft = (torch.int64, torch.int32)[int(torch.randint(0, 2, (), generator=gen))]
+    return draft, (torch.float32, torch.float16)[int(torch.randint(0, 2, (), generator=gen))]
+
+
+def _case(gen, bs, k, vocab, device, dtypes=(torch.int64, torch.float32), some=False):
+    """Draft tokens and logits (of ``dtypes``); rows cycle through: all accepted, none, a
+    first mismatch at a random place (drafts after it agree with the target again).
+    ``some``: every row keeps at least one draft (when k > 1), so that a count shared by
+    the whole batch, its minimum, is not 0."""
+    lo = 1 if some and k > 1 else 0
     t = torch.randint(0, vocab, (bs, k + 1), generator=gen)
     logits = 0.1 * torch.randn(bs, k + 1, vocab, generator=gen)
     logits.scatter_(2, t.unsqueeze(2), 5.0)                     # a clear argmax
@@ -83,12 +101,13 @@ def _case(gen, bs, k, vocab, device):
         kind = (i + start) % 3
         if kind == 0:
             continue                                            # all accepted
-        m = 0 if kind == 1 else int(torch.randint(0, k, (), generator=gen))
+        m = lo if kind == 1 else int(torch.randint(lo, k, (), generator=gen))
         d[i, m] = (t[i, m] + int(torch.randint(1, vocab, (), generator=gen))) % vocab
         for j in range(m + 1, k):                               # later: agree, or not
             if bool(torch.rand((), generator=gen) < 0.3):
                 d[i, j] = (t[i, j] + 1) % vocab
-    return d.to(device), logits.reshape(bs * (k + 1), vocab).to(device)
+    return (d.to(device, dtypes[0]),
+            logits.reshape(bs * (k + 1), vocab).to(device, dtypes[1]))
 
 
 def _variants(d, logits):
@@ -99,6 +118,7 @@ def _variants(d, logits):
     right = agree.cumprod(1).sum(1)
     off = (d == t[:, 1:]).long().cumprod(1).sum(1) if k else right
     return {
+        "min": right.min().expand(bs),
         "sum": agree.sum(1),
         "argmax": (d != t[:, :k]).long().argmax(1),
         "bonus": right + 1,
@@ -118,6 +138,11 @@ def _judge(d, logits, got) -> str | None:
                 else type(got).__name__)
         return f"returned {what}; expected a tuple of two tensors (accepted, target_tokens)"
     acc, tt = got
+    if tuple(tt.shape) == (bs, k) and _is_mask(tt, d == want_t[:, :k]):
+        return ("target_tokens holds the agreement mask (draft_tokens == the target's "
+                "tokens, one True/False per draft), not the target's tokens: return the "
+                "argmax itself, the token ids at each of the k + 1 positions, shape "
+                f"(bs, k + 1) = ({bs}, {k + 1})")
     if tuple(acc.shape) == (bs, k + 1) and tuple(tt.shape) == (bs,):
         return ("returned (target_tokens, accepted): the order is (accepted, target_tokens)")
     if tuple(tt.shape) != (bs, k + 1):
@@ -130,6 +155,11 @@ def _judge(d, logits, got) -> str | None:
         return (f"accepted has shape {fmt_shape(acc.shape)}; expected (bs,) = ({bs},): one "
                 f"count per request")
     for name, x in (("accepted", acc), ("target_tokens", tt)):
+        if x.dtype != torch.int64 and x.dtype == d.dtype:
+            return (f"{name} is {x.dtype}, the dtype of draft_tokens here; expected "
+                    f"torch.int64 whatever dtype the drafts come in (argmax gives int64 token "
+                    f"ids, a sum of a long tensor int64 counts): do not cast to the drafts' "
+                    f"dtype")
         if x.dtype != torch.int64:
             return (f"{name} is {x.dtype}; expected torch.int64 (token ids and counts are "
                     f"long: argmax and sum of a long tensor give int64)")
@@ -149,6 +179,11 @@ def _judge(d, logits, got) -> str | None:
     rows = (acc != want_a).nonzero().flatten().tolist()
     i = rows[0]
     row = f"request {i}: drafts {d[i].tolist()}, target's tokens {want_t[i].tolist()}"
+    if torch.equal(acc, v["min"]) and int(acc[0]) > 0:
+        return (f"accepted is {int(acc[0])} for every request, the batch's minimum (its "
+                f"smallest count), but each request keeps its own prefix ({row}: expected "
+                f"{int(want_a[i])}). Count per row, over dim 1, and take no min/max across "
+                f"the requests: accepted[i] belongs to request i alone")
     if torch.equal(acc, v["argmax"]) and all(int(want_a[r]) == k for r in rows):
         return (f"accepted[{i}] is 0 where every draft token agrees ({row}): argmax of the "
                 f"mismatch mask is 0 when the mask has no True at all. Count the agreeing "
@@ -168,6 +203,13 @@ def _judge(d, logits, got) -> str | None:
                 f"logits is the target's prediction after [newest, d1..dj], the token at "
                 f"position j: draft_tokens[:, j] is checked against target_tokens[:, j]")
     return f"accepted[{i}] is {int(acc[i])}, expected {int(want_a[i])} ({row})"
+
+
+def _is_mask(x, agree) -> bool:
+    """Whether ``x`` holds the agreement mask ``agree`` (bool, or 0/1 of any dtype)."""
+    if x.dtype == torch.bool:
+        return torch.equal(x, agree)
+    return bool(((x == 0) | (x == 1)).all()) and torch.equal(x != 0, agree)
 
 
 def check_greedy_accept(fn, *, B=None, trials: int = 6, seed: int = 0):
@@ -190,8 +232,11 @@ def _check(fn, B, trials, seed):
     if trials > 2:
         shapes[2] = (1,) + shapes[2][1:]                     # one request
     for t, (bs, k, vocab) in enumerate(shapes):
-        where = f"trial {t + 1} (bs={bs}, k={k}, vocab={vocab})"
-        d, logits = _case(gen, bs, k, vocab, B.device)
+        dtypes = _dtypes(gen, t)
+        where = (f"trial {t + 1} (bs={bs}, k={k}, vocab={vocab}, draft_tokens "
+                 f"{str(dtypes[0]).removeprefix('torch.')}, target_logits "
+                 f"{str(dtypes[1]).removeprefix('torch.')})")
+        d, logits = _case(gen, bs, k, vocab, B.device, dtypes, some=(t == 0))
         d0, l0 = d.clone(), logits.clone()
         versions = (d._version, logits._version)
         try:
@@ -207,7 +252,7 @@ def _check(fn, B, trials, seed):
         if msg:
             return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
         try:
-            msg = _captured(fn, B, gen, bs, k, vocab, where)
+            msg = _captured(fn, B, gen, bs, k, vocab, where, dtypes)
         except (NotImplementedError, LearnerTimeout) as e:     # _captured judges the rest
             return learner_raised(NAME, e, where, more_hints=HINTS)
         if msg:
@@ -226,11 +271,11 @@ class _Found(Reason):
         return self
 
 
-def _captured(fn, B, gen, bs, k, vocab, where) -> _Found | None:
+def _captured(fn, B, gen, bs, k, vocab, where, dtypes) -> _Found | None:
     """Capture ``fn`` on B and replay it with new inputs: no host read, results that follow.
     Before each replay ``fn`` runs eagerly on the same new inputs: a wrong eager result is
     a mistake in the logic, named as the eager trials name it."""
-    d, logits = _case(gen, bs, k, vocab, B.device)
+    d, logits = _case(gen, bs, k, vocab, B.device, dtypes)
     try:
         g, out = call_learner(capture, fn, d, logits, B=B, warmup=1)
     except (NotImplementedError, LearnerTimeout):
@@ -243,7 +288,7 @@ def _captured(fn, B, gen, bs, k, vocab, where) -> _Found | None:
                       f"reads a value on the host). Use tensor ops only: compare, cumprod, sum",
                       "exception", _HOST_READ_HINTS)
     for r in range(2):
-        nd, nl = _case(gen, bs, k, vocab, B.device)
+        nd, nl = _case(gen, bs, k, vocab, B.device, dtypes)
         again = f"{where}, called again with new draft tokens and logits"
         try:
             eager = call_learner(fn, nd.clone(), nl.clone())

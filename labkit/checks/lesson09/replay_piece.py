@@ -15,12 +15,17 @@ often they were written (their version counters), and calls the learner's functi
 runner would, step after step: a bucket filled exactly, a few tokens, one token; the
 arguments in a random order (one or two attention outputs, a view into the same buffer as
 its captured tensor but at another offset (same storage, another ``data_ptr()``: it must
-be copied), the previous piece's output, a static int buffer, an int or a float, which
-arrives as a new float object every call). Every call runs under :class:`HostReads`: a
+be copied), the previous piece's output, a static int buffer, a static buffer passed as its
+first rows (the same ``data_ptr()``, another shape: copied for its shape, it is named), an
+int or a float, which arrives as a new float object every call); the piece returns one
+tensor, a tuple or a list (``tuple(output)`` is a new object for a list). A copy that went
+to the wrong rows, or one row short, is named as such. Every call runs under
+:class:`HostReads`: a
 read of a tensor's value on the host (``torch.equal``, ``.item()``, ``.tolist()``, an
 ``if`` on a tensor) is a device→host sync on every step and is refused. A last call
 changes the number (a float by less than 1, without crossing an integer, so that
-``int(new) != int(static)`` misses it): the learner's code must raise a ``RuntimeError``
+``int(new) != int(static)`` misses it, and in the first float trial by 0.01 to 0.04 only,
+which a comparison after rounding misses): the learner's code must raise a ``RuntimeError``
 whose message names the argument (its position in ``args`` or the value given), without
 replaying. Only a ``RuntimeError`` counts as a refusal: another exception is a bug,
 reported with its line.
@@ -109,23 +114,25 @@ _MOVED = ("attn", "view")     # the kinds of argument that arrive in new memory
 class _Trial:
     """One captured piece, called step after step as the runner calls it."""
 
-    def __init__(self, fn, B, gen, number, tuple_out=None):
+    def __init__(self, fn, B, gen, number, out_kind=None):
         self.fn, self.gen = fn, gen
         self.B, self.spy = _spy_backend(B)
         dev = B.device
         self.b = int(torch.randint(4, 10, (), generator=gen))         # the bucket
         self.d = int(torch.randint(2, 6, (), generator=gen))
         n_attn = int(torch.randint(1, 3, (), generator=gen))
-        kinds = ["attn"] * n_attn + ["view", "prev", "ids", "num"]
+        kinds = ["attn"] * n_attn + ["view", "prev", "ids", "head", "num"]
         order = torch.randperm(len(kinds), generator=gen).tolist()
         self.kinds = [kinds[i] for i in order]
-        self.tuple_out = (bool(torch.rand((), generator=gen) < 0.5) if tuple_out is None
-                          else tuple_out)
+        self.out_kind = (_OUT_KINDS[int(torch.randint(0, 3, (), generator=gen))]
+                         if out_kind is None else out_kind)
         self.num = (int(torch.randint(2, 5, (), generator=gen)) if number is int
                     else float(torch.randint(1, 8, (), generator=gen)) / 4)
         b, d = self.b, self.d
         self.prev_buffer = torch.randn(b, d, generator=gen).to(dev)   # the last piece's output
         self.ids_buffer = torch.randint(0, 50, (b + 3,), generator=gen).to(dev)  # runner's buffer
+        # captured whole; later steps pass its first n rows: the same address, fewer rows
+        self.head_buffer = torch.randn(b, d, generator=gen).to(dev)
         # captured as its first b rows; later steps pass rows further down the same buffer
         self.view_buffer = torch.randn(2 * b + 1, d, generator=gen).to(dev)
         self.static_args = []
@@ -138,6 +145,8 @@ class _Trial:
                 self.static_args.append(self.prev_buffer)
             elif k == "ids":
                 self.static_args.append(self.ids_buffer[:b])
+            elif k == "head":
+                self.static_args.append(self.head_buffer)
             else:
                 self.static_args.append(self.num)
         self.graph, self.output = capture(self.piece, *self.static_args, B=self.B, warmup=1)
@@ -157,16 +166,23 @@ class _Trial:
                 h = h + a.tanh()
             elif k == "ids":
                 h = h + 0.01 * a.unsqueeze(1).to(torch.float32)
+            elif k == "head":
+                h = h - 0.25 * a
         num = next(a for k, a in zip(self.kinds, args) if k == "num")
         out = torch.relu(h * num + 0.1)
-        return (out, out.sum(1)) if self.tuple_out else out
+        if self.out_kind == "tensor":
+            return out
+        return (out, out.sum(1)) if self.out_kind == "tuple" else [out, out.sum(1)]
 
     def label(self) -> str:
         names = {"attn": "attention output", "view": "a view at another offset of its "
                  "captured tensor's buffer", "prev": "previous piece's output",
-                 "ids": "static int buffer", "num": f"the {type(self.num).__name__} {self.num}"}
+                 "ids": "static int buffer", "head": "the first rows of its captured "
+                 "tensor (same address, fewer rows)",
+                 "num": f"the {type(self.num).__name__} {self.num}"}
+        out = {"tensor": "one tensor", "tuple": "a tuple", "list": "a list"}[self.out_kind]
         return (f"bucket {self.b}, arguments ({', '.join(names[k] for k in self.kinds)}), "
-                f"{'a tuple' if self.tuple_out else 'one tensor'} out")
+                f"{out} out")
 
     def args_for(self, n, num=None):
         """This step's arguments: new attention outputs (n rows), views of the static ones."""
@@ -185,6 +201,9 @@ class _Trial:
                 args.append(self.prev_buffer.view(self.b, self.d))   # same memory, new object
             elif k == "ids":
                 args.append(self.ids_buffer[: self.b])
+            elif k == "head":      # the runner wrote this step's n rows there
+                self.head_buffer[:n].copy_(torch.randn(n, self.d, generator=self.gen).to(dev))
+                args.append(self.head_buffer[:n])
             else:
                 v = self.num if num is None else num
                 args.append(float(repr(v)) if isinstance(v, float) else v)  # a new object
@@ -259,6 +278,8 @@ class _Trial:
                     return (f"{where}: your code copied argument {i} (a tensor in new memory) "
                             f"after graph.replay(): the replay read the last step's values. "
                             f"Copy first, then replay")
+                if at[i][0] != before[i][0] or not torch.equal(at[i][1], before[i][1]):
+                    return self.wrong_rows(where, i, args[i], at[i][1], n)
                 return self.stale(where, i, args[i])
             if not torch.equal(at[i][1][n:], before[i][1][n:]):
                 rows = f"row {n}" if n == self.b - 1 else f"rows {n}..{self.b - 1}"
@@ -269,6 +290,15 @@ class _Trial:
         if n < self.b:
             self.copied_fewer = True
         extra = [i for i in same if statics[i]._version != before[i][0]]
+        shorter = [i for i in extra if args[i].shape != statics[i].shape]
+        if shorter and len(shorter) == len(extra):     # copied for its shape alone
+            i = shorter[0]
+            return (f"{where}: your code copied argument {i}, which has "
+                    f"{args[i].size(0)} rows where its captured tensor has {self.b}, but the "
+                    f"same data_ptr(): it is the captured tensor's first rows, the captured "
+                    f"memory itself, already holding this step's values (a copy onto itself "
+                    f"is a wasted kernel per piece per step): decide by data_ptr(), not by "
+                    f"shape, and copy only where new.data_ptr() != static.data_ptr()")
         if extra:
             copied = len(extra) + len(moved)
             return (f"{where}: your code copied {copied} tensor arguments, but only "
@@ -279,6 +309,27 @@ class _Trial:
                     f"copy only where new.data_ptr() != static.data_ptr() (comparing the "
                     f"objects, `is`, says that every view moved)")
         return self.judge_output(where, got, want, n)
+
+    def wrong_rows(self, where, i, new, held, n):
+        """Argument i moved and your code wrote its captured tensor, but its first n rows do
+        not hold the new rows: name where they went."""
+        rows = n - 1 if n > 1 else 0
+        for o in range(1, self.b - n + 1):
+            if torch.equal(held[o:o + n], new):
+                return (f"{where}: your code copied argument {i} (a tensor of {n} rows in new "
+                        f"memory) into rows {o}..{o + n - 1} of its captured tensor, but the "
+                        f"real tokens are its first rows, 0..{n - 1} (the rest is the bucket's "
+                        f"padding): static[:new.size(0)].copy_(new)")
+        if rows and torch.equal(held[:rows], new[:rows]):
+            return (f"{where}: your code copied argument {i} one row short: rows "
+                    f"0..{rows - 1} of its captured tensor hold the new tensor's, row {rows} "
+                    f"does not. All {n} rows of the new tensor are real tokens: "
+                    f"static[:new.size(0)].copy_(new), new.size(0) rows")
+        bad = [r for r in range(n) if not torch.equal(held[r], new[r])]
+        return (f"{where}: your code wrote the captured tensor of argument {i} (a tensor of "
+                f"{n} rows in new memory), but before the replay its rows {_rows_list(bad)} "
+                f"did not hold the new tensor's rows: copy the new rows, in order, into the "
+                f"first rows: static[:new.size(0)].copy_(new)")
 
     def stale(self, where, i, new):
         """Argument i moved and was not copied before the replay."""
@@ -316,28 +367,36 @@ class _Trial:
         if got is self.graph:
             return (f"{where}: your code returned the graph: return output, the piece's "
                     f"static output")
-        if isinstance(out, tuple):
+        if isinstance(out, (tuple, list)):
             if isinstance(got, torch.Tensor):
-                return (f"{where}: your code returned one tensor, but the piece returns a tuple "
-                        f"of {len(out)}: return output as it is")
+                return (f"{where}: your code returned one tensor, but the piece returns a "
+                        f"{type(out).__name__} of {len(out)}: return output as it is")
             if (isinstance(got, (tuple, list)) and len(got) == len(out)
                     and all(a is b for a, b in zip(got, out))):
                 return (f"{where}: your code returned a new {type(got).__name__} holding "
                         f"output's tensors, not output itself: return output as it is (the "
                         f"same object: `result is output`), whatever the captured function "
-                        f"returned, a tensor or a tuple of them")
+                        f"returned, a tensor, or a tuple or list of them (tuple(output) is a "
+                        f"new object when output is a list)")
         values = compare_outputs(_rows(want, n), _rows(got, n), atol=1e-5) is None
         why = ("the right values, but in new tensors" if values else "other tensors")
         return (f"{where}: your code returned {why}, not output, the static output the "
                 f"graph writes. Return output itself: the next piece was captured reading "
                 f"it, so a new tensor there would have to be copied at every step")
 
-    def changed_number(self):
+    def changed_number(self, small=False):
         """The number differs from the captured one: the call must raise a RuntimeError
-        naming the argument, before any replay. Returns a message, or None."""
+        naming the argument, before any replay. ``small``: a float changes by 0.01 to 0.04
+        only (one decimal rounds it back to the captured value). Returns a message, or
+        None."""
         gen = self.gen
         if isinstance(self.num, int):
             other = self.num + int(torch.randint(1, 4, (), generator=gen))
+        elif small:     # num is a multiple of 0.25: 0.01..0.04 away, the same integer part,
+            # towards the value one decimal rounds num to (x.25 -> x.2, x.75 -> x.8)
+            delta = 0.01 * int(torch.randint(1, 5, (), generator=gen))
+            frac = self.num - math.floor(self.num)
+            other = round(self.num - delta if frac == 0.25 else self.num + delta, 2)
         else:   # less than 1 away, the same integer part: int(new) == int(static)
             base, frac = math.floor(self.num), self.num - math.floor(self.num)
             while True:
@@ -396,6 +455,14 @@ class _Trial:
                     f"value given ({other!r}), e.g. f\"argument {{i}} is {{new!r}}, captured "
                     f"with {{static!r}}\"")
         return None
+
+
+_OUT_KINDS = ("tensor", "tuple", "list")
+
+
+def _rows_list(rows) -> str:
+    shown = ", ".join(map(str, rows[:6]))
+    return shown + (", ..." if len(rows) > 6 else "")
 
 
 def _a(word: str) -> str:
@@ -476,7 +543,7 @@ def _check(fn, B, trials, seed):
         try:
             number = (int, float)[t % 2] if t < 2 else (
                 int if bool(torch.rand((), generator=gen) < 0.5) else float)
-            trial = _Trial(fn, B, gen, number, tuple_out=(t == 0) if t < 2 else None)
+            trial = _Trial(fn, B, gen, number, out_kind=_OUT_KINDS[t] if t < 3 else None)
         except Exception as e:       # a bug in the checker, not in the learner's code
             backend.recover(B)
             return fail(NAME, f"the checker itself failed (not your fault): "
@@ -491,7 +558,9 @@ def _check(fn, B, trials, seed):
                 if msg:
                     return fail(NAME, f"{where}: {msg}",
                                 more_hints=getattr(msg, "hints", None) or HINTS)
-            msg = trial.changed_number()
+            # the first float trial changes its float by a hair: rounding misses it
+            msg = trial.changed_number(small=(t == 1) or bool(torch.rand((), generator=gen)
+                                                             < 0.5))
         except Exception as e:
             return learner_raised(NAME, e, f"{where}, {trial.current}: your code raised",
                                   describe=lambda e: _explain(e, trial), more_hints=HINTS,

@@ -2,21 +2,25 @@
 
 The learner's function returns ``{node: subgraph id}`` for every node of ``gm`` but the
 placeholders, the output and the ``get_attr`` nodes (``split_module`` asks for no label of
-those; an entry for a ``get_attr`` node, whatever its value, None included, is ignored):
+those: an entry for one of them, whatever its value, None included, is ignored):
 every call of one of
 ``ops`` gets an id of its own, the nodes between two of them share one, ids increase in
 node order and are numbered as vLLM numbers them (split ops odd, pieces even, an empty
 piece leaves its id unused) (:func:`labkit.piecewise.split.split_graph`).
 
 The checker builds graphs that hold every case the text names: lesson 09's own model
-traced with ``torch.fx.symbolic_trace`` (cut at ``attend``), and hand-built graphs with no
+traced with ``torch.fx.symbolic_trace`` (cut at ``attend``), the text's own examples
+(``relu, attend, add`` and ``attend, attend_1, add``, no ``get_attr`` node), and
+hand-built graphs with no
 split op, one, several, two in a row, a split op first and last, two different ops in
 ``ops`` beside a decoy function whose name starts like one of them and another function
 with exactly the ``__name__`` (and ``__qualname__``) of one of them, a different object
 that is not in ``ops`` (a function redefined in a later notebook cell is such an object;
 matching by name is caught), and ``get_attr`` nodes
-(read first by a split op, hoisted to the top of the graph, or read by several pieces),
-which a labelling must step over.
+(read first by a split op, hoisted to the top of the graph, or read by several pieces;
+a split op reads one made right before it, a hoisted one or none, at random), which a
+labelling must step over: one that lets a ``get_attr`` open a piece numbers the pieces
+wrongly where none precedes a split op.
 Each answer is judged by structure first (which nodes share an id), so that a wrong split
 is named by the nodes it joins or cuts; then ``split_module(gm, None, lambda n:
 labels[n], keep_original_order=True)`` must compute what ``gm`` computes; last the ids must
@@ -81,6 +85,12 @@ def gate(x):
 def mix_norm(x):
     """A decoy: not a split op, although its name starts like one."""
     return x / (x.norm() + 1.0)
+
+
+def attend(x):
+    """A split op named as lesson 09's, for the text's own examples (``relu, attend, add``
+    and ``attend, attend_1, add``); not :func:`labkit.decode.model.attend`."""
+    return x * torch.sigmoid(x).mean(0, keepdim=True)
 
 
 def _gate_twin(x):
@@ -155,9 +165,19 @@ class _Builder:
             node = g.call_function(operator.mul, (cur, self.attr()))
         self.push(node)
 
-    def split(self, op):
+    def split(self, op, reads=None):
+        """A call of ``op``; ``mix`` reads, as ``reads`` says or at random: a get_attr made
+        right before it ("new"), a hoisted one ("hoisted") or no attribute at all ("value":
+        an earlier value), so that get_attr nodes are no landmark of a split op."""
         if op is mix:
-            node = self.g.call_function(mix, (self.cur, self.attr()))
+            reads = reads or _pick(self.gen, ("new", "hoisted", "value"))
+            if reads == "new" or (reads == "hoisted" and not self.hoisted):
+                w = self.g.get_attr(_pick(self.gen, _ATTRS))
+            elif reads == "hoisted":
+                w = _pick(self.gen, self.hoisted)
+            else:
+                w = _pick(self.gen, self.values)
+            node = self.g.call_function(mix, (self.cur, w))
         else:
             node = self.g.call_function(op, (self.cur,))
         self.push(node)
@@ -181,8 +201,29 @@ class _Builder:
         return fx.GraphModule(self.root, self.g)
 
 
-def _hand_built(gen, case):
-    """(gm, ops, label, inputs) for one of the cases the text names."""
+def _text_example(gen, which):
+    """The text's own examples, no get_attr node: ``relu, attend, add`` (which 0) or
+    ``attend, attend_1, add`` (which 1)."""
+    d = int(torch.randint(3, 7, (), generator=gen))
+    g = fx.Graph()
+    x = g.placeholder("x")
+    if which == 0:
+        h = g.call_function(attend, (g.call_function(torch.relu, (x,)),))
+        label = "the text's example: relu, attend, add"
+    else:
+        h = g.call_function(attend, (g.call_function(attend, (x,)),))
+        label = "the text's example: attend, attend_1, add"
+    g.output(g.call_function(operator.add, (h, x)))
+    gm = fx.GraphModule(nn.Module(), g)
+    rows = int(torch.randint(2, 5, (), generator=gen))
+    return gm, (attend,), label, (torch.randn(rows, d, generator=gen),)
+
+
+def _hand_built(gen, case, which=1):
+    """(gm, ops, label, inputs) for one of the cases the text names (``which``: the text's
+    example, for case "text")."""
+    if case == "text":
+        return _text_example(gen, which)
     d = int(torch.randint(3, 7, (), generator=gen))
     b = _Builder(gen, d)
     b.hoist(int(torch.randint(1, 3, (), generator=gen)))
@@ -208,13 +249,13 @@ def _hand_built(gen, case):
         for i in range(n):
             b.split(mix)
             if i == 0:
-                b.split(mix)          # two in a row
+                b.split(mix, reads="value")     # two in a row, no get_attr between
             plain(1, 3)
         b.use(shared)
         label = f"{n + 1} calls of mix, two of them in a row"
     elif case == "ends":
         ops = (mix,)
-        b.split(mix)                  # first
+        b.split(mix, reads=_pick(gen, ("value", "hoisted")))   # first: nothing before it
         plain(1, 4)
         b.use(shared)
         b.use_hoisted()
@@ -257,10 +298,14 @@ def _model_case():
         batch.input_ids, batch.positions, batch)
 
 
-CASES = ("model", "none", "one", "several", "ends", "two ops")
+CASES = ("model", "text", "none", "one", "several", "ends", "two ops")
 
 
 # ---- judging -----------------------------------------------------------------------------
+
+# the nodes split_module asks no label of: a label there, whatever its value, is ignored
+_UNLABELLED = ("placeholder", "output", "get_attr")
+
 
 def _desc(node) -> str:
     if node.op == "call_function":
@@ -321,13 +366,7 @@ def judge_labels(gm, ops, got, want) -> str | None:
                     f"{type(k).__name__} keys such as {k!r}")
         if k not in index:
             return f"labels holds node `{k.name}`, which is not a node of gm.graph"
-    for n in nodes:
-        if n in got and n.op in ("placeholder", "output"):
-            what = "placeholder" if n.op == "placeholder" else "output node"
-            return (f"labelled the {what} `{n.name}`: placeholders and the output get no "
-                    f"label (split_module makes them the split module's own inputs and "
-                    f"output)")
-    got = {n: v for n, v in got.items() if n.op != "get_attr"}   # never read: ignored
+    got = {n: v for n, v in got.items() if n.op not in _UNLABELLED}   # never read: ignored
     for n in nodes:
         if n in want and n not in got:
             return (f"node {_desc(n)} has no label: every node except the placeholders, the "
@@ -460,7 +499,10 @@ def _check(fn, trials, seed):
     for trial in range(trials):
         case = CASES[trial % len(CASES)]
         try:
-            gm, ops, label, inputs = _model_case() if case == "model" else _hand_built(gen, case)
+            # the text's examples: attend, attend_1, add first (an empty piece), then relu, ...
+            which = 1 - (trial // len(CASES)) % 2
+            gm, ops, label, inputs = (_model_case() if case == "model"
+                                      else _hand_built(gen, case, which))
             want = reference_split_labels(gm, ops)
         except Exception as e:      # a bug in the checker, not in the learner's code
             return fail(NAME, f"the checker itself failed (not your fault): "
@@ -472,10 +514,11 @@ def _check(fn, trials, seed):
             return learner_raised(NAME, e, f"{where}: your code raised", more_hints=HINTS)
         msg = judge_labels(gm, ops, got, want)
         if not msg:
-            labels = {n: v for n, v in got.items() if n.op != "get_attr"}
+            labels = {n: v for n, v in got.items() if n.op not in _UNLABELLED}
             msg = _same_output(gm, labels, inputs) or _numbering(gm, ops, labels, want)
         if msg:
             return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
-    return passed(NAME, f"vLLM's labels in {trials} graphs (lesson 09's model, no split op, "
-                        f"one, several, two in a row, first and last, two ops in ops, get_attr "
-                        f"nodes), and split_module of them computes what gm does")
+    return passed(NAME, f"vLLM's labels in {trials} graphs (lesson 09's model, the text's "
+                        f"examples, no split op, one, several, two in a row, first and last, "
+                        f"two ops in ops, get_attr nodes anywhere), and split_module of them "
+                        f"computes what gm does")
