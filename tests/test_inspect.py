@@ -305,3 +305,18 @@ def test_draw_refuses_bad_arguments():
         draw("graph.dot")
     with pytest.raises(ValueError, match="max_nodes must be >= 1, got 0"):
         draw(parse_dot(FIXTURE.read_text()), max_nodes=0)
+
+
+def test_parse_dot_reads_real_h200_dumps():
+    """cudaGraphDebugDotPrint's own files, written by tools/inspect_gpu_probe.py on an
+    H200 (torch 2.11, CUDA 13.0): the fork/join capture and lesson 02's MLP."""
+    data = Path(__file__).parent / "data"
+    fj = parse_dot((data / "h200_fork_join.dot").read_text())
+    assert len(fj.nodes) == 4 and {n.kind for n in fj.nodes} == {"kernel"}
+    assert sorted(fj.edges) == [(0, 1), (0, 2), (1, 3), (2, 3)]
+    assert fj.width == 2                                    # the two branches side by side
+    assert [n.label for n in fj.nodes][1] == "vectorized_elementwise_kernel[MulFunctor]"
+    mlp = parse_dot((data / "h200_mlp.dot").read_text())
+    assert [n.label for n in mlp.nodes] == ["gemmSN_TN_kernel", "vectorized_elementwise_kernel",
+                                            "gemmSN_TN_kernel"]
+    assert sorted(mlp.edges) == [(0, 1), (1, 2)]
