@@ -510,4 +510,6 @@ def install() -> torch.device:
     lib.impl("_pin_memory", _pin_memory, "CPU")
     lib.impl("is_pinned", _is_pinned, "CPU")
     _installed.append(lib)
+    from labkit.emulator import autocast
+    autocast.install()
     return DEVICE
