@@ -34,6 +34,8 @@ import weakref
 import torch
 from torch.overrides import handle_torch_function, has_torch_function_unary
 
+from labkit.emulator.allocator import note_allocation
+
 __all__ = ["DEVICE_TYPE", "DEVICE", "DeviceTensor", "install", "is_device", "host",
            "wrap", "is_pinned", "same_device_error", "NUMPY_MESSAGE"]
 
@@ -94,7 +96,7 @@ class DeviceTensor(torch.Tensor):
         if id(self) in memo:
             return memo[id(self)]
         with torch.no_grad():
-            new = DeviceTensor(self._host.clone(memory_format=torch.preserve_format))
+            new = _allocated(DeviceTensor(self._host.clone(memory_format=torch.preserve_format)))
         memo[id(self)] = new
         if self.requires_grad:
             new.requires_grad_(True)
@@ -234,6 +236,7 @@ def wrap_result(func, args, kwargs, out):
         if len(writes) == 1:
             return arg(writes[0])
         return tuple(arg(w) if w is not None else _wrap_any(o) for w, o in zip(writes, out))
+    _note_fresh(func, out)
     return _wrap_any(out)
 
 
@@ -261,6 +264,35 @@ def _wrap_any(out):
     if t is tuple or t is list:
         return t(_wrap_any(o) for o in out)
     return out
+
+
+_FRESH: dict = {}
+
+
+def _note_fresh(func, out) -> None:
+    """Tell the allocator about the new device memory an op's outputs hold (its returns
+    without an alias annotation; views and in-place results are not new memory)."""
+    fresh = _FRESH.get(func)
+    if fresh is None:
+        fresh = _FRESH[func] = tuple(r.alias_info is None for r in func._schema.returns)
+    if type(out) is torch.Tensor:
+        if fresh[0]:
+            note_allocation(out.untyped_storage().nbytes())
+        return
+    if not any(fresh):
+        return
+    outs = out if type(out) in (tuple, list) and len(fresh) > 1 else (out,)
+    nbytes = 0
+    for o, new in zip(outs, fresh):
+        for t in (o if type(o) in (tuple, list) else (o,)):
+            if new and type(t) is torch.Tensor:
+                nbytes += t.untyped_storage().nbytes()
+    note_allocation(nbytes)
+
+
+def _allocated(t: "DeviceTensor") -> "DeviceTensor":
+    note_allocation(t._host.untyped_storage().nbytes())
+    return t
 
 
 # ---- which ops take a host tensor next to device tensors --------------------------------
@@ -296,7 +328,7 @@ def copy_between(func, args, kwargs):
     kw["device"] = _CPU
     kw.pop("pin_memory", None)
     out = func(host(src), **kw)
-    return DeviceTensor(out) if to_device else out
+    return _allocated(DeviceTensor(out)) if to_device else out
 
 
 # ---- pinned host memory ------------------------------------------------------------------
@@ -329,13 +361,14 @@ def _is_pinned(self, device=None) -> bool:
 
 def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None,
                          memory_format=None):
-    return DeviceTensor(torch.empty(size, dtype=dtype, layout=layout, device=_CPU,
-                                    memory_format=memory_format or torch.contiguous_format))
+    return _allocated(DeviceTensor(torch.empty(
+        size, dtype=dtype, layout=layout, device=_CPU,
+        memory_format=memory_format or torch.contiguous_format)))
 
 
 def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return DeviceTensor(torch.empty_strided(size, stride, dtype=dtype, layout=layout,
-                                            device=_CPU))
+    return _allocated(DeviceTensor(torch.empty_strided(size, stride, dtype=dtype,
+                                                       layout=layout, device=_CPU)))
 
 
 def _copy_from(src, dst, non_blocking=False):
@@ -347,6 +380,31 @@ def _copy_from(src, dst, non_blocking=False):
         cap.refuse_copy(host_copy_rule("host-to-device", is_pinned(host(src)), non_blocking))
     host(dst).copy_(host(src))
     return dst
+
+
+#: The seed of the device's generator as CUDA would hold it (None: never set, which on a
+#: GPU means a seed drawn at random), kept apart from the host generator's own seed
+_device_seed: list = [None]
+
+SEED_DURING_CAPTURE = ("CUDAGeneratorImpl::set_current_seed can be called during stream "
+                       "capture only if new seed is the same as the original seed.")
+
+
+def _set_device_seed(seed: int) -> None:
+    """``CUDAGeneratorImpl::set_current_seed`` (torch 2.10 and later): during a capture on
+    the current stream only the seed the generator already has is accepted (a no-op);
+    another seed raises, without invalidating the capture."""
+    from labkit.emulator.state import active_capture
+    seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
+    cap = active_capture()
+    if cap is not None and cap.records_now():
+        if seed != _device_seed[0]:
+            raise RuntimeError(
+                SEED_DURING_CAPTURE + f"\n[labkit emulator] the seed is {_device_seed[0]}, "
+                f"and {seed} was asked for during a capture: seed before the capture (a "
+                "graph replays its random ops from the generator's state at each replay).")
+        return
+    _device_seed[0] = seed
 
 
 class _Module:
@@ -401,12 +459,14 @@ class _Module:
 
     @staticmethod
     def manual_seed(seed: int) -> None:
+        _set_device_seed(seed)
         torch.default_generator.manual_seed(seed)
 
     @staticmethod
     def manual_seed_all(seed: int) -> None:
-        # torch.manual_seed calls this after seeding the host generator: nothing to add
-        pass
+        # torch.manual_seed and torch.seed call this before they seed the host generator
+        # (after CUDA's, as they would on a GPU): the seed is checked and noted here
+        _set_device_seed(seed)
 
     @staticmethod
     def synchronize(device=None) -> None:
@@ -439,7 +499,7 @@ def _host_built(op):
     def factory(*args, **kwargs):
         kwargs["device"] = _CPU
         kwargs.pop("pin_memory", None)
-        return DeviceTensor(op(*args, **kwargs))
+        return _allocated(DeviceTensor(op(*args, **kwargs)))
     return factory
 
 
