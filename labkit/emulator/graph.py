@@ -103,10 +103,10 @@ class CUDAGraph:
         ``capture_error_mode`` is checked as torch checks it; what it decides on a GPU
         (whether other threads' unsafe CUDA calls are refused) has no counterpart here.
         """
+        check_capture_error_mode(capture_error_mode)     # first, as torch's binding does
         if self._has_graph or self._capture is not None:
             raise RuntimeError("This CUDAGraph instance already owns a captured graph. "
                                "To capture a new graph, create a new instance.")
-        check_capture_error_mode(capture_error_mode)
         handle = (_pool.check_handle(pool, "CUDAGraph.capture_begin") if pool is not None
                   else None)
         s = current_stream()
@@ -242,8 +242,9 @@ class graph:
 
     Mirrors ``torch.cuda.graph`` line for line: synchronize, switch to the capture stream
     (``stream`` or a process-wide default side stream), ``capture_begin(pool)``; on exit
-    ``capture_end()`` and then switch back. As in PyTorch, if ``capture_end`` raises (after
-    a refused op), the stream switch is not undone.
+    ``capture_end()`` and then switch back. As in PyTorch, if ``capture_begin`` raises (an
+    unknown ``capture_error_mode``) or ``capture_end`` raises (after a refused op), the
+    stream switch is not undone: ``labkit.backend.recover(B)`` undoes it.
     """
 
     default_capture_stream: Stream | None = None
@@ -253,8 +254,9 @@ class graph:
                  check_input_liveness: bool = False):
         # enable_annotations / check_input_liveness: accepted for parity with newer torch
         # (debugging aids for profiler annotations and use-after-free); no-ops here.
-        # The arguments are checked here, before the stream switch, so a typo cannot leave
-        # the capture stream current (torch checks them in capture_begin, after it).
+        # The graph, pool and stream are checked here, before the stream switch. The mode
+        # is checked where torch checks it, in capture_begin, after the switch: an unknown
+        # mode leaves the capture stream current, as on a GPU.
         if not isinstance(cuda_graph, CUDAGraph):
             raise TypeError(f"graph(cuda_graph, ...) needs a B.CUDAGraph() to capture into, "
                             f"got {type(cuda_graph).__name__}. Write: g = B.CUDAGraph(); "
@@ -262,7 +264,6 @@ class graph:
         if pool is not None:
             _pool.check_handle(pool, "graph(pool=...)")
         _streams.check_stream(stream, "graph(stream=...)", allow_none=True)
-        check_capture_error_mode(capture_error_mode)
         if stream is None and self.__class__.default_capture_stream is None:
             self.__class__.default_capture_stream = Stream()
         self.pool = () if pool is None else (pool,)
