@@ -16,14 +16,21 @@ the op on the CPU tensors inside and applies the device rules a GPU applies:
 * host <-> device copies go through :func:`copy_between` (``.to``, ``.cpu()``, ``copy_``,
   ``torch.tensor(data, device=...)``), which the recorder checks during capture;
 * ``.numpy()`` of a device tensor is refused, as for a CUDA tensor;
-* ``t.pin_memory()`` gives host memory the emulator treats as pinned (:func:`is_pinned`).
+* ``t.pin_memory()`` gives host memory the emulator treats as pinned (:func:`is_pinned`);
+* ``torch.autocast(B.device.type)`` casts as CUDA's autocast does
+  (:mod:`~labkit.emulator.autocast`);
+* ``torch.manual_seed`` during a capture accepts only the seed the device already has, as
+  ``CUDAGeneratorImpl::set_current_seed`` does (:mod:`~labkit.emulator.rng`);
+* every allocation outside graph pools is shown to :mod:`~labkit.emulator.allocator`,
+  which refuses one that would need ``cudaMalloc`` where a capture forbids it.
 
 .. warning::
     ``pin_memory=True`` in a factory (``torch.empty(n, pin_memory=True)``) asks the
     device's own pinned allocator, which a Python device cannot provide: on the emulator
     write ``torch.empty(n).pin_memory()``. ``torch.Generator(device=B.device)`` fails for
-    the same reason: use ``torch.Generator()``. ``.cuda()`` needs CUDA: write
-    ``.to(B.device)``.
+    a like reason (the device's hooks cannot make a generator from Python, see
+    :func:`labkit.emulator.rng.generator`): write ``B.Generator()`` or
+    ``B.Generator(device=B.device)``. ``.cuda()`` needs CUDA: write ``.to(B.device)``.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import torch
 from torch.overrides import handle_torch_function, has_torch_function_unary
 
 from labkit.emulator.allocator import note_allocation
+from labkit.emulator.rng import set_device_seed
 
 __all__ = ["DEVICE_TYPE", "DEVICE", "DeviceTensor", "install", "is_device", "host",
            "wrap", "is_pinned", "same_device_error", "NUMPY_MESSAGE"]
@@ -382,31 +390,6 @@ def _copy_from(src, dst, non_blocking=False):
     return dst
 
 
-#: The seed of the device's generator as CUDA would hold it (None: never set, which on a
-#: GPU means a seed drawn at random), kept apart from the host generator's own seed
-_device_seed: list = [None]
-
-SEED_DURING_CAPTURE = ("CUDAGeneratorImpl::set_current_seed can be called during stream "
-                       "capture only if new seed is the same as the original seed.")
-
-
-def _set_device_seed(seed: int) -> None:
-    """``CUDAGeneratorImpl::set_current_seed`` (torch 2.10 and later): during a capture on
-    the current stream only the seed the generator already has is accepted (a no-op);
-    another seed raises, without invalidating the capture."""
-    from labkit.emulator.state import active_capture
-    seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
-    cap = active_capture()
-    if cap is not None and cap.records_now():
-        if seed != _device_seed[0]:
-            raise RuntimeError(
-                SEED_DURING_CAPTURE + f"\n[labkit emulator] the seed is {_device_seed[0]}, "
-                f"and {seed} was asked for during a capture: seed before the capture (a "
-                "graph replays its random ops from the generator's state at each replay).")
-        return
-    _device_seed[0] = seed
-
-
 class _Module:
     """``torch.emu``: what PyTorch asks a device's module (checkpointing, autocast, RNG).
 
@@ -459,14 +442,14 @@ class _Module:
 
     @staticmethod
     def manual_seed(seed: int) -> None:
-        _set_device_seed(seed)
+        set_device_seed(seed)
         torch.default_generator.manual_seed(seed)
 
     @staticmethod
     def manual_seed_all(seed: int) -> None:
         # torch.manual_seed and torch.seed call this before they seed the host generator
         # (after CUDA's, as they would on a GPU): the seed is checked and noted here
-        _set_device_seed(seed)
+        set_device_seed(seed)
 
     @staticmethod
     def synchronize(device=None) -> None:

@@ -72,15 +72,18 @@ class CUDAGraph:
     buffer on every replay; work on a stream outside the capture runs at once, and a
     stream forked into it must be joined back before ``capture_end``.
 
+    ``capture_error_mode`` decides, as on a GPU, whose ``cudaMalloc`` is refused while the
+    capture runs: an allocation on a stream outside the capture that no cached block can
+    hold is refused from the capturing thread under ``"global"`` and ``"thread_local"``,
+    and from other threads under ``"global"`` (:mod:`~labkit.emulator.allocator`, which
+    approximates the caching allocator's per-stream cache). A device-wide
+    ``synchronize()`` from another thread is refused in every mode.
+
     What it cannot show: overlap (on a CPU the "kernels" run when replay is called, on
     the calling thread) and GPU timing: ``python -m
     labkit.bench.emulator_cost`` measures what a replay costs on the CPU, which is no
-    GPU's figure. Nor other threads: a capture here watches its own thread only, and
-    ``capture_error_mode`` is checked but changes nothing. On a GPU the default
-    ``"global"`` mode also refuses another thread's potentially unsafe CUDA call (a
-    ``cudaMalloc`` when its caching allocator has no block to reuse); the emulator has no
-    allocator outside graph pools, so it cannot know when that would happen (lesson 03
-    shows a GPU's output).
+    GPU's figure. Other threads' kernels are never recorded (a capture watches its own
+    thread), as on a GPU.
 
     .. warning::
         As on a GPU, a graph keeps writing to the memory it captured. Keep static inputs
@@ -100,8 +103,8 @@ class CUDAGraph:
     def capture_begin(self, pool=None, capture_error_mode: str = "global", **kwargs) -> None:
         """Begin capturing on the current stream (prefer the ``graph`` context manager).
 
-        ``capture_error_mode`` is checked as torch checks it; what it decides on a GPU
-        (whether other threads' unsafe CUDA calls are refused) has no counterpart here.
+        ``capture_error_mode`` is checked as torch checks it, first; it decides whose
+        allocations outside the capture are refused (see the class docstring).
         """
         check_capture_error_mode(capture_error_mode)     # first, as torch's binding does
         if self._has_graph or self._capture is not None:
