@@ -941,14 +941,21 @@ def test_autocast_refuses_binary_cross_entropy(B):
 
 
 def test_autocast_inside_a_capture_replays_the_casts(B):
+    """The casts are kernels in the graph: each replay casts the weight as it is now, so an
+    in-place update of the float32 weight shows. (With the cast cache on, a GPU would reuse
+    the float16 copy made before the capture: that is why this test, like
+    make_graphed_callables, turns the cache off; the emulator has no cache.)"""
     lin = _amp_layer(B)
     x = torch.randn(2, 8, device=B.device)
-    with torch.autocast(B.device.type, dtype=torch.float16):
+    with torch.autocast(B.device.type, dtype=torch.float16, cache_enabled=False):
         lin(x)                                           # warm up (cuBLAS)
+        B.synchronize()
         g, y = capture(B, lambda: lin(x))
+    with torch.no_grad():
+        lin.weight.add_(1.0)
     x.copy_(torch.randn(2, 8, device=B.device))
     g.replay()
-    with torch.autocast(B.device.type, dtype=torch.float16):
+    with torch.autocast(B.device.type, dtype=torch.float16, cache_enabled=False):
         expected = lin(x)
     assert y.dtype == torch.float16
     torch.testing.assert_close(y, expected)

@@ -301,30 +301,33 @@ def test_torch_generator_on_the_emulated_device_cannot_work(E):
 
 def test_allocations_outside_the_capture_follow_each_streams_segments(E):
     """The allocator model: a stream's first allocation, and one larger than any segment
-    it has, need cudaMalloc; one a segment it has reserved can hold does not (frees are
-    not followed: a used segment counts as free again)."""
+    it holds, need cudaMalloc; one a segment it holds can take does not. Entering
+    E.graph empties the cache as torch.cuda.graph does: only segments with live tensors
+    stay (a segment with live tensors is taken to have room)."""
     from labkit.emulator.allocator import needs_new_segment
 
     side = E.Stream()
     assert needs_new_segment(side.stream_id, 1024)
     with E.stream(side):
-        torch.empty(1024, dtype=torch.uint8)             # reserves a small (2 MiB) segment
-        torch.empty(3 * 2**20, dtype=torch.uint8)         # and a large (20 MiB) one
+        kept = torch.empty(1024, dtype=torch.uint8)       # a small (2 MiB) segment, live
+        torch.empty(3 * 2**20, dtype=torch.uint8)          # a large (20 MiB) one, freed
     assert not needs_new_segment(side.stream_id, 2**20)   # small: fits the 2 MiB segment
     assert not needs_new_segment(side.stream_id, 15 * 2**20)
     assert needs_new_segment(side.stream_id, 21 * 2**20)
     x = torch.ones(4)
     g = E.CUDAGraph()
     with E.graph(g, capture_error_mode="thread_local"):
+        assert needs_new_segment(side.stream_id, 15 * 2**20)   # released: nothing live
         y = x * 2
         with E.stream(side):
-            torch.empty(100, dtype=torch.uint8)          # a cached block: no cudaMalloc
+            torch.empty(100, dtype=torch.uint8)          # the live small segment has room
     g.replay()
     assert y.tolist() == [2.0] * 4
     with pytest.raises(RuntimeError, match="operation failed due to a previous error"):
         with E.graph(E.CUDAGraph(), capture_error_mode="thread_local"):
             with E.stream(side):
-                torch.empty(21 * 2**20, dtype=torch.uint8)
+                torch.empty(3 * 2**20, dtype=torch.uint8)
+    del kept
 
 
 def test_views_and_inplace_ops_outside_the_capture_allocate_nothing(E):

@@ -17,17 +17,25 @@ have reserved, carved as :mod:`~labkit.emulator.pool` carves graph pools: reques
 their own. :func:`note_allocation`, called for every such allocation, refuses one that
 needs a new segment where CUDA would refuse the ``cudaMalloc``.
 
+``torch.cuda.graph`` empties the cache as it enters (``torch.cuda.empty_cache()``), so at
+the start of a capture a stream keeps only segments that hold live tensors; the emulator
+does the same (:func:`empty_cache`), counting each stream's live bytes until their
+storage dies.
+
 .. warning::
-    An approximation of the caching allocator: it does not follow frees outside graph
-    pools, so a segment a stream has used once is taken to be free again (a GPU calls
-    ``cudaMalloc`` when the cached blocks are still in use, or too fragmented), and every
-    ``B.Stream()`` is a new stream (torch hands out 32 pooled streams per priority, round
-    robin, so on a GPU a "new" stream can find blocks an earlier one cached). What it
-    gets right: blocks belong to one stream, so a stream's first allocation, and one
-    larger than any segment it has, need ``cudaMalloc``.
+    An approximation of the caching allocator. Blocks belong to one stream, so a stream's
+    first allocation, one larger than any segment it holds, and one on a stream whose
+    segments ``empty_cache`` released need ``cudaMalloc``, here as on a GPU. But the
+    emulator does not place blocks inside segments: a segment that holds live tensors is
+    taken to have room for any request of its kind (a GPU calls ``cudaMalloc`` when the
+    free part is too small or too fragmented). And every ``B.Stream()`` is a new stream,
+    where torch hands out 32 pooled streams per priority, round robin, so on a GPU a
+    "new" stream can find the blocks an earlier one cached.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import labkit.emulator.pool as _pool
 from labkit.emulator.state import (
@@ -38,10 +46,14 @@ from labkit.emulator.state import (
 )
 from labkit.emulator.streams import current_stream
 
-__all__ = ["note_allocation", "needs_new_segment", "forget_streams"]
+__all__ = ["note_allocation", "needs_new_segment", "empty_cache", "forget_streams"]
 
 # stream id -> [has a small (2 MiB) segment, size of its largest large segment]
 _segments: dict[int, list] = {}
+# stream id -> [live bytes in small segments, live bytes in large ones]
+_live: dict[int, list] = {}
+# a weak reference to each live allocation's storage -> (stream id, 0 small / 1 large, bytes)
+_refs: dict = {}
 
 
 def needs_new_segment(stream_id: int, nbytes: int) -> bool:
@@ -62,32 +74,55 @@ def _reserve(stream_id: int, nbytes: int) -> None:
         have[1] = max(have[1], _pool.segment_size(size))
 
 
+def _freed(ref) -> None:
+    sid, kind, nbytes = _refs.pop(ref, (None, 0, 0))
+    if sid is not None:
+        _live[sid][kind] -= nbytes
+
+
+def empty_cache() -> None:
+    """``torch.cuda.empty_cache()``: release every stream's segments that hold no live
+    allocation (``torch.cuda.graph`` does this as it enters, before the capture)."""
+    for sid in list(_segments):
+        live = _live.get(sid, (0, 0))
+        have = _segments[sid]
+        if live[0] <= 0:
+            have[0] = False
+        if live[1] <= 0:
+            have[1] = 0
+
+
 def forget_streams() -> None:
-    """Drop every stream's segments (as ``torch.cuda.empty_cache()`` releases them)."""
+    """Drop every stream's segments, live or not (for tests)."""
     _segments.clear()
 
 
-def note_allocation(nbytes: int) -> None:
-    """An allocation of ``nbytes`` of device memory outside graph pools, on this thread's
-    current stream: refused, as CUDA refuses its ``cudaMalloc``, where a capture forbids it.
+def note_allocation(storage) -> None:
+    """A new allocation of device memory outside graph pools (``storage``, the host memory
+    behind it), on this thread's current stream: refused, as CUDA refuses its
+    ``cudaMalloc``, where a capture forbids it; else counted until the storage dies.
 
     Raises:
         RuntimeError: CUDA's "operation not permitted when stream is capturing"; the
             capture that forbids it is invalidated, so its ``capture_end`` fails too.
     """
-    sid = current_stream().stream_id
-    have = _segments.get(sid)
-    if have is not None and (have[0] if nbytes <= _pool.SMALL_SIZE else nbytes <= have[1]):
-        return                # a segment this stream holds can serve it: no cudaMalloc
+    nbytes = storage.nbytes()
     if nbytes <= 0:
         return
-    underway = captures_underway()
-    if underway:
-        mine = active_capture()
-        if mine is not None and mine.records_now():
-            return            # the graph's own pool (cudaMallocMaybeCapturing: relaxed)
-        _refuse(mine, [c for c in underway if c is not mine and c.mode == "global"], nbytes)
-    _reserve(sid, nbytes)
+    sid = current_stream().stream_id
+    kind = 0 if nbytes <= _pool.SMALL_SIZE else 1
+    have = _segments.get(sid)
+    if have is None or not (have[0] if kind == 0 else nbytes <= have[1]):
+        underway = captures_underway()          # a new segment: cudaMalloc
+        if underway:
+            mine = active_capture()
+            if mine is not None and mine.records_now():
+                return        # the graph's own pool (cudaMallocMaybeCapturing: relaxed)
+            _refuse(mine, [c for c in underway if c is not mine and c.mode == "global"],
+                    nbytes)
+        _reserve(sid, nbytes)
+    _live.setdefault(sid, [0, 0])[kind] += nbytes
+    _refs[weakref.ref(storage, _freed)] = (sid, kind, nbytes)
 
 
 def _refuse(mine, others: list, nbytes: int) -> None:

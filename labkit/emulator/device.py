@@ -285,21 +285,19 @@ def _note_fresh(func, out) -> None:
         fresh = _FRESH[func] = tuple(r.alias_info is None for r in func._schema.returns)
     if type(out) is torch.Tensor:
         if fresh[0]:
-            note_allocation(out.untyped_storage().nbytes())
+            note_allocation(out.untyped_storage())
         return
     if not any(fresh):
         return
     outs = out if type(out) in (tuple, list) and len(fresh) > 1 else (out,)
-    nbytes = 0
     for o, new in zip(outs, fresh):
         for t in (o if type(o) in (tuple, list) else (o,)):
             if new and type(t) is torch.Tensor:
-                nbytes += t.untyped_storage().nbytes()
-    note_allocation(nbytes)
+                note_allocation(t.untyped_storage())
 
 
 def _allocated(t: "DeviceTensor") -> "DeviceTensor":
-    note_allocation(t._host.untyped_storage().nbytes())
+    note_allocation(t._host.untyped_storage())
     return t
 
 

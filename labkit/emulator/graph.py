@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+import labkit.emulator.allocator as _allocator
 import labkit.emulator.pool as _pool
 import labkit.emulator.streams as _streams
 from labkit.emulator.recorder import Capture, StuckGeneratorMode, run_steps
@@ -243,7 +244,8 @@ def check_capture_error_mode(mode) -> None:
 class graph:
     """Context manager that captures the work inside it into ``cuda_graph``.
 
-    Mirrors ``torch.cuda.graph`` line for line: synchronize, switch to the capture stream
+    Mirrors ``torch.cuda.graph`` line for line: synchronize, empty the caching allocator's
+    cache (:func:`labkit.emulator.allocator.empty_cache`), switch to the capture stream
     (``stream`` or a process-wide default side stream), ``capture_begin(pool)``; on exit
     ``capture_end()`` and then switch back. As in PyTorch, if ``capture_begin`` raises (an
     unknown ``capture_error_mode``) or ``capture_end`` raises (after a refused op), the
@@ -282,6 +284,7 @@ class graph:
                                "capture is already underway on this thread (captures do not "
                                "nest: end one, then begin the next)")
         synchronize()
+        _allocator.empty_cache()          # torch.cuda.graph calls torch.cuda.empty_cache()
         self.stream_ctx.__enter__()
         self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
 
