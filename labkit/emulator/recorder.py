@@ -158,8 +158,8 @@ def _host_copy(func, args, kwargs) -> rules.Rule | None | bool:
             f"this {way} copy cannot be one cudaMemcpy (a non-contiguous view, a broadcast "
             f"or, for a blocking copy, a dtype conversion), so on a GPU it goes through a "
             f"contiguous temporary in pageable host memory, and a copy of pageable memory "
-            f"is refused during capture: copy whole contiguous pinned buffers (slice on "
-            f"the device side), or convert the dtype on the device"))
+            f"is refused during capture: copy whole contiguous pinned buffers and slice on "
+            f"the device, and convert dtypes on the device (non_blocking=True)"))
     return rules.host_copy_rule(way, pinned, non_blocking)
 
 

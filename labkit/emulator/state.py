@@ -32,6 +32,7 @@ CAPTURE_UNJOINED = "CUDA error: capturing stream has unjoined work"
 
 _Accel = getattr(torch, "AcceleratorError", RuntimeError)
 
+
 class _ThreadCapture(threading.local):
     capture = None          # a class default: reading it never raises inside getattr
 
