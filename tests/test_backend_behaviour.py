@@ -897,7 +897,11 @@ AUTOCAST_DTYPES = {        # op under torch.autocast(device, float16) -> the dty
     "exp (fp32)": (lambda x, h: h.exp(), torch.float32),
     "layer_norm (fp32)": (lambda x, h: torch.nn.functional.layer_norm(h, (8,)), torch.float32),
     "mse_loss (fp32)": (lambda x, h: torch.nn.functional.mse_loss(h, h), torch.float32),
-    "norm (fp32_append_dtype)": (lambda x, h: h.norm(), torch.float32),
+    "sum with a dtype given (fp32_set_opt_dtype keeps it)":
+        (lambda x, h: h.sum(dtype=torch.float16), torch.float16),
+    "Tensor.norm (linalg_vector_norm: fp32_set_opt_dtype)": (lambda x, h: h.norm(), torch.float32),
+    "aten.norm.Scalar (fp32_append_dtype)":
+        (lambda x, h: torch.ops.aten.norm.Scalar(h, 2), torch.float32),
     "addcmul (promote)": (lambda x, h: torch.addcmul(h, h, x), torch.float32),
     "addcmul of float16 only (promote)": (lambda x, h: torch.addcmul(h, h, h), torch.float16),
     "add (not listed: no cast)": (lambda x, h: h + 1, torch.float16),
