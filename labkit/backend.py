@@ -29,7 +29,9 @@ between a learner and PyTorch on a GPU. For ``"emulated"`` each attribute comes 
 :mod:`labkit.emulator`, which reproduces what CUDA graphs do wherever a CPU can show it.
 
 Extras beyond the contract (both backends): ``B.Generator()`` (a generator for random ops
-on ``B.device``; a host one on the emulator), ``B.Event`` (timing events),
+on ``B.device``, also as ``B.Generator(device=B.device)``; a host one on the emulator,
+where ``torch.Generator(device=B.device)`` cannot work: see
+:func:`labkit.emulator.rng.generator`), ``B.Event`` (timing events),
 ``B.default_stream()``, ``B.set_stream(s)``, ``B.pool_stats(pool)``,
 ``B.is_emulated``.
 """
@@ -100,6 +102,7 @@ def _make_emulated() -> types.SimpleNamespace:
     from labkit import emulator as e
     from labkit.emulator.device import install
     from labkit.emulator.recorder import refuse_uncapturable_optimizers
+    from labkit.emulator.rng import generator
 
     refuse_uncapturable_optimizers()
     return types.SimpleNamespace(
@@ -107,7 +110,7 @@ def _make_emulated() -> types.SimpleNamespace:
         is_emulated=True,
         device=install(),
         # the emulator's kernels run on host data, so they draw from a host generator
-        Generator=torch.Generator,
+        Generator=generator,
         CUDAGraph=e.CUDAGraph,
         graph=e.graph,
         graph_pool_handle=e.graph_pool_handle,

@@ -452,26 +452,30 @@ def test_another_threads_kernels_are_not_captured(B, mode):
     assert counter.item() == 1.0 and y.tolist() == [3.0, 3.0]
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def _more_than_cached(B) -> int:
+    """A size no cached block can hold: on a GPU more than the allocator has reserved; the
+    emulator's streams in these tests are new, so any size needs a segment there."""
+    reserved = torch.cuda.memory_reserved() if B.name == "cuda" else 0
+    return reserved + 256 * 2**20
+
+
 @pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
-def test_capture_error_mode_and_another_threads_cudamalloc(mode):
+def test_capture_error_mode_and_another_threads_cudamalloc(B, mode):
     """Under "global" another thread's cudaMalloc is refused and the capture invalidated;
     "thread_local" and "relaxed" let it through (observed on an H200, torch 2.11). The
-    other thread asks for more than the allocator has reserved, so no cached block can
-    serve it and it must call cudaMalloc. The emulator has no allocator outside graph
-    pools, so this runs on a GPU only."""
+    other thread asks for more than the allocator has cached, so it must call cudaMalloc
+    (the emulator models the per-stream cache: labkit.emulator.allocator)."""
     import threading
 
-    B = backend.get("cuda")
     x = torch.ones(4, device=B.device)
     capturing, done, seen = threading.Event(), threading.Event(), {}
-    nbytes = torch.cuda.memory_reserved() + 256 * 2**20
+    nbytes = _more_than_cached(B)
 
     def other():
         capturing.wait()
         try:
-            torch.empty(nbytes, dtype=torch.uint8, device=B.device)
+            with B.stream(B.Stream(priority=-1)):
+                torch.empty(nbytes, dtype=torch.uint8, device=B.device)
             seen["other"] = None
         except RuntimeError as e:
             seen["other"] = e
@@ -874,4 +878,240 @@ def test_a_pageable_copy_on_a_stream_outside_the_capture_is_refused(B):
     with pytest.raises(RuntimeError) as info:
         capture(B, body)
     assert SYNC_MSG in error_text(info.value) and INVALIDATED_MSG in error_text(info.value)
+    assert_usable(B)
+
+
+# ---- issue 29: autocast, device generators, seeds, staged copies, unsafe calls ----------
+# Each rule was seen on an H200 with torch 2.11 before the emulator reproduced it.
+
+def _amp_layer(B):
+    torch.manual_seed(0)
+    return torch.nn.Linear(8, 4).to(B.device)
+
+
+AUTOCAST_DTYPES = {        # op under torch.autocast(device, float16) -> the dtype CUDA gives
+    "matmul (lower_precision_fp)": (lambda x, h: x @ x.t(), torch.float16),
+    "linear (lower_precision_fp)": (lambda x, h: torch.nn.functional.linear(x, x), torch.float16),
+    "softmax (fp32_set_opt_dtype)": (lambda x, h: torch.softmax(h, -1), torch.float32),
+    "sum (fp32_set_opt_dtype)": (lambda x, h: h.sum(), torch.float32),
+    "exp (fp32)": (lambda x, h: h.exp(), torch.float32),
+    "layer_norm (fp32)": (lambda x, h: torch.nn.functional.layer_norm(h, (8,)), torch.float32),
+    "mse_loss (fp32)": (lambda x, h: torch.nn.functional.mse_loss(h, h), torch.float32),
+    "sum with a dtype given (fp32_set_opt_dtype keeps it)":
+        (lambda x, h: h.sum(dtype=torch.float16), torch.float16),
+    "Tensor.norm (linalg_vector_norm: fp32_set_opt_dtype)": (lambda x, h: h.norm(), torch.float32),
+    "aten.norm.Scalar (fp32_append_dtype)":
+        (lambda x, h: torch.ops.aten.norm.Scalar(h, 2), torch.float32),
+    "addcmul (promote)": (lambda x, h: torch.addcmul(h, h, x), torch.float32),
+    "addcmul of float16 only (promote)": (lambda x, h: torch.addcmul(h, h, h), torch.float16),
+    "add (not listed: no cast)": (lambda x, h: h + 1, torch.float16),
+    "relu of float32 (not listed)": (lambda x, h: torch.relu(x), torch.float32),
+}
+
+
+@pytest.mark.parametrize("what", sorted(AUTOCAST_DTYPES))
+def test_autocast_casts_each_op_by_cudas_policy(B, what):
+    op, dtype = AUTOCAST_DTYPES[what]
+    x = torch.randn(4, 8, device=B.device)
+    h = x.half()
+    with torch.autocast(B.device.type, dtype=torch.float16):
+        assert op(x, h).dtype == dtype
+    with torch.autocast(B.device.type, dtype=torch.float16, enabled=False):
+        assert (x @ x.t()).dtype == torch.float32        # disabled: no cast
+    with torch.autocast(B.device.type):
+        assert (x @ x.t()).dtype == torch.float16        # the default dtype, as for CUDA
+
+
+def test_autocast_bfloat16_host_tensors_and_gradients(B):
+    lin = _amp_layer(B)
+    x = torch.randn(2, 8, device=B.device, requires_grad=True)
+    with torch.autocast(B.device.type, dtype=torch.bfloat16):
+        y = lin(x)
+        host = torch.ones(2, 2)
+        assert (host @ host).dtype == torch.float32       # the host's own autocast is off
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and lin.weight.grad.dtype == torch.float32
+
+
+def test_autocast_refuses_binary_cross_entropy(B):
+    p = torch.rand(4, device=B.device)
+    with torch.autocast(B.device.type, dtype=torch.float16):
+        with pytest.raises(RuntimeError, match="binary_cross_entropy and torch.nn.BCELoss are "
+                                               "unsafe to autocast"):
+            torch.nn.functional.binary_cross_entropy(p, p)
+        with_logits = torch.nn.functional.binary_cross_entropy_with_logits(p, p)
+    assert with_logits.dtype == torch.float32
+
+
+def test_autocast_inside_a_capture_replays_the_casts(B):
+    """The casts are kernels in the graph: each replay casts the weight as it is now, so an
+    in-place update of the float32 weight shows. (With the cast cache on, a GPU would reuse
+    the float16 copy made before the capture: that is why this test, like
+    make_graphed_callables, turns the cache off; the emulator has no cache.)"""
+    lin = _amp_layer(B)
+    x = torch.randn(2, 8, device=B.device)
+    with torch.autocast(B.device.type, dtype=torch.float16, cache_enabled=False):
+        lin(x)                                           # warm up (cuBLAS)
+        B.synchronize()
+        g, y = capture(B, lambda: lin(x))
+    with torch.no_grad():
+        lin.weight.add_(1.0)
+    x.copy_(torch.randn(2, 8, device=B.device))
+    g.replay()
+    with torch.autocast(B.device.type, dtype=torch.float16, cache_enabled=False):
+        expected = lin(x)
+    assert y.dtype == torch.float16
+    torch.testing.assert_close(y, expected)
+
+
+def test_make_graphed_callables_refuses_the_autocast_cache(B):
+    lin = _amp_layer(B)
+    sample = (torch.randn(2, 8, device=B.device, requires_grad=True),)
+    with torch.autocast(B.device.type, dtype=torch.float16):
+        with pytest.raises(RuntimeError, match="does not support the autocast caching. "
+                                               "Please set `cache_enabled=False`"):
+            B.make_graphed_callables(lin, sample)
+    with torch.autocast(B.device.type, dtype=torch.float16, cache_enabled=False):
+        graphed = B.make_graphed_callables(lin, sample)
+        x = torch.randn(2, 8, device=B.device, requires_grad=True)
+        y = graphed(x)
+        expected = lin(x)
+    assert y.dtype == torch.float16
+    torch.testing.assert_close(y, expected)
+    y.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.float32
+
+
+def test_the_emulator_has_a_policy_for_every_op_cuda_autocasts():
+    """Reads the installed torch's AutocastCUDA kernels: a torch that autocasts a new op
+    fails here until labkit.emulator.autocast.POLICIES says how."""
+    from labkit.emulator.autocast import autocast_ops, missing_policies
+
+    assert "aten::mm" in autocast_ops()
+    assert missing_policies() == []
+
+
+def test_a_generator_for_the_device(B):
+    gen = B.Generator(device=B.device)
+    gen.manual_seed(7)
+    first = torch.rand(4, device=B.device, generator=gen)
+    gen.manual_seed(7)
+    assert torch.equal(first, torch.rand(4, device=B.device, generator=gen))
+    g = B.CUDAGraph()
+    g.register_generator_state(gen)
+    with B.graph(g):
+        r = torch.rand(4, device=B.device, generator=gen)
+    g.replay()
+    before = r.clone()
+    g.replay()
+    assert not torch.equal(before, r)
+
+
+SEED_MSG = ("CUDAGeneratorImpl::set_current_seed can be called during stream capture only "
+            "if new seed is the same as the original seed")
+
+
+def test_manual_seed_during_a_capture(B):
+    """Since torch 2.10 a capture lets torch.manual_seed set the seed the generator already
+    has (a no-op) and refuses another, without invalidating the capture."""
+    torch.manual_seed(1234)
+    x = torch.ones(4, device=B.device)
+
+    def same_seed():
+        torch.manual_seed(1234)
+        return x * 2
+
+    g, y = capture(B, same_seed)
+    _sync_replay(B, g)
+    assert y.tolist() == [2.0] * 4
+    with pytest.raises(RuntimeError, match=SEED_MSG):
+        capture(B, lambda: torch.manual_seed(4321))
+    assert B.current_stream() == B.default_stream()      # capture_end ran, and succeeded
+    torch.randn(2, device=B.device)                        # the generator is not stuck
+    assert torch.initial_seed() == 1234                    # refused before the host's seed
+    assert_usable(B)
+
+
+STAGED = {      # a copy with pinned memory that cannot be one cudaMemcpy
+    "column_view_to_device": lambda B, p, d, x: p[:, :2].to(B.device, non_blocking=True),
+    "copy_from_a_column_view": lambda B, p, d, x: d.copy_(p[:, :2], non_blocking=True),
+    "copy_into_a_column_view": lambda B, p, d, x: p[:, :2].copy_(x * 2, non_blocking=True),
+    "transposed_into_contiguous": lambda B, p, d, x: torch.empty(4, 3, device=B.device)
+    .copy_(p.t(), non_blocking=True),
+    # a blocking copy converts the dtype on the host, into a new (pageable) tensor: torch's
+    # check refuses it before the blocking memcpy could fail the capture
+    "blocking_with_a_dtype_conversion": lambda B, p, d, x: p.to(B.device, dtype=torch.float16),
+}
+
+ONE_MEMCPY = {  # pinned copies that are one cudaMemcpy: captured, re-read every replay
+    "rows_slice": lambda B, p: p[1:].to(B.device, non_blocking=True),
+    "transposed_keeps_its_strides": lambda B, p: p.t().to(B.device, non_blocking=True),
+    "dtype_converted_on_the_device": lambda B, p: p.to(B.device, dtype=torch.float16,
+                                                       non_blocking=True),
+}
+
+
+@pytest.mark.parametrize("what", sorted(STAGED))
+def test_a_pinned_copy_staged_through_pageable_memory_is_refused(B, what):
+    """copy_kernel_cuda copies a non-contiguous view through a contiguous temporary, and
+    a host temporary is pageable: the pinned-memory check refuses it during capture."""
+    pinned = torch.arange(12.0).reshape(3, 4).pin_memory()
+    dst = torch.zeros(3, 2, device=B.device)
+    x = torch.ones(3, 2, device=B.device)
+    STAGED[what](B, pinned, dst, x)                       # eagerly it works
+    B.synchronize()
+    with pytest.raises(RuntimeError) as info:
+        capture(B, lambda: STAGED[what](B, pinned, dst, x))
+    assert HOST_COPY_MSG in error_text(info.value)
+    assert_usable(B)
+
+
+@pytest.mark.parametrize("what", sorted(ONE_MEMCPY))
+def test_a_pinned_copy_that_is_one_memcpy_is_captured(B, what):
+    pinned = torch.arange(12.0).reshape(3, 4).pin_memory()
+    g, y = capture(B, lambda: ONE_MEMCPY[what](B, pinned))
+    pinned.mul_(10)                                       # the graph reads it again
+    _sync_replay(B, g)
+    assert torch.equal(y.cpu(), ONE_MEMCPY[what](B, pinned).cpu())
+
+
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_an_allocation_on_a_stream_outside_the_capture(B, mode):
+    """Work on a stream outside the capture allocates from the caching allocator's blocks
+    for that stream; one no cached block can hold needs cudaMalloc, which "global" and
+    "thread_local" refuse from the capturing thread (invalidating the capture), and
+    "relaxed" lets through."""
+    x = torch.ones(4, device=B.device)
+    other = B.Stream(priority=-1)            # not the capture stream (see above)
+    nbytes = _more_than_cached(B)
+
+    def capture_it():
+        g = B.CUDAGraph()
+        with B.graph(g, capture_error_mode=mode):
+            y = x * 2
+            with B.stream(other):
+                torch.empty(nbytes, dtype=torch.uint8, device=B.device)
+        return g, y
+
+    if mode == "relaxed":
+        g, y = capture_it()
+        _sync_replay(B, g)
+        assert y.tolist() == [2.0] * 4
+        return
+    with pytest.raises(RuntimeError) as info:
+        capture_it()
+    assert SYNC_MSG in error_text(info.value) and INVALIDATED_MSG in error_text(info.value)
+    assert_usable(B)
+
+
+def test_an_unknown_capture_error_mode_leaves_the_capture_stream_current(B):
+    """torch.cuda.graph enters the capture stream, then capture_begin checks the mode."""
+    with pytest.raises(RuntimeError, match="Unknown capture error mode. Expected `global`, "
+                                           "`thread_local`, or `relaxed`, got local"):
+        with B.graph(B.CUDAGraph(), capture_error_mode="local"):
+            pass
+    assert B.current_stream() != B.default_stream()
+    assert not B.is_current_stream_capturing()
+    backend.recover(B)
     assert_usable(B)

@@ -285,3 +285,89 @@ def test_item_and_nested_capture_are_named_by_what_the_learner_wrote():
     text = first_error(nested)
     assert "a capture is already underway on this thread" in text, text
     assert "captures do not nest" in text, text
+
+
+# ---- issue 29: what the emulator approximates, and what it cannot do -----------------------
+
+def test_torch_generator_on_the_emulated_device_cannot_work(E):
+    """A Python device cannot give PyTorch a generator (labkit.emulator.rng.generator says
+    why): torch's own error stays, and B.Generator(device=B.device) is the way. If a
+    torch makes this work, this test fails: then B.Generator can become torch.Generator."""
+    with pytest.raises(NotImplementedError, match="getNewGenerator"):
+        torch.Generator(device=E.device)
+    assert E.Generator(device=E.device).device == torch.device("cpu")
+    assert E.Generator(device="cpu").device == torch.device("cpu")
+
+
+def test_allocations_outside_the_capture_follow_each_streams_segments(E):
+    """The allocator model: a stream's first allocation, and one larger than any segment
+    it holds, need cudaMalloc; one a segment it holds can take does not. Entering
+    E.graph empties the cache as torch.cuda.graph does: only segments with live tensors
+    stay (a segment with live tensors is taken to have room)."""
+    from labkit.emulator.allocator import needs_new_segment
+
+    side = E.Stream()
+    assert needs_new_segment(side.stream_id, 1024)
+    with E.stream(side):
+        kept = torch.empty(1024, dtype=torch.uint8)       # a small (2 MiB) segment, live
+        torch.empty(3 * 2**20, dtype=torch.uint8)          # a large (20 MiB) one, freed
+    assert not needs_new_segment(side.stream_id, 2**20)   # small: fits the 2 MiB segment
+    assert not needs_new_segment(side.stream_id, 15 * 2**20)
+    assert needs_new_segment(side.stream_id, 21 * 2**20)
+    x = torch.ones(4)
+    g = E.CUDAGraph()
+    with E.graph(g, capture_error_mode="thread_local"):
+        assert needs_new_segment(side.stream_id, 15 * 2**20)   # released: nothing live
+        y = x * 2
+        with E.stream(side):
+            torch.empty(100, dtype=torch.uint8)          # the live small segment has room
+    g.replay()
+    assert y.tolist() == [2.0] * 4
+    with pytest.raises(RuntimeError, match="operation failed due to a previous error"):
+        with E.graph(E.CUDAGraph(), capture_error_mode="thread_local"):
+            with E.stream(side):
+                torch.empty(3 * 2**20, dtype=torch.uint8)
+    del kept
+
+
+def test_views_and_inplace_ops_outside_the_capture_allocate_nothing(E):
+    x = torch.ones(8)
+    side = E.Stream()                                    # never allocated: any new memory
+    g = E.CUDAGraph()                                    # would need cudaMalloc
+    with E.graph(g, capture_error_mode="thread_local"):
+        y = x * 3
+        with E.stream(side):
+            x[:4].add_(1)
+            x.view(2, 4).t()
+    g.replay()
+    assert y.tolist() == [6.0] * 4 + [3.0] * 4
+
+
+def test_staged_copies_follow_copy_kernel_cuda():
+    from labkit.emulator.staging import host_side_is_staged
+
+    p = torch.zeros(3, 4)
+    row = p[1:]                                   # contiguous view: one memcpy
+    assert not host_side_is_staged("host-to-device", row.shape, row.stride(), row.dtype, row,
+                                   True, row)
+    col = p[:, :2]
+    assert host_side_is_staged("host-to-device", (3, 2), (2, 1), col.dtype, col, True, col)
+    # a dtype conversion: on the device when non_blocking (the pinned source is copied as
+    # is), on the host when blocking (a new pageable tensor)
+    assert not host_side_is_staged("host-to-device", (3, 4), (4, 1), torch.float16, p, True, p)
+    assert host_side_is_staged("host-to-device", (3, 4), (4, 1), torch.float16, p, False, p)
+    # broadcast source: expanded, then made contiguous on the host
+    one = torch.zeros(4)
+    assert host_side_is_staged("host-to-device", (3, 4), (4, 1), one.dtype, one, True, one)
+    assert not host_side_is_staged("host-to-device", (1, 4), (4, 1), one.dtype, one, True, one)
+
+
+def test_autocast_under_capture_records_the_casts(E):
+    w = torch.randn(4, 4)
+    x = torch.randn(2, 4)
+    with torch.autocast(E.device.type, dtype=torch.float16):
+        g, y = capture(E, lambda: x @ w)
+    ops = g.recorded_ops()
+    assert ops.count("aten._to_copy.default") == 2 and "aten.mm.default" in ops
+    g.replay()
+    assert y.dtype == torch.float16

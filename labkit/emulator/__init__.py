@@ -6,16 +6,22 @@ distinct from the host (:mod:`~labkit.emulator.device`), so mixing host and devi
 tensors, copying between them and reading host scalars follow a GPU's rules. Capture
 records the device's ATen ops instead of computing them, runs host work at once
 (:mod:`~labkit.emulator.recorder`) and refuses what CUDA refuses (the rules in
-:mod:`labkit.core.rules`); capture allocates from pools carved the way CUDA's caching
-allocator carves them (:mod:`~labkit.emulator.pool`); streams decide what capture records
-and whether every fork is joined back (:mod:`~labkit.emulator.streams`).
-``tests/test_backend_behaviour.py`` runs each behaviour on both backends.
+:mod:`labkit.core.rules`, and pinned copies that a GPU stages through pageable memory:
+:mod:`~labkit.emulator.staging`); capture allocates from pools carved the way CUDA's
+caching allocator carves them (:mod:`~labkit.emulator.pool`), and an allocation outside
+the capture that would need ``cudaMalloc`` is refused as ``capture_error_mode`` says
+(:mod:`~labkit.emulator.allocator`); streams decide what capture records and whether
+every fork is joined back (:mod:`~labkit.emulator.streams`); autocast casts as CUDA's
+does (:mod:`~labkit.emulator.autocast`). ``tests/test_backend_behaviour.py`` runs each
+behaviour on both backends.
 
 .. warning::
     No GPU timing and no overlap: replay runs the recorded ops on the calling thread, and
     streams order nothing. Lessons that need those measure on a GPU, or show a clearly
     labelled simulation. A Python device has no pinned allocator and no device generator:
     write ``t.pin_memory()`` and ``B.Generator()`` (see :mod:`~labkit.emulator.device`).
+    Autocast does not cache its casts, and the allocator model does not follow frees
+    outside graph pools (see those modules).
 """
 
 from labkit.emulator.graph import CUDAGraph, graph, graph_pool_handle, is_current_stream_capturing

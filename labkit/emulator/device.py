@@ -16,14 +16,21 @@ the op on the CPU tensors inside and applies the device rules a GPU applies:
 * host <-> device copies go through :func:`copy_between` (``.to``, ``.cpu()``, ``copy_``,
   ``torch.tensor(data, device=...)``), which the recorder checks during capture;
 * ``.numpy()`` of a device tensor is refused, as for a CUDA tensor;
-* ``t.pin_memory()`` gives host memory the emulator treats as pinned (:func:`is_pinned`).
+* ``t.pin_memory()`` gives host memory the emulator treats as pinned (:func:`is_pinned`);
+* ``torch.autocast(B.device.type)`` casts as CUDA's autocast does
+  (:mod:`~labkit.emulator.autocast`);
+* ``torch.manual_seed`` during a capture accepts only the seed the device already has, as
+  ``CUDAGeneratorImpl::set_current_seed`` does (:mod:`~labkit.emulator.rng`);
+* every allocation outside graph pools is shown to :mod:`~labkit.emulator.allocator`,
+  which refuses one that would need ``cudaMalloc`` where a capture forbids it.
 
 .. warning::
     ``pin_memory=True`` in a factory (``torch.empty(n, pin_memory=True)``) asks the
     device's own pinned allocator, which a Python device cannot provide: on the emulator
     write ``torch.empty(n).pin_memory()``. ``torch.Generator(device=B.device)`` fails for
-    the same reason: use ``torch.Generator()``. ``.cuda()`` needs CUDA: write
-    ``.to(B.device)``.
+    a like reason (the device's hooks cannot make a generator from Python, see
+    :func:`labkit.emulator.rng.generator`): write ``B.Generator()`` or
+    ``B.Generator(device=B.device)``. ``.cuda()`` needs CUDA: write ``.to(B.device)``.
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ import weakref
 
 import torch
 from torch.overrides import handle_torch_function, has_torch_function_unary
+
+from labkit.emulator.allocator import note_allocation
+from labkit.emulator.rng import set_device_seed
 
 __all__ = ["DEVICE_TYPE", "DEVICE", "DeviceTensor", "install", "is_device", "host",
            "wrap", "is_pinned", "same_device_error", "NUMPY_MESSAGE"]
@@ -94,7 +104,7 @@ class DeviceTensor(torch.Tensor):
         if id(self) in memo:
             return memo[id(self)]
         with torch.no_grad():
-            new = DeviceTensor(self._host.clone(memory_format=torch.preserve_format))
+            new = _allocated(DeviceTensor(self._host.clone(memory_format=torch.preserve_format)))
         memo[id(self)] = new
         if self.requires_grad:
             new.requires_grad_(True)
@@ -234,6 +244,7 @@ def wrap_result(func, args, kwargs, out):
         if len(writes) == 1:
             return arg(writes[0])
         return tuple(arg(w) if w is not None else _wrap_any(o) for w, o in zip(writes, out))
+    _note_fresh(func, out)
     return _wrap_any(out)
 
 
@@ -261,6 +272,33 @@ def _wrap_any(out):
     if t is tuple or t is list:
         return t(_wrap_any(o) for o in out)
     return out
+
+
+_FRESH: dict = {}
+
+
+def _note_fresh(func, out) -> None:
+    """Tell the allocator about the new device memory an op's outputs hold (its returns
+    without an alias annotation; views and in-place results are not new memory)."""
+    fresh = _FRESH.get(func)
+    if fresh is None:
+        fresh = _FRESH[func] = tuple(r.alias_info is None for r in func._schema.returns)
+    if type(out) is torch.Tensor:
+        if fresh[0]:
+            note_allocation(out.untyped_storage())
+        return
+    if not any(fresh):
+        return
+    outs = out if type(out) in (tuple, list) and len(fresh) > 1 else (out,)
+    for o, new in zip(outs, fresh):
+        for t in (o if type(o) in (tuple, list) else (o,)):
+            if new and type(t) is torch.Tensor:
+                note_allocation(t.untyped_storage())
+
+
+def _allocated(t: "DeviceTensor") -> "DeviceTensor":
+    note_allocation(t._host.untyped_storage())
+    return t
 
 
 # ---- which ops take a host tensor next to device tensors --------------------------------
@@ -296,7 +334,7 @@ def copy_between(func, args, kwargs):
     kw["device"] = _CPU
     kw.pop("pin_memory", None)
     out = func(host(src), **kw)
-    return DeviceTensor(out) if to_device else out
+    return _allocated(DeviceTensor(out)) if to_device else out
 
 
 # ---- pinned host memory ------------------------------------------------------------------
@@ -329,13 +367,14 @@ def _is_pinned(self, device=None) -> bool:
 
 def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None,
                          memory_format=None):
-    return DeviceTensor(torch.empty(size, dtype=dtype, layout=layout, device=_CPU,
-                                    memory_format=memory_format or torch.contiguous_format))
+    return _allocated(DeviceTensor(torch.empty(
+        size, dtype=dtype, layout=layout, device=_CPU,
+        memory_format=memory_format or torch.contiguous_format)))
 
 
 def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return DeviceTensor(torch.empty_strided(size, stride, dtype=dtype, layout=layout,
-                                            device=_CPU))
+    return _allocated(DeviceTensor(torch.empty_strided(size, stride, dtype=dtype,
+                                                       layout=layout, device=_CPU)))
 
 
 def _copy_from(src, dst, non_blocking=False):
@@ -401,12 +440,14 @@ class _Module:
 
     @staticmethod
     def manual_seed(seed: int) -> None:
+        set_device_seed(seed)
         torch.default_generator.manual_seed(seed)
 
     @staticmethod
     def manual_seed_all(seed: int) -> None:
-        # torch.manual_seed calls this after seeding the host generator: nothing to add
-        pass
+        # torch.manual_seed and torch.seed call this before they seed the host generator
+        # (after CUDA's, as they would on a GPU): the seed is checked and noted here
+        set_device_seed(seed)
 
     @staticmethod
     def synchronize(device=None) -> None:
@@ -439,7 +480,7 @@ def _host_built(op):
     def factory(*args, **kwargs):
         kwargs["device"] = _CPU
         kwargs.pop("pin_memory", None)
-        return DeviceTensor(op(*args, **kwargs))
+        return _allocated(DeviceTensor(op(*args, **kwargs)))
     return factory
 
 
@@ -516,4 +557,6 @@ def install() -> torch.device:
     lib.impl("_pin_memory", _pin_memory, "CPU")
     lib.impl("is_pinned", _is_pinned, "CPU")
     _installed.append(lib)
+    from labkit.emulator import autocast
+    autocast.install()
     return DEVICE

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+import labkit.emulator.allocator as _allocator
 import labkit.emulator.pool as _pool
 import labkit.emulator.streams as _streams
 from labkit.emulator.recorder import Capture, StuckGeneratorMode, run_steps
@@ -72,15 +73,18 @@ class CUDAGraph:
     buffer on every replay; work on a stream outside the capture runs at once, and a
     stream forked into it must be joined back before ``capture_end``.
 
+    ``capture_error_mode`` decides, as on a GPU, whose ``cudaMalloc`` is refused while the
+    capture runs: an allocation on a stream outside the capture that no cached block can
+    hold is refused from the capturing thread under ``"global"`` and ``"thread_local"``,
+    and from other threads under ``"global"`` (:mod:`~labkit.emulator.allocator`, which
+    approximates the caching allocator's per-stream cache). A device-wide
+    ``synchronize()`` from another thread is refused in every mode.
+
     What it cannot show: overlap (on a CPU the "kernels" run when replay is called, on
     the calling thread) and GPU timing: ``python -m
     labkit.bench.emulator_cost`` measures what a replay costs on the CPU, which is no
-    GPU's figure. Nor other threads: a capture here watches its own thread only, and
-    ``capture_error_mode`` is checked but changes nothing. On a GPU the default
-    ``"global"`` mode also refuses another thread's potentially unsafe CUDA call (a
-    ``cudaMalloc`` when its caching allocator has no block to reuse); the emulator has no
-    allocator outside graph pools, so it cannot know when that would happen (lesson 03
-    shows a GPU's output).
+    GPU's figure. Other threads' kernels are never recorded (a capture watches its own
+    thread), as on a GPU.
 
     .. warning::
         As on a GPU, a graph keeps writing to the memory it captured. Keep static inputs
@@ -100,13 +104,13 @@ class CUDAGraph:
     def capture_begin(self, pool=None, capture_error_mode: str = "global", **kwargs) -> None:
         """Begin capturing on the current stream (prefer the ``graph`` context manager).
 
-        ``capture_error_mode`` is checked as torch checks it; what it decides on a GPU
-        (whether other threads' unsafe CUDA calls are refused) has no counterpart here.
+        ``capture_error_mode`` is checked as torch checks it, first; it decides whose
+        allocations outside the capture are refused (see the class docstring).
         """
+        check_capture_error_mode(capture_error_mode)     # first, as torch's binding does
         if self._has_graph or self._capture is not None:
             raise RuntimeError("This CUDAGraph instance already owns a captured graph. "
                                "To capture a new graph, create a new instance.")
-        check_capture_error_mode(capture_error_mode)
         handle = (_pool.check_handle(pool, "CUDAGraph.capture_begin") if pool is not None
                   else None)
         s = current_stream()
@@ -240,10 +244,12 @@ def check_capture_error_mode(mode) -> None:
 class graph:
     """Context manager that captures the work inside it into ``cuda_graph``.
 
-    Mirrors ``torch.cuda.graph`` line for line: synchronize, switch to the capture stream
+    Mirrors ``torch.cuda.graph`` line for line: synchronize, empty the caching allocator's
+    cache (:func:`labkit.emulator.allocator.empty_cache`), switch to the capture stream
     (``stream`` or a process-wide default side stream), ``capture_begin(pool)``; on exit
-    ``capture_end()`` and then switch back. As in PyTorch, if ``capture_end`` raises (after
-    a refused op), the stream switch is not undone.
+    ``capture_end()`` and then switch back. As in PyTorch, if ``capture_begin`` raises (an
+    unknown ``capture_error_mode``) or ``capture_end`` raises (after a refused op), the
+    stream switch is not undone: ``labkit.backend.recover(B)`` undoes it.
     """
 
     default_capture_stream: Stream | None = None
@@ -253,8 +259,9 @@ class graph:
                  check_input_liveness: bool = False):
         # enable_annotations / check_input_liveness: accepted for parity with newer torch
         # (debugging aids for profiler annotations and use-after-free); no-ops here.
-        # The arguments are checked here, before the stream switch, so a typo cannot leave
-        # the capture stream current (torch checks them in capture_begin, after it).
+        # The graph, pool and stream are checked here, before the stream switch. The mode
+        # is checked where torch checks it, in capture_begin, after the switch: an unknown
+        # mode leaves the capture stream current, as on a GPU.
         if not isinstance(cuda_graph, CUDAGraph):
             raise TypeError(f"graph(cuda_graph, ...) needs a B.CUDAGraph() to capture into, "
                             f"got {type(cuda_graph).__name__}. Write: g = B.CUDAGraph(); "
@@ -262,7 +269,6 @@ class graph:
         if pool is not None:
             _pool.check_handle(pool, "graph(pool=...)")
         _streams.check_stream(stream, "graph(stream=...)", allow_none=True)
-        check_capture_error_mode(capture_error_mode)
         if stream is None and self.__class__.default_capture_stream is None:
             self.__class__.default_capture_stream = Stream()
         self.pool = () if pool is None else (pool,)
@@ -278,6 +284,7 @@ class graph:
                                "capture is already underway on this thread (captures do not "
                                "nest: end one, then begin the next)")
         synchronize()
+        _allocator.empty_cache()          # torch.cuda.graph calls torch.cuda.empty_cache()
         self.stream_ctx.__enter__()
         self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
 

@@ -6,6 +6,10 @@ shared pool, join each pair with an ``autograd.Function``). Rather than re-type 
 emulator runs *that very function* with ``torch.cuda`` pointing at the emulator, so its
 checks (no module hooks, tensors only), its capture order and its replay logic are the
 installed PyTorch's, on every version. Lesson 04 rebuilds the same idea by hand.
+
+Its refusal of autocast's cast cache (``torch.is_autocast_enabled() and
+torch.is_autocast_cache_enabled()``) holds too: under ``torch.autocast(B.device.type)`` it
+raises unless ``cache_enabled=False``, as on a GPU.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import types
 import torch
 import torch.cuda.graphs as _torch_graphs
 
+from labkit.emulator.device import DEVICE_TYPE
 from labkit.emulator.graph import CUDAGraph, graph, graph_pool_handle, is_current_stream_capturing
 from labkit.emulator.streams import Stream, current_stream, stream, synchronize
 
@@ -24,6 +29,14 @@ class _TorchWithEmulatedCuda:
 
     def __init__(self, cuda_ns):
         self.cuda = cuda_ns
+
+    @staticmethod
+    def is_autocast_enabled(device_type: str | None = None) -> bool:
+        """``torch.is_autocast_enabled()`` without an argument asks about CUDA, which on the
+        emulator is the emulated device: torch's refusal of the autocast cache holds."""
+        if device_type is None or device_type == "cuda":
+            device_type = DEVICE_TYPE
+        return torch.is_autocast_enabled(device_type)
 
     def __getattr__(self, name):
         return getattr(torch, name)

@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 import labkit.emulator.device as _dev
 import labkit.emulator.pool as _pool
+import labkit.emulator.staging as staging
 from labkit.core import rules
 from labkit.core.rules import HOST_COPY_MESSAGE, RNG_MESSAGE
 from labkit.emulator.state import (
@@ -129,20 +130,36 @@ def _operands(args, kwargs) -> tuple[bool, list]:
 def _host_copy(func, args, kwargs) -> rules.Rule | None | bool:
     """For ``copy_`` / ``_to_copy`` between host and device: the rule it breaks during
     capture (:func:`labkit.core.rules.host_copy_rule`), or None if it is captured. False
-    for any other op."""
+    for any other op. Pinned memory that the copy would stage through a pageable
+    temporary on a GPU counts as pageable (:mod:`~labkit.emulator.staging`)."""
     name = func.overloadpacket.__name__
     non_blocking = args[2] if name == "copy_" and len(args) > 2 else \
         kwargs.get("non_blocking", False)
     if name == "copy_" and len(args) >= 2 and _dev.is_device(args[0]) != _dev.is_device(args[1]):
-        to_host = _dev.is_device(args[1])
-        pinned = _dev.is_pinned(args[0] if to_host else args[1])
+        dst, src = args[0], args[1]
+        to_host = _dev.is_device(src)
+        host = dst if to_host else src
+        layout = (dst.shape, dst.stride(), dst.dtype)
     elif name == "_to_copy" and args and kwargs.get("device") is not None and \
             _dev.is_device(args[0]) != (torch.device(kwargs["device"]).type == _dev.DEVICE_TYPE):
-        to_host = _dev.is_device(args[0])
-        pinned = not to_host and _dev.is_pinned(args[0])   # .cpu(): a new pageable tensor
+        src = host = args[0]
+        to_host = _dev.is_device(src)
+        if to_host:                         # .cpu(): a new pageable tensor
+            return rules.host_copy_rule("device-to-host", False, non_blocking)
+        layout = (src.shape, staging.to_copy_strides(src, kwargs.get("memory_format")),
+                  kwargs.get("dtype") or src.dtype)
     else:
         return False
     way = "device-to-host" if to_host else "host-to-device"
+    pinned = _dev.is_pinned(host)
+    if pinned and staging.host_side_is_staged(way, *layout, src, non_blocking, host):
+        rule = rules.host_copy_rule(way, False, non_blocking)
+        return rule._replace(why=(
+            f"this {way} copy cannot be one cudaMemcpy (a non-contiguous view, a broadcast "
+            f"or, for a blocking copy, a dtype conversion), so on a GPU it goes through a "
+            f"contiguous temporary in pageable host memory, and a copy of pageable memory "
+            f"is refused during capture: copy whole contiguous pinned buffers and slice on "
+            f"the device, and convert dtypes on the device (non_blocking=True)"))
     return rules.host_copy_rule(way, pinned, non_blocking)
 
 

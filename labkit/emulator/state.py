@@ -32,14 +32,19 @@ CAPTURE_UNJOINED = "CUDA error: capturing stream has unjoined work"
 
 _Accel = getattr(torch, "AcceleratorError", RuntimeError)
 
-_state = threading.local()
+
+class _ThreadCapture(threading.local):
+    capture = None          # a class default: reading it never raises inside getattr
+
+
+_state = _ThreadCapture()
 _lock = threading.Lock()
 _underway: dict[int, object] = {}      # thread id -> its capture, for every thread
 
 
 def active_capture():
     """The capture underway on this thread (a ``recorder.Capture``), or None."""
-    return getattr(_state, "capture", None)
+    return _state.capture
 
 
 def set_active_capture(capture) -> None:
@@ -54,6 +59,8 @@ def set_active_capture(capture) -> None:
 
 def captures_underway() -> list:
     """Every capture underway in the process, on any thread."""
+    if not _underway:               # the common case, without the lock
+        return []
     with _lock:
         return list(_underway.values())
 

@@ -28,7 +28,16 @@ __all__ = ["Stream", "Event", "stream", "set_stream", "current_stream", "default
            "capture_error", "CAPTURE_UNSUPPORTED", "CAPTURE_INVALIDATED"]
 
 _ids = itertools.count()
-_tls = threading.local()
+
+
+class _ThreadStream(threading.local):
+    """Each thread's current stream; the class attribute is every thread's default (so
+    reading it never raises AttributeError inside getattr: this is read on every op)."""
+
+    stream = None
+
+
+_tls = _ThreadStream()
 
 
 class Stream:
@@ -86,6 +95,7 @@ class Stream:
 
 
 _DEFAULT = Stream()
+_ThreadStream.stream = _DEFAULT
 
 
 def check_stream(s, where: str, *, allow_none: bool) -> None:
@@ -104,7 +114,7 @@ def default_stream(device=None) -> Stream:
 
 
 def current_stream(device=None) -> Stream:
-    return getattr(_tls, "stream", _DEFAULT)
+    return _tls.stream
 
 
 def set_stream(s: Stream) -> None:
