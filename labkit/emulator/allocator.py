@@ -43,8 +43,8 @@ from labkit.emulator.state import (
     active_capture,
     capture_error,
     captures_underway,
+    thread_stream,
 )
-from labkit.emulator.streams import current_stream
 
 __all__ = ["note_allocation", "needs_new_segment", "empty_cache", "forget_streams"]
 
@@ -109,7 +109,7 @@ def note_allocation(storage) -> None:
     nbytes = storage.nbytes()
     if nbytes <= 0:
         return
-    sid = current_stream().stream_id
+    sid = thread_stream.stream.stream_id
     kind = 0 if nbytes <= _pool.SMALL_SIZE else 1
     have = _segments.get(sid)
     if have is None or not (have[0] if kind == 0 else nbytes <= have[1]):

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.emulator.device import DEVICE_TYPE
+from labkit.emulator.state import DEVICE_TYPE
 
 __all__ = ["POLICIES", "BANNED", "BCE_MESSAGE", "install", "autocast_ops", "missing_policies"]
 

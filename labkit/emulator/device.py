@@ -43,11 +43,11 @@ from torch.overrides import handle_torch_function, has_torch_function_unary
 
 from labkit.emulator.allocator import note_allocation
 from labkit.emulator.rng import set_device_seed
+from labkit.emulator.state import DEVICE_TYPE
 
 __all__ = ["DEVICE_TYPE", "DEVICE", "DeviceTensor", "install", "is_device", "host",
            "wrap", "is_pinned", "same_device_error", "NUMPY_MESSAGE"]
 
-DEVICE_TYPE = "emu"
 DEVICE: torch.device = None  # type: ignore[assignment]  # torch.device("emu", 0), by install()
 _CPU = torch.device("cpu")
 
@@ -557,6 +557,6 @@ def install() -> torch.device:
     lib.impl("_pin_memory", _pin_memory, "CPU")
     lib.impl("is_pinned", _is_pinned, "CPU")
     _installed.append(lib)
-    from labkit.emulator import autocast
-    autocast.install()
+    from labkit.emulator.autocast import install as install_autocast
+    install_autocast()
     return DEVICE

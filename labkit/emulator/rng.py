@@ -34,7 +34,7 @@ def generator(device=None) -> torch.Generator:
         ("not supported from python yet", says the source). A device generator needs a
         C++ ``GeneratorImpl`` registered from C++. Write ``B.Generator(...)``.
     """
-    from labkit.emulator.device import DEVICE_TYPE
+    from labkit.emulator.state import DEVICE_TYPE
     if device is not None:
         d = torch.device(device)
         if d.type != DEVICE_TYPE:

@@ -26,6 +26,20 @@ _CUDA_TAIL = (
     "CUDA kernel errors might be asynchronously reported at some other API call, so the "
     "stacktrace below might be incorrect.\n"
 )
+DEVICE_TYPE = "emu"      # the emulated device's type: torch.device("emu", 0)
+
+
+class _ThreadStream(threading.local):
+    """Each thread's current stream; the class attribute is every thread's default (so
+    reading it never raises AttributeError inside getattr: this is read on every op).
+    :mod:`~labkit.emulator.streams` sets the default and changes it; it lives here so that
+    modules below the streams (the allocator) can read it."""
+
+    stream = None
+
+
+thread_stream = _ThreadStream()
+
 CAPTURE_UNSUPPORTED = "CUDA error: operation not permitted when stream is capturing"
 CAPTURE_INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
 CAPTURE_UNJOINED = "CUDA error: capturing stream has unjoined work"

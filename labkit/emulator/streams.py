@@ -9,7 +9,6 @@ synchronisation during capture is an error, exactly as on a GPU.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 
 import torch
@@ -21,6 +20,7 @@ from labkit.emulator.state import (  # noqa: F401  (old names)
     capture_error,
     refuse_device_sync,
     refuse_sync,
+    thread_stream,
 )
 
 __all__ = ["Stream", "Event", "stream", "set_stream", "current_stream", "default_stream",
@@ -30,14 +30,8 @@ __all__ = ["Stream", "Event", "stream", "set_stream", "current_stream", "default
 _ids = itertools.count()
 
 
-class _ThreadStream(threading.local):
-    """Each thread's current stream; the class attribute is every thread's default (so
-    reading it never raises AttributeError inside getattr: this is read on every op)."""
-
-    stream = None
-
-
-_tls = _ThreadStream()
+_tls = thread_stream        # each thread's current stream (held in state)
+_ThreadStream = type(thread_stream)
 
 
 class Stream:
