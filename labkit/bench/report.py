@@ -65,7 +65,8 @@ VARIANT_ORDER = {
                "compile_reduce_overhead_static"),
     "serve": ("eager", "labkit_graph", "labkit_graph_overlap", "labkit_graph_compiled",
               "labkit_graph_compiled_overlap"),
-    "train": ("eager", "labkit_bridge", "torch_make_graphed_callables", "labkit_full_step",
+    "train": ("eager", "labkit_bridge", "labkit_bridge_no_clone", "torch_make_graphed_callables",
+              "labkit_full_step",
               "labkit_full_step_compiled", "compile_reduce_overhead"),
     "capture": ("separate_pools", "shared_pool", "decode_runner_torch_native",
                 "decode_runner_triton"),
@@ -113,7 +114,9 @@ SUITE_TEXT = {
     "train": (
         "One training step of a 6-layer, d=256 transformer LM, 4 microbatches of 4×64 "
         "tokens, AdamW (`labkit.full_step`, config \"bench\"): eager; `labkit_bridge` = "
-        "per-layer fwd/bwd graphs from `labkit.bridge` (lesson 04); "
+        "per-layer fwd/bwd graphs from `labkit.bridge` (lesson 04), each weight gradient "
+        "cloned as Megatron does; `labkit_bridge_no_clone` = the same returning the static "
+        "buffers (`clone_wgrads=False`), as torch's function does; "
         "`torch_make_graphed_callables` = the same per layer with torch's function; "
         "`labkit_full_step` = fwd+bwd of all microbatches as one graph + AdamW(capturable) "
         "as a second (lesson 07); `labkit_full_step_compiled` = the same around "

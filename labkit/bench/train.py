@@ -9,6 +9,11 @@ The model is ``labkit.full_step``'s ``"bench"`` LM: 6 pre-norm transformer layer
     each layer replaced by labkit's from-scratch fwd/bwd graph pair
     (``labkit.bridge.make_graphed_callables``, lesson 04); embedding, head, loss and
     optimizer stay eager.
+``labkit_bridge_no_clone``
+    the same with ``clone_wgrads=False``: the weight gradients returned as the static
+    buffers, as torch's function returns them, instead of Megatron's clone per weight
+    gradient per microbatch (safe here: each layer has its own runner and the microbatches
+    run one after another, so no replay overwrites a buffer before autograd reads it).
 ``torch_make_graphed_callables``
     the same with ``torch.cuda.make_graphed_callables`` (one call for all layers: one
     pool, forwards captured in order, backwards in reverse).
@@ -43,8 +48,8 @@ from labkit.bench import SuiteSkip, make_row, round_timer, unmeasured_rows
 from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
 from labkit.core.timing import profile_gpu_busy_us
 
-VARIANTS = ("eager", "labkit_bridge", "torch_make_graphed_callables", "labkit_full_step",
-            "labkit_full_step_compiled", "compile_reduce_overhead")
+VARIANTS = ("eager", "labkit_bridge", "labkit_bridge_no_clone", "torch_make_graphed_callables",
+            "labkit_full_step", "labkit_full_step_compiled", "compile_reduce_overhead")
 LR = 1e-3
 
 
@@ -65,7 +70,7 @@ def build(variant: str, cfg: FS.LMConfig, B):
     samples = tuple((_sample(cfg, B),) for _ in blocks)
     if variant == "eager":
         return FS.EagerTrainer(model, FS.lm_loss, torch.optim.AdamW(model.parameters(), lr=LR))
-    if variant == "labkit_bridge":
+    if variant in ("labkit_bridge", "labkit_bridge_no_clone"):
         try:
             from labkit import bridge
         except ImportError as e:
@@ -74,7 +79,8 @@ def build(variant: str, cfg: FS.LMConfig, B):
         if mgc is None:
             raise SuiteSkip("labkit.bridge has no make_graphed_callables(callables, "
                             "sample_args, B=...)")
-        _graph_layers(model, mgc(blocks, samples, B=B))
+        kw = {"clone_wgrads": False} if variant == "labkit_bridge_no_clone" else {}
+        _graph_layers(model, mgc(blocks, samples, B=B, **kw))
         return FS.EagerTrainer(model, FS.lm_loss, torch.optim.AdamW(model.parameters(), lr=LR))
     if variant == "torch_make_graphed_callables":
         _graph_layers(model, B.make_graphed_callables(blocks, samples))

@@ -38,6 +38,7 @@ PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
               ("labkit_graph", "eager"),
               ("labkit_graph_compiled_overlap", "labkit_graph_overlap")),
     "train": (("labkit_bridge", "torch_make_graphed_callables"),
+              ("labkit_bridge_no_clone", "torch_make_graphed_callables"),
               ("labkit_full_step", "eager"),
               ("labkit_full_step", "compile_reduce_overhead"),
               ("labkit_full_step_compiled", "labkit_full_step")),
@@ -169,12 +170,13 @@ def target_checks(rows: Sequence[dict]) -> list[str]:
         line = graph and _busy_check(f"decode batch {bs}", graph, 1.15)
         if line:
             out.append(line)
-    bridge = _find(rows, "train", "labkit_bridge")
     torch_mgc = _find(rows, "train", "torch_make_graphed_callables")
-    if bridge and torch_mgc:
-        for method in METHODS:
-            if bridge.get(method) and torch_mgc.get(method):
-                out.append(_ratio_check("train", bridge, torch_mgc, method, 1.05, False))
+    for variant in ("labkit_bridge", "labkit_bridge_no_clone"):
+        bridge = _find(rows, "train", variant)
+        if bridge and torch_mgc:
+            for method in METHODS:
+                if bridge.get(method) and torch_mgc.get(method):
+                    out.append(_ratio_check("train", bridge, torch_mgc, method, 1.05, False))
     full = _find(rows, "train", "labkit_full_step")
     line = full and _busy_check("train", full, 1.10)
     if line:
