@@ -7,6 +7,7 @@ import importlib.util
 import re
 import shutil
 import struct
+import sys
 from pathlib import Path
 
 import nbformat
@@ -16,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("slides", ROOT / "tools" / "slides.py")
 sl = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sl)
+lay = sys.modules["slide_layout"]          # tools/slide_layout.py, which slides.py imports
 
 
 def test_every_lesson_is_tagged_and_tagging_is_idempotent():
@@ -109,7 +111,7 @@ def _slides(cells):
 def test_headings_anywhere_in_a_cell_start_slides_and_subslides():
     cell = _md("## 3 · A section\n\nText.\n\n### A detail\n\nMore.\n\n"
                "```python\n# a comment\n## not a heading either\n```\n\n## 4 · Next\n\nEnd.")
-    out = sl.paginate([cell])
+    out = lay.paginate([cell])
     assert [(c.metadata["slideshow"]["slide_type"], c.source.split("\n")[0]) for c in out] == [
         ("slide", "## 3 · A section"), ("subslide", "### A detail"), ("slide", "## 4 · Next")]
     assert out[1].source.endswith("## not a heading either\n```")     # fenced code stays whole
@@ -118,7 +120,7 @@ def test_headings_anywhere_in_a_cell_start_slides_and_subslides():
 
 
 def test_markdown_blocks_never_split_fenced_code_or_a_list_item():
-    blocks = sl.md_blocks("Intro:\n\n```\na\n\nb\n```\n\n1. item\n\n   its second paragraph\n"
+    blocks = lay.md_blocks("Intro:\n\n```\na\n\nb\n```\n\n1. item\n\n   its second paragraph\n"
                           "2. next\n\n# Title\nright after")
     assert blocks == ["Intro:", "```\na\n\nb\n```",
                       "1. item\n\n   its second paragraph\n2. next", "# Title", "right after"]
@@ -126,27 +128,27 @@ def test_markdown_blocks_never_split_fenced_code_or_a_list_item():
 
 def test_a_line_starting_with_hash_and_a_number_stays_text():
     source = "pytorch issue\n#181723, \"...\"\n## A heading\n```\n#2937\n```\n#2937). done"
-    assert sl.escape_hash_lines(source) == (
+    assert lay.escape_hash_lines(source) == (
         "pytorch issue\n\\#181723, \"...\"\n## A heading\n```\n#2937\n```\n\\#2937). done")
 
 
 def test_a_long_section_continues_on_subslides_that_fit():
     paragraphs = [f"Paragraph {i}: " + "word " * 90 + "end." for i in range(14)]
     cell = _md("## Long\n\n" + "\n\n".join(paragraphs))
-    out = sl.paginate([cell])
+    out = lay.paginate([cell])
     kinds = [c.metadata["slideshow"]["slide_type"] for c in out]
     assert kinds[0] == "slide" and len(kinds) >= 3 and set(kinds[1:]) == {"subslide"}
     assert "\n\n".join(c.source for c in out) == cell.source        # all of it, in order
     for c in out:
-        blocks = sl.md_blocks(c.source)
-        assert sl.MD_CELL + sum(map(sl.md_height, blocks)) <= sl.ROOM, c.source[:40]
+        blocks = lay.md_blocks(c.source)
+        assert lay.MD_CELL + sum(map(lay.md_height, blocks)) <= lay.ROOM, c.source[:40]
 
 
 def test_a_paragraph_ending_in_a_colon_moves_with_the_code_it_introduces():
     prose = "\n\n".join("word " * 110 for _ in range(3))
     intro = _md(f"## Section\n\n{prose}\n\nWatch it happen:")
     code = _tagged(_code("\n".join(f"x{i} = {i}" for i in range(14)), [TEXT]))
-    slides = _slides(sl.paginate([intro, code]))
+    slides = _slides(lay.paginate([intro, code]))
     assert len(slides) == 2, [[c.source[:20] for c in s] for s in slides]
     assert [c.source for c in slides[1]] == ["Watch it happen:", code.source]
 
@@ -161,22 +163,22 @@ def test_a_picture_too_tall_to_share_a_slide_with_its_code_gets_the_next_subslid
                                                       "text/plain": "<Figure>"})
     text = nbformat.v4.new_output("stream", name="stdout", text="a line\n" * 6)
     cell = _tagged(_code("\n".join(f"y{i} = {i}" for i in range(8)), [text, pic]))
-    assert sl.cell_height(cell) > sl.ROOM
-    out = sl.paginate([_md("## Pictures"), cell])[1:]
+    assert lay.cell_height(cell) > lay.ROOM
+    out = lay.paginate([_md("## Pictures"), cell])[1:]
     assert [c.metadata["slideshow"]["slide_type"] for c in out] == ["subslide", "subslide"]
     assert out[0].outputs == [text] and out[0].source == cell.source
     assert out[1].outputs == [pic] and sl.HIDE in out[1].metadata["tags"]
     small = _tagged(_code("plt.show()", [nbformat.v4.new_output(
         "display_data", data={"image/png": _png(1000, 300), "text/plain": "<Figure>"})]))
-    assert len(sl.paginate([_md("## Pictures"), small])) == 2      # fits: stays whole
+    assert len(lay.paginate([_md("## Pictures"), small])) == 2      # fits: stays whole
 
 
 def test_the_estimates_grow_with_the_text():
-    assert sl.md_height("word " * 400) > sl.md_height("word " * 100) > sl.md_height("word")
-    assert sl.md_height("# " + "long title " * 8) > sl.md_height("# Short")
+    assert lay.md_height("word " * 400) > lay.md_height("word " * 100) > lay.md_height("word")
+    assert lay.md_height("# " + "long title " * 8) > lay.md_height("# Short")
     wide = "| a | b |\n|---|---|\n| " + "x " * 200 + "| y |"
-    assert sl._table_height(wide) > sl._table_height("| a | b |\n|---|---|\n| x | y |")
-    assert sl.cell_height(_code("\n".join("z" for _ in range(10)))) > sl.cell_height(_code("z"))
+    assert lay._table_height(wide) > lay._table_height("| a | b |\n|---|---|\n| x | y |")
+    assert lay.cell_height(_code("\n".join("z" for _ in range(10)))) > lay.cell_height(_code("z"))
 
 
 def test_build_fits_slides_to_the_window_and_fetches_no_web_fonts(tmp_path, monkeypatch):
@@ -211,3 +213,97 @@ def test_offline_theme_has_no_web_fonts(tmp_path):
             'rel="stylesheet"/></head><script>Reveal.initialize({\n width: 1280,\n});</script>')
     out = sl._finish(page, offline=True)
     assert f'href="vendor/{sl.THEME_COPY}" id="theme"' in out and "dist/theme" not in out
+
+
+def _stream(text):
+    return nbformat.v4.new_output("stream", name="stdout", text=text)
+
+
+def _texts(cells):
+    return ["".join(o.text for o in c.outputs) for c in cells]
+
+
+def test_a_text_output_taller_than_a_slide_continues_on_subslides_cut_at_a_blank_line():
+    paragraphs = ["\n".join(f"part {p} line {i}" for i in range(12)) for p in range(3)]
+    cell = _tagged(_code("print(report)", [_stream("\n\n".join(paragraphs) + "\n")]))
+    assert lay.cell_height(cell) > lay.ROOM
+    out = lay.paginate([_md("## Report"), cell])[1:]
+    assert [c.metadata["slideshow"]["slide_type"] for c in out] == ["-", "subslide"]
+    assert out[0].source == cell.source and sl.HIDE not in out[0].metadata.get("tags", [])
+    assert out[1].source == "" and sl.HIDE in out[1].metadata["tags"]
+    assert out[1].id == f"{cell.id}-1"
+    texts = _texts(out)                                       # cut at a blank line, nothing lost
+    assert texts[0].rstrip().endswith("line 11") and texts[1].startswith("part ")
+    assert "\n\n".join(t.rstrip("\n") for t in texts) + "\n" == cell.outputs[0].text
+    assert all(lay.cell_height(c) <= lay.ROOM for c in out)
+    assert cell.outputs[0].text.startswith("part 0") and len(cell.outputs) == 1   # untouched
+
+
+def test_a_text_output_without_blank_lines_is_cut_between_its_least_indented_lines():
+    items = [f"{n:2d}. finding {n}:\n" + "      why: " + "word " * 30 + "\n      fix: do x\n"
+             for n in range(1, 16)]
+    text = "report: 15 findings\n" + "".join(items)
+    out = lay.split_outputs(_tagged(_code("print(report)", [_stream(text)])))
+    texts = _texts(out)
+    assert len(out) >= 2 and "".join(texts) == text
+    for t in texts[1:]:
+        assert re.match(r"\s?\d+\. finding", t), t[:40]         # each piece starts an item
+    for c in out:
+        assert lay.cell_height(c) <= lay.ROOM
+
+
+def test_a_cut_never_follows_a_line_that_introduces_what_comes_next():
+    lines = [f"    x{i} = {i}" for i in range(40)]
+    lines[20] = "    # the next statement, explained:"
+    lines[21] = "    if x:"
+    text = "def f():\n" + "\n".join(lines) + "\n"
+    head, rest, at_blank = lay.cut_text(text, lay.ROOM, 22 * lay.CODE_LINE)
+    assert not at_blank and head + rest == text
+    assert not head.rstrip().endswith(":") and not head.rstrip().split("\n")[-1].strip() \
+        .startswith("#")
+
+
+def test_outputs_move_whole_to_the_next_piece_before_a_text_output_is_cut():
+    table = nbformat.v4.new_output("display_data", data={
+        "text/markdown": "| a | b |\n|---|---|\n" + "| x | y |\n" * 14, "text/plain": "t"})
+    verdicts = _stream("".join(f"verdict {i}\n" for i in range(14)))
+    cell = _tagged(_code("\n".join(f"z{i} = {i}" for i in range(12)),
+                         [_stream("the rows:\n"), table, verdicts]))
+    assert lay.cell_height(cell) > lay.ROOM
+    out = lay.split_outputs(cell)
+    assert [len(c.outputs) for c in out] == [1, 1, 1]
+    assert out[1].outputs == [table] and out[2].outputs == [verdicts]
+
+
+def test_a_cell_that_fits_and_a_picture_too_tall_stay_whole():
+    small = _tagged(_code("print(1)", [_stream("1\n")]))
+    assert lay.split_outputs(small) == [small]
+    pic = nbformat.v4.new_output("display_data", data={"image/png": _png(800, 2000),
+                                                      "text/plain": "<Figure>"})
+    tall = _tagged(_code("plot()", [pic]))
+    tall.metadata["tags"] = [sl.HIDE]
+    assert lay.split_outputs(tall) == [tall]
+    shown = _tagged(_code("plot()", [pic]))                   # its code on the slide before
+    assert [(c.source, c.outputs) for c in lay.split_outputs(shown)] == [("plot()", []),
+                                                                        ("", [pic])]
+
+
+def test_text_before_a_cell_stays_behind_rather_than_force_a_cut_inside_a_paragraph():
+    # the lead-in leaves room for part of the first paragraph only: the cell takes whole
+    # slides, each paragraph on one, and the lead-in stays on the slide before
+    paragraphs = ["\n".join(f"p{p} row {i}" for i in range(27)) for p in range(2)]
+    cell = _tagged(_code("show()", [_stream("\n\n".join(paragraphs) + "\n")]))
+    cell.metadata["tags"] = [sl.HIDE]
+    prose = "word " * 250
+    slides = _slides(lay.paginate([_md(f"## Rows\n\n{prose}\n\nThe rows:"), cell]))
+    texts = [_texts([c])[0] for s in slides for c in s if c.cell_type == "code"]
+    assert [t.split("\n")[0] for t in texts] == ["p0 row 0", "p1 row 0"]
+    assert texts[0].rstrip().endswith("p0 row 26")
+    assert slides[0][-1].source.endswith("The rows:")            # stayed behind
+
+
+def test_build_zooms_out_what_the_estimates_missed_and_no_further_than_min_zoom(tmp_path,
+                                                                               monkeypatch):
+    _, text = _build_one(tmp_path, monkeypatch, "00_start_here.ipynb")
+    assert f"MIN_ZOOM = {sl.MIN_ZOOM}" in text and "c.style.zoom = zoom" in text
+    assert 0.8 <= sl.MIN_ZOOM < 1

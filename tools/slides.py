@@ -20,25 +20,15 @@ The notebooks with a deck: ``notebooks/0*.ipynb`` (the lessons), then
 * the Colab badge and setup cell are skipped (``tools/colab_cells.py`` tags them).
 
 **Cutting into slides** happens at build time, on the copy of each notebook handed to
-nbconvert (the notebooks are never rewritten by ``build``):
-
-* a Markdown cell is cut at its ``#``, ``##`` and ``###`` headings (outside fenced code):
-  each heading starts a slide or subslide by the rules above, wherever it sits in a cell;
-* a slide (a ``WIDTH`` × ``HEIGHT`` area, 16:9, which reveal.js scales to fit the window)
-  whose content is estimated taller than the area continues on a subslide below it
-  (heights are estimated from the text, calibrated on Chromium's layout): Markdown is
-  cut at paragraph boundaries (a paragraph ending in ``:`` moves with what follows), a
-  code cell moves whole; a code cell whose picture does not fit beside its code and text
-  output shows the picture on the next subslide (``split_pictures``); a cell still taller
-  than a slide stays whole, and scrolls;
-* a Markdown line that starts with ``#`` and no space (``#181723,``: an issue number
-  wrapped to the line's start) is escaped: it is text, not an ``<h1>``.
+nbconvert (the notebooks are never rewritten by ``build``): ``tools/slide_layout.py``
+cuts each section into slides that fit the slide area (its docstring has the rules).
 
 **Rendering** uses ``jupyter nbconvert``'s ``SlidesExporter`` on the stored outputs (no
 kernel runs): whatever the notebooks hold, CPU or GPU outputs, is what the slides show.
 A widget's output shows as the picture it stored beside itself (slides have no kernel to
 drive a slider). The build adds a style sheet and a script (``SLIDE_CSS``, ``SLIDE_JS``):
-a slide taller than the slide area shrinks its pictures (to half their size at most) and
+a slide taller than the slide area shrinks its pictures (to half their size at most), then
+its text (to ``MIN_ZOOM`` at most: the layout's estimates are a few lines off at times), and
 otherwise scrolls inside a box exactly as tall as the slide area, so its end can be
 reached at any window size (nbconvert's own scroll box is turned off: it was taller than
 the window); code, output and table text wraps instead of running off the right edge;
@@ -52,37 +42,31 @@ and the import of mermaid's module from its CDN is dropped (no lesson draws a me
 diagram).
 
 ``tests/browser/test_slides_in_browser.py`` pages through every slide of every deck in
-Chromium at 1280×720 and 1920×1080 and fails on a slide that runs past the window.
+Chromium at 1280×720 and 1920×1080 and fails on a slide that runs past the window or
+needs scrolling.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import copy
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # slide_layout.py, beside this file
+from slide_layout import HEIGHT, HIDE, WIDTH, _heading_type, _is_picture, paginate  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = "notebooks/0*.ipynb"
 WALKTHROUGH = "notebooks/walkthrough.ipynb"
 OUT = Path("build/slides")
 LONG = 15                      # lines of code above which the code folds away
-HIDE = "hide-input"            # cell tag: the slides show the output only
-PICTURES = ("image/png", "image/jpeg", "image/svg+xml")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-
-# the slide area, in CSS px before reveal.js scales it to the window: 16:9, like the
-# screens and projectors the slides are shown on (nbconvert's default is 960 × 700)
-WIDTH, HEIGHT = 1280, 720
-PADDING = 20                   # reveal.js's padding above and below a slide's content
-ROOM = HEIGHT - 2 * PADDING    # what a slide's content may fill before it continues below
 
 # offline assets: (npm package, folder under vendor/)
 REVEAL = ("reveal.js@4.0.2", "reveal.js")        # the version nbconvert's template is written for
@@ -106,21 +90,8 @@ def _lines(source: str) -> int:
     return len([line for line in source.splitlines() if line.strip()])
 
 
-def _is_picture(output) -> bool:
-    return any(k in output.get("data", {}) for k in PICTURES)
-
-
 def _has_picture(cell) -> bool:
     return any(map(_is_picture, cell.get("outputs", [])))
-
-
-def _heading_type(line: str) -> str | None:
-    """``slide`` for a ``#``/``##`` heading line, ``subslide`` for ``###``, else None."""
-    if re.match(r"#{1,2} ", line):
-        return "slide"
-    if line.startswith("### "):
-        return "subslide"
-    return None
 
 
 def slide_tags(cell) -> tuple[str, bool]:
@@ -181,332 +152,6 @@ def tag(root: Path = ROOT, check: bool = False) -> list[Path]:
     return changed
 
 
-# ---- cutting into slides (build time, on nbconvert's copy) --------------------------------
-
-FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
-# '#' then neither a space nor another '#': CommonMark's text, but nbconvert's Markdown
-# makes it an <h1> (lesson 04's "issue\n#181723, ...")
-NOT_A_HEADING = re.compile(r"^( {0,3})(#+)(?=[^#\s])", re.M)
-
-
-def _fence(line: str, fence: str) -> tuple[str, bool]:
-    """``(fence open after line, line is fenced code or a fence)`` for one Markdown line."""
-    m = FENCE.match(line)
-    if fence:
-        closes = m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) \
-            and not line.strip().strip(fence[0])
-        return ("" if closes else fence), True
-    return (m.group(1), True) if m else ("", False)
-
-
-def md_blocks(source: str) -> list[str]:
-    """Markdown ``source`` as blocks: paragraphs, lists, tables, fenced code, headings.
-
-    Blocks end at blank lines and after a heading line, never inside fenced code; a block
-    whose first line is indented continues the one before it (a list item's second
-    paragraph), so the two never land on different slides.
-    """
-    blocks: list[list[str]] = []
-    cur: list[str] = []
-    fence = ""
-
-    def flush():
-        nonlocal cur
-        if cur:
-            if blocks and cur[0][:1] in (" ", "\t") and not _heading_type(blocks[-1][0]):
-                blocks[-1] += [""] + cur
-            else:
-                blocks.append(cur)
-        cur = []
-
-    for line in source.split("\n"):
-        fence, code = _fence(line, fence)
-        if not code and not line.strip():
-            flush()
-        elif not code and _heading_type(line):
-            flush()
-            cur.append(line)
-            flush()
-        else:
-            cur.append(line)
-    flush()
-    return ["\n".join(b) for b in blocks]
-
-
-def escape_hash_lines(source: str) -> str:
-    """``#181723, ...`` at a line's start stays text (fenced code is left alone)."""
-    out, fence = [], ""
-    for line in source.split("\n"):
-        fence, code = _fence(line, fence)
-        out.append(line if code else
-                   NOT_A_HEADING.sub(lambda h: h.group(1) + "\\" + h.group(2), line))
-    return "\n".join(out)
-
-
-# Heights in CSS px of the slide area, estimated from the text (there is no browser at build
-# time) and calibrated against Chromium's layout of these notebooks; an estimate that is
-# off costs a slide cut early or a slide that scrolls, nothing worse.
-PROSE_CHARS, PROSE_LINE, PROSE_GAP = 125, 26, 20   # chars a line, px a line, px between blocks
-LIST_CHARS, LIST_ITEM = 95, 4                      # list items: chars a line, px between items
-MD_CELL = 22                                       # a Markdown cell's own padding and margins
-HEADINGS = {1: (34, 154, 90),                      # by level: chars a line, px, px a line more
-            2: (60, 81, 50),
-            3: (70, 56, 40)}
-CODE_CHARS, CODE_LINE = 105, 23                    # code and text output: chars a line, px a line
-CODE_CELL, CODE_INPUT, OUTPUT = 14, 28, 17         # px: a code cell, its input box, each output
-TABLE_CHARS, TABLE_ROW, TABLE_LINE = 150, 12, 19   # table width in chars, px a row, px a line
-PICTURE = 34                                       # px around a picture
-SLIDE_WIDTH = WIDTH - 43                           # px a cell spans: a wider picture shrinks
-
-
-def _wrapped(text: str, chars: int) -> int:
-    """Lines ``text`` takes when its lines wrap at spaces after ``chars`` characters."""
-    n = 0
-    for line in text.split("\n"):
-        lines, width = 1, 0
-        for word in line.split(" "):
-            need = len(word) + (1 if width else 0)
-            if width and width + need > chars:
-                lines, width, need = lines + 1, 0, len(word)
-            width += need
-            while width > chars:                 # a word longer than a line breaks anywhere
-                lines, width = lines + 1, width - chars
-        n += lines
-    return n
-
-
-def _shown(md: str) -> str:
-    """What a line of Markdown shows, roughly: link text, no emphasis marks; code spans
-    widened (monospace is wider than prose)."""
-    md = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", md)
-    md = re.sub(r"`([^`]*)`",
-                lambda m: m.group(1).replace(" ", "x") + "x" * (len(m.group(1)) // 3), md)
-    return re.sub(r"[*_]{1,2}(?=\S)|(?<=\S)[*_]{1,2}", "", md)
-
-
-def md_height(block: str) -> int:
-    """Estimated height of one Markdown block (see ``md_blocks``), its cell's own
-    padding (``MD_CELL``) left out."""
-    first = block.split("\n", 1)[0]
-    level = len(first) - len(first.lstrip("#"))
-    if level and first[level:level + 1] == " ":
-        chars, px, more = HEADINGS.get(level, (PROSE_CHARS, PROSE_LINE + PROSE_GAP, PROSE_LINE))
-        return px + more * (_wrapped(_shown(first[level + 1:]), chars) - 1)
-    if FENCE.match(first):
-        return PROSE_GAP + CODE_LINE * _wrapped("\n".join(block.split("\n")[1:-1]), CODE_CHARS)
-    if first.lstrip().startswith("|"):
-        return _table_height(block)
-    text = _shown(block)
-    items = re.split(r"\n(?=\s*(?:[-*+]|\d+\.) )", text)       # list items start new lines
-    if re.match(r"\s*(?:[-*+]|\d+\.) ", text):
-        return PROSE_GAP + sum(PROSE_LINE * _wrapped(" ".join(i.split()), LIST_CHARS)
-                               + LIST_ITEM for i in items)
-    return PROSE_GAP + PROSE_LINE * _wrapped(" ".join(text.split()), PROSE_CHARS)
-
-
-def _table_height(block: str) -> int:
-    """A Markdown table: its columns share the width in proportion to their longest cell
-    (as a browser's auto layout roughly does), each row as tall as its longest cell wraps."""
-    rows = [[_shown(c.strip()) for c in r.strip().strip("|").split("|")]
-            for r in block.split("\n")
-            if r.strip() and not re.fullmatch(r"\s*\|?[\s:|-]+\|?\s*", r)]
-    cols = max(len(r) for r in rows)
-    rows = [r + [""] * (cols - len(r)) for r in rows]
-    longest = [max(len(c) for c in col) + 2 for col in zip(*rows)]
-    share = [max(1, int(n * TABLE_CHARS / sum(longest)) if sum(longest) > TABLE_CHARS else n)
-             for n in longest]
-    return sum(TABLE_ROW + TABLE_LINE * max(_wrapped(c, w) for c, w in zip(r, share))
-               for r in rows)
-
-
-def _picture_height(output) -> int:
-    """A picture's height as shown: its stored size, no wider than the slide."""
-    data, meta = output.get("data", {}), output.get("metadata", {}) or {}
-    size = None
-    if "image/png" in data:
-        head = data["image/png"][:32]
-        raw = base64.b64decode(head + "=" * (-len(head) % 4))
-        if raw[12:16] == b"IHDR":
-            size = struct.unpack(">II", raw[16:24])
-    for kind in PICTURES:                       # width/height the output asks for
-        m = meta.get(kind) or {}
-        if m.get("width") and m.get("height"):
-            size = (m["width"], m["height"])
-    if not size:
-        return 400 + PICTURE
-    w, h = size
-    return int(h * min(1.0, SLIDE_WIDTH / w)) + PICTURE
-
-
-def _text(value) -> str:
-    return value if isinstance(value, str) else "".join(value)
-
-
-def cell_height(cell) -> int:
-    """Estimated height of a code cell on a slide: its code (unless hidden), its outputs."""
-    height = CODE_CELL
-    if HIDE not in cell.get("metadata", {}).get("tags", []):
-        height += CODE_INPUT + CODE_LINE * _wrapped(cell.source.rstrip("\n"), CODE_CHARS)
-    for o in cell.get("outputs", []):
-        data = o.get("data", {})
-        height += OUTPUT
-        if _is_picture(o):
-            height += _picture_height(o)
-        elif o.get("output_type") == "stream":
-            height += CODE_LINE * _wrapped(_text(o.get("text", "")).rstrip("\n"), CODE_CHARS)
-        elif o.get("output_type") == "error":
-            tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(o.get("traceback", [])))
-            height += CODE_LINE * _wrapped(tb, CODE_CHARS)
-        elif "text/markdown" in data:
-            height += sum(md_height(b) for b in md_blocks(_text(data["text/markdown"])))
-        elif "text/html" in data:
-            html = _text(data["text/html"])
-            height += TABLE_ROW + TABLE_LINE * max(1, len(re.findall(r"<(?:tr|br|p|li)\b",
-                                                                    html)))
-        elif "text/plain" in data:
-            height += CODE_LINE * _wrapped(_text(data["text/plain"]).rstrip("\n"), CODE_CHARS)
-    return height
-
-
-def _slide_type(cell) -> str:
-    return (cell.get("metadata", {}).get("slideshow") or {}).get("slide_type", "-")
-
-
-class _Unit:
-    """What moves between slides as one piece: a Markdown block, or a whole other cell."""
-
-    def __init__(self, cell, source, start, height, keep=False, join="\n\n"):
-        self.cell, self.source, self.start = cell, source, start
-        self.height, self.keep = height, keep      # keep: moves with what follows
-        self.join = join                           # what goes before it in a merged cell
-
-
-ITEM = re.compile(r"(?:[-*+]|\d+[.)]) ")
-
-
-def list_items(block: str) -> list[str]:
-    """A Markdown list block as its top-level items (each with its indented lines)."""
-    items: list[list[str]] = []
-    for line in block.split("\n"):
-        if ITEM.match(line) or not items:
-            items.append([line])
-        else:
-            items[-1].append(line)
-    return ["\n".join(i) for i in items]
-
-
-def split_pictures(cell, room: int = ROOM) -> list:
-    """A code cell with a picture that is too tall for one slide, as two cells: its code
-    and the outputs before its first picture, then (input hidden) the pictures on."""
-    outs = cell.get("outputs", [])
-    first = next((i for i, o in enumerate(outs) if _is_picture(o)), None)
-    tags = cell.get("metadata", {}).get("tags", [])
-    if first is None or (first == 0 and HIDE in tags) or cell_height(cell) <= room:
-        return [cell]
-    head, tail = copy.deepcopy(cell), copy.deepcopy(cell)
-    head.outputs, tail.outputs, tail.source = outs[:first], outs[first:], ""
-    tail.metadata["tags"] = [t for t in tags if t != HIDE] + [HIDE]
-    if cell.get("id"):
-        tail.id = f"{cell.id}-pictures"
-    return [head, tail]
-
-
-def units(cells, room: int = ROOM) -> list[_Unit]:
-    """The pieces ``pages`` lays out: Markdown blocks, cells (a tall picture cell in two)."""
-    out = []
-    for cell in cells:
-        kind = _slide_type(cell)
-        if cell.cell_type == "markdown" and kind != "skip":
-            for i, block in enumerate(md_blocks(cell.source)):
-                head = _heading_type(block)
-                start = head or (kind if i == 0 and kind in ("slide", "subslide") else None)
-                keep = block.rstrip().endswith(":") or (block.startswith("#") and not head)
-                if ITEM.match(block) and md_height(block) > room:    # a list taller than
-                    for j, item in enumerate(list_items(block)):     # a slide: by items
-                        out.append(_Unit(cell, escape_hash_lines(item), start if j == 0
-                                         else None, md_height(item) - (j > 0) * PROSE_GAP,
-                                         join="\n\n" if j == 0 else "\n"))
-                    continue
-                out.append(_Unit(cell, escape_hash_lines(block), start,
-                                 md_height(block), keep))
-        elif cell.cell_type == "code" and kind not in ("notes", "skip"):
-            start = kind if kind in ("slide", "subslide") else None
-            for i, part in enumerate(split_pictures(cell, room)):
-                out.append(_Unit(part, None, start if i == 0 else None, cell_height(part)))
-        else:
-            out.append(_Unit(cell, None, kind if kind in ("slide", "subslide") else None, 0))
-    return out
-
-
-def pages(items: list[_Unit], room: int = ROOM) -> list[list[_Unit]]:
-    """Units grouped into slides: a heading starts one (as tagged); a unit that would
-    overflow ``room`` starts a continuation subslide, taking along the units before it
-    that stay with what follows (``keep``, or nothing to show: speaker notes)."""
-    def cost(page):   # Markdown blocks of one cell on one slide share one cell's padding
-        return sum(u.height + (MD_CELL if u.source is not None and u.height
-                               and (i == 0 or page[i - 1].cell is not u.cell) else 0)
-                   for i, u in enumerate(page))
-
-    out: list[list[_Unit]] = []
-    for u in items:
-        if u.start or not out:
-            out.append([u])
-            continue
-        page = out[-1]
-        if u.height and cost(page + [u]) > room and cost(page) > 0:
-            carry = []
-            while len(page) > 1 and (page[-1].keep or not page[-1].height) \
-                    and any(x.height for x in page[:-1]):
-                carry.insert(0, page.pop())
-            if not any(x.height and not x.keep for x in page) \
-                    or cost(carry + [u]) > room:   # nothing would be left, or no room
-                page.extend(carry)
-                carry = []
-            out.append(carry + [u])
-            continue
-        page.append(u)
-    return out
-
-
-def paginate(cells, room: int = ROOM, merge: bool = True):
-    """The cells of one notebook cut into slides that fit (see the module's docstring).
-
-    A Markdown cell's blocks that stay on one slide are one cell again (``merge``)."""
-    import nbformat
-
-    out = []
-    piece: dict[int, int] = {}          # how many pieces of a Markdown cell so far
-    for n, page in enumerate(pages(units(cells, room), room)):
-        first = True
-        for u in page:
-            shown = _slide_type(u.cell) not in ("notes", "skip")
-            if first and shown:
-                kind = "slide" if (u.start == "slide" or n == 0) else "subslide"
-                first = False
-            else:
-                kind = _slide_type(u.cell)
-                kind = "-" if kind in ("slide", "subslide") else kind
-            if u.source is None:
-                cell = u.cell
-            elif merge and out and out[-1].get("_from") is u.cell and kind == "-":
-                out[-1].source += u.join + u.source      # the same cell, the same slide
-                continue
-            else:
-                k = piece[id(u.cell)] = piece.get(id(u.cell), -1) + 1
-                cell = nbformat.v4.new_markdown_cell(u.source)
-                cell.metadata = copy.deepcopy(u.cell.metadata)
-                if u.cell.get("attachments"):
-                    cell.attachments = copy.deepcopy(u.cell.attachments)
-                if u.cell.get("id"):                     # else new_markdown_cell's own
-                    cell.id = u.cell.id + (f"-{k}" if k else "")
-                cell["_from"] = u.cell
-            cell.metadata["slideshow"] = {"slide_type": kind}
-            out.append(cell)
-    for cell in out:
-        cell.pop("_from", None)
-    return out
-
-
 # ---- rendering ----------------------------------------------------------------------------
 
 FONTS = ('system-ui, -apple-system, "Segoe UI", Roboto, Ubuntu, Cantarell, "Noto Sans", '
@@ -548,10 +193,13 @@ html:not(.print-pdf) .reveal .slides > section:not(.stack) {
 
 # Run by the template's reveal.js callback, right after Reveal.initialize(): on the slide
 # shown at load and on each slide moved to, pictures shrink (to MIN of their size at most)
-# until the slide fits its HEIGHT; what still does not fit scrolls (SLIDE_CSS).
+# until the slide fits its HEIGHT, then the whole slide's content is zoomed out (to
+# MIN_ZOOM at most: the build's height estimates are a few lines off at times); what still
+# does not fit scrolls (SLIDE_CSS).
+MIN_ZOOM = 0.9
 SLIDE_JS = """
         (function fitPictures(Reveal) {
-          var MIN = 0.5;
+          var MIN = 0.5, MIN_ZOOM = %(zoom)s;
           function fit() {
             var s = Reveal.getCurrentSlide();
             if (!s) return;
@@ -576,13 +224,23 @@ SLIDE_JS = """
                 i.style.width = 'auto';
               });
             }
+            var pad = parseFloat(getComputedStyle(s).paddingTop)
+              + parseFloat(getComputedStyle(s).paddingBottom);
+            for (var z = 0; z < 4; z++) {          // text: zoom out the slide's content
+              var room = s.clientHeight - pad, need = s.scrollHeight - pad;
+              var zoom = Number(s.dataset.zoom || 1);
+              if (need <= room + 1 || zoom <= MIN_ZOOM) break;
+              zoom = Math.max(MIN_ZOOM, Math.floor(100 * zoom * room / need) / 100);
+              s.dataset.zoom = zoom;
+              [].forEach.call(s.children, function (c) { c.style.zoom = zoom; });
+            }
             Reveal.layout();
           }
           Reveal.addEventListener('ready', fit);
           Reveal.addEventListener('slidechanged', fit);
           if (Reveal.isReady()) fit();
         })(Reveal);
-"""
+""" % {"zoom": MIN_ZOOM}
 
 
 def _npm_pack(spec: str, dest: Path) -> None:
@@ -628,7 +286,7 @@ def vendor(out: Path) -> bool:
 
 
 def _for_slides(nb):
-    """nbconvert's copy of ``nb``: cut into slides that fit (see the module's docstring),
+    """nbconvert's copy of ``nb``: cut into slides that fit (``tools/slide_layout.py``),
     widget outputs showing the picture they stored (no kernel in slides), no test markers."""
     nb = copy.deepcopy(nb)
     nb.metadata.pop("widgets", None)

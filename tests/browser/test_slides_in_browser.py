@@ -3,22 +3,25 @@
 Run with ``make test-browser`` (not part of ``make test``: see tests/conftest.py), which
 sets ``LABKIT_BROWSER_TESTS=1``; it uses the system's Chromium and chromedriver and never
 downloads a browser. The decks in ``build/slides/`` are used when each is newer than its
-notebook and than ``tools/slides.py``; otherwise ``make slides`` builds them first.
+notebook and than ``tools/slides.py`` and ``tools/slide_layout.py``; otherwise ``make
+slides`` builds them first.
 
 Each deck (lessons 00-08 and the walkthrough) is opened from ``file://`` (as a presenter
 double-clicks it) at 1280×720 and at 1920×1080, and paged through with reveal.js's own
 ``next()``, from the first slide as loaded to the last, as the arrow keys would. On each
 slide, as it is first shown:
 
-* everything on it ends inside the window, or inside a box that scrolls (``overflow-y``
-  auto/scroll) and that itself ends inside the window;
+* everything on it ends inside the window, and nothing needs scrolling: no box on it
+  (the slide's own included) scrolls (``overflow-y`` auto/scroll with more content than
+  room); ``make slides`` cuts what is too tall into subslides (``tools/slides.py``);
 * nothing reaches past the slide's right edge (or the window's), nothing sits in a box
   that scrolls sideways or cuts its content off;
 * no style sheet imports anything from the network (web fonts).
 
 A failure names the deck, the slide (reveal's ``h/v`` and its first heading) and the
-window size, with what ran over. The run prints, per deck and size, how many slides
-scroll inside their box. Screenshots of the failing slides go to build/browser/.
+window size, with what ran over. The run prints, per deck and size, which slides the
+deck's script zoomed out to fit (``MIN_ZOOM`` in tools/slides.py). Screenshots of the
+failing slides go to build/browser/.
 """
 
 from __future__ import annotations
@@ -46,13 +49,13 @@ SIZES = [(1280, 720), (1920, 1080)]
 # --- fixtures ------------------------------------------------------------------------
 
 def _fresh() -> bool:
-    tool = REPO / "tools" / "slides.py"
+    tools = max((REPO / "tools" / name).stat().st_mtime
+                for name in ("slides.py", "slide_layout.py"))
     if not (SLIDES / "vendor" / "reveal.js" / "package.json").exists():
         return False
     for nb in NOTEBOOKS:
         deck = SLIDES / f"{nb.stem}.slides.html"
-        if not deck.exists() or deck.stat().st_mtime < max(nb.stat().st_mtime,
-                                                           tool.stat().st_mtime):
+        if not deck.exists() or deck.stat().st_mtime < max(nb.stat().st_mtime, tools):
             return False
     return True
 
@@ -118,7 +121,7 @@ const t0 = Date.now();
 
 # Page with next() from the slide shown at load to the last one; measure each slide on
 # arrival (after two frames: reveal lays out on `slidechanged`, and so may a deck's own
-# script). Returns one record per slide: [h, v, problems, scrolls].
+# script). Returns one record per slide: [h, v, problems, scrolls, zoom].
 JS_PAGE = """
 const done = arguments[arguments.length - 1];
 const n = arguments[0];
@@ -199,7 +202,8 @@ function check(s) {
     if (i) R.next();
     await frame();
     const idx = R.getIndices();
-    out.push([idx.h, idx.v || 0, ...check(R.getCurrentSlide())]);
+    const s = R.getCurrentSlide();
+    out.push([idx.h, idx.v || 0, ...check(s), Number(s.dataset.zoom || 1)]);
   }
   done(out);
 })().catch(e => done({error: String(e && e.stack || e)}));
@@ -228,13 +232,18 @@ def test_every_slide_fits_the_window(decks, browser, notebook, size):
     assert isinstance(paged, list), f"{where}: paging failed: {paged}"
     assert [p[:2] for p in paged] == [s[:2] for s in slides], \
         f"{where}: next() did not visit every slide in order"
+    for p in paged:
+        if p[3] and not any(q[0] == "bottom" for q in p[2]):
+            p[2].append(["scroll", "needs scrolling: a box on it scrolls (cut it into "
+                                   "subslides: tools/slides.py)"])
     bad = [(s, p[2]) for s, p in zip(slides, paged) if p[2]]
     kinds = {k: sum(1 for _, problems in bad if any(q[0] == k for q in problems))
-             for k in ("bottom", "right")}
-    scrolled = [f"{p[0]}/{p[1]}" for p in paged if p[3] and not p[2]]
+             for k in ("bottom", "right", "scroll")}
+    zoomed = [f"{p[0]}/{p[1]} {p[4]:.0%}" for p in paged if p[4] < 1]
     print(f"\n{where}: {len(slides)} slides; {len(bad)} do not fit ({kinds['bottom']} run "
-          f"past the bottom, {kinds['right']} past the right edge); {len(scrolled)} fit by "
-          f"scrolling inside a box that fits" + (f" ({', '.join(scrolled)})" if scrolled else ""))
+          f"past the bottom, {kinds['right']} past the right edge, {kinds['scroll']} need "
+          f"scrolling); {len(zoomed)} zoomed out to fit"
+          + (f" ({', '.join(zoomed)})" if zoomed else ""))
     for (hh, vv, title), _ in bad[:3]:   # a picture of the first few that do not fit
         browser.execute_script(f"window.__deck.slide({hh}, {vv});")
         browser.save_screenshot(str(SHOTS / f"slide_{notebook.stem}_{hh}-{vv}_{w}x{h}.png"))
@@ -244,7 +253,8 @@ def test_every_slide_fits_the_window(decks, browser, notebook, size):
                         f"  {notebook.stem} slide {hh}/{vv} ({title or 'no heading'!r}) at "
                         f"{w}×{h}: " + "; ".join(
                             next(q[1] for q in problems if q[0] == k)
-                            for k in ("bottom", "right") if any(q[0] == k for q in problems))
+                            for k in ("bottom", "right", "scroll")
+                            if any(q[0] == k for q in problems))
                         for (hh, vv, title), problems in bad), pytrace=False)
 
 
