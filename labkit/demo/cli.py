@@ -12,7 +12,8 @@ import time
 import warnings
 from pathlib import Path
 
-from labkit.demo.lessons import DEMOS, _device, _footer, _on_cpu_note
+from labkit.demo.common import _device, _footer, _on_cpu_note
+from labkit.demo.lessons import DEMOS
 
 __all__ = ["BACKENDS", "is_demo_png", "check_out_path", "add_arguments", "run"]
 
