@@ -44,8 +44,9 @@ def pinned_zeros(shape, dtype: torch.dtype, device) -> torch.Tensor:
     ``device`` is not the host, so a ``non_blocking`` copy overlaps the host's work.
 
     ``.pin_memory()``, not ``pin_memory=True``: the emulated device has no pinned
-    allocator of its own, and both backends pin this way."""
-    host = torch.zeros(shape, dtype=dtype)
+    allocator of its own, and both backends pin this way. ``device="cpu"`` explicitly:
+    host memory whatever ``torch.set_default_device`` says."""
+    host = torch.zeros(shape, dtype=dtype, device="cpu")
     return host if torch.device(device).type == "cpu" else host.pin_memory()
 
 

@@ -100,6 +100,9 @@ class Dispatcher:
 
     def dispatch(self, batch: ForwardBatch) -> GraphMode:
         """The mode ``batch`` runs in (nothing runs)."""
+        if not isinstance(batch, ForwardBatch):
+            raise TypeError(f"Dispatcher: expected a ForwardBatch (make_decode_batch, "
+                            f"make_extend_batch, make_mixed_batch), got {type(batch).__name__}")
         if (self.full is not None and batch.forward_mode is ForwardMode.DECODE
                 and self.full.can_run(batch)):
             return GraphMode.FULL

@@ -97,7 +97,8 @@ def make_problem(cfg: PipelineConfig, device=None):
         layers = layers.to(device)
     g = torch.Generator().manual_seed(cfg.seed + 1)
     shape = (cfg.batch, cfg.seq, cfg.hidden)
-    data = [[(torch.randn(shape, generator=g), torch.randn(shape, generator=g))
+    data = [[(torch.randn(shape, generator=g, device="cpu"),
+              torch.randn(shape, generator=g, device="cpu"))
              for _ in range(cfg.M)] for _ in range(cfg.steps)]
     if device is not None:
         data = [[(x.to(device), t.to(device)) for x, t in step] for step in data]
