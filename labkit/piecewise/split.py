@@ -82,11 +82,15 @@ def _is_splitting_op(node: fx.Node, ops) -> bool:
 
 def _check_ops(ops, fn: str, name: str = "ops") -> tuple:
     """``ops`` as a tuple of functions, or an error naming what was given."""
-    if callable(ops) or isinstance(ops, (str, bytes)) or not hasattr(ops, "__iter__"):
-        given = getattr(ops, "__name__", None) or repr(ops)[:40]
+    if callable(ops):
+        given = getattr(ops, "__name__", repr(ops)[:40])
         raise TypeError(f"{fn}: {name} must be a tuple of functions, got "
                         f"{type(ops).__name__} {given}: pass ({given},) for one op, or "
                         "(attend, other_op) for several")
+    if isinstance(ops, (str, bytes)) or not hasattr(ops, "__iter__"):
+        raise TypeError(f"{fn}: {name} must be a tuple of functions, got "
+                        f"{type(ops).__name__} {ops!r:.40}: pass the ops themselves, e.g. "
+                        "(attend,) with attend from labkit.decode.model")
     ops = tuple(ops)
     bad = [op for op in ops if not callable(op)]
     if bad:
