@@ -230,7 +230,8 @@ def _check_rows(rows, fn: str, keys: tuple[str, ...]) -> None:
                                                     if isinstance(rows, dict) else ""))
     for i, r in enumerate(rows):
         if not isinstance(r, dict):
-            raise TypeError(f"{fn}: rows[{i}] is a {type(r).__name__}, not a dict")
+            raise TypeError(f"{fn}: rows[{i}] is {r!r:.40} ({type(r).__name__}), not a dict: "
+                            "pass the rows measure() returns")
         missing = [k for k in keys if k not in r]
         if missing:
             raise ValueError(f"{fn}: rows[{i}] lacks {', '.join(map(repr, missing))}: pass the "
