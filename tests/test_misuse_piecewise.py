@@ -13,12 +13,13 @@ import pytest
 import torch
 import torch.fx as fx
 
-from labkit.decode import build_model, make_extend_batch
+from labkit.decode import DecodeGraphRunner, build_model, make_extend_batch
 from labkit.decode.model import attend
 from labkit.piecewise import (
     Dispatcher,
     PiecewiseGraphRunner,
     capture_batch,
+    make_mixed_batch,
     split_at_attention,
     split_graph,
     split_labels,
@@ -145,3 +146,37 @@ def test_runner_still_right_after_the_refusals(B):
     from labkit.decode import EagerRunner
     torch.testing.assert_close(r.forward(batch), EagerRunner(m).forward(batch),
                                rtol=1e-4, atol=1e-4)
+
+
+# ---- make_mixed_batch and the dispatcher's FULL graphs --------------------------------------
+
+
+@pytest.mark.parametrize("prefill, decode, err, words", [
+    ({1: "abc"}, {}, TypeError,
+     "make_mixed_batch: prefill[1] must be a list of token ids (ints), got 'abc' (str)"),
+    ({1: [3, 4.0]}, {}, TypeError,
+     "make_mixed_batch: prefill[1][1] must be an int, got 4.0 (float): a prompt is a list of "
+     "token ids"),
+    ({1: [3, 4]}, {2: (5, "3")}, TypeError,
+     "make_mixed_batch: decode[2]'s position must be an int >= 0, got '3' (str): the tokens "
+     "already in the request's cache"),
+    ({1: [3, 4]}, {2: (5, -1)}, ValueError, "decode[2]'s position must be >= 0, got -1"),
+    ({}, {2: (None, 3)}, TypeError, "make_mixed_batch: decode[2]'s token must be an int"),
+])
+def test_mixed_batch_names_the_entry_given(E, prefill, decode, err, words):
+    """Before: the errors named make_extend_batch's lists ("prompts[0][0]", "prefix_lens[1]"),
+    which the caller never passed."""
+    _raises(err, words, lambda: make_mixed_batch(_model(E), prefill, decode))
+
+
+def test_dispatcher_refuses_full_graphs_no_batch_can_use(E):
+    """Before: a TARGET_VERIFY runner as ``full`` was accepted and never ran a batch (every
+    decode batch went to the pieces or eager), silently."""
+    m = _model(E)
+    verify = DecodeGraphRunner(m, E, max_bs=2, num_tokens_per_bs=3, progress=False)
+    verify.capture()
+    _raises(ValueError, "Dispatcher: full must hold DECODE graphs (one token per request: the "
+                        "batches FULL runs); this runner captured TARGET_VERIFY with 3 tokens "
+                        "per request, so no batch would ever run on it. Pass a "
+                        "DecodeGraphRunner(model, B) (num_tokens_per_bs=1)",
+            lambda: Dispatcher(m, verify, _runner(E)))
