@@ -156,10 +156,11 @@ _VALUES = {"req_pool_indices": [1, 2], "positions": [5, 6], "out_cache_loc": [1,
     (lambda sb, b, B: sb.fill_from(b, 2, 1),
      "fill_from: raw_bs must be in 0..1, got 2: the batch's requests, padded up to padded_bs=1"),
     (lambda sb, b, B: sb.fill_from(b, 2, 8),
-     "fill_from: padded_bs must be in 1..4, got 8: the bucket replayed, at most max_bs=4 (the "
-     "buffers' size)"),
+     "fill_from: padded_bs=8 needs 8 rows of input_ids, which holds 4 (max_bs=4): replay a "
+     "bucket the buffers hold"),
+    (lambda sb, b, B: sb.fill_from(b, 0, 0), "fill_from: padded_bs must be >= 1, got 0"),
     (lambda sb, b, B: sb.stage(_VALUES, 2, 1, B), "stage: raw_bs must be in 0..1, got 2"),
-    (lambda sb, b, B: sb.stage(_VALUES, 2, 9, B), "stage: padded_bs must be in 1..4, got 9"),
+    (lambda sb, b, B: sb.stage(_VALUES, 2, 9, B), "stage: padded_bs=9 needs 9 rows of input_ids"),
 ])
 def test_static_buffers_rows(E, call, words):
     """Before: fill_from raised torch's narrow() errors; stage(raw 2, padded 1) and (padded 9

@@ -228,11 +228,18 @@ class StaticBuffers:
         self._turn ^= 1
 
     def _check_rows(self, raw_bs: int, padded_bs: int, fn: str) -> None:
-        """0 <= raw_bs <= padded_bs <= max_bs: the real rows, then the bucket they pad to."""
-        check_int(f"{fn}: padded_bs", padded_bs, 1, self.max_bs,
-                  fix=f"the bucket replayed, at most max_bs={self.max_bs} (the buffers' size)")
+        """0 <= raw_bs <= padded_bs, and every buffer holds the rows of padded_bs: the real
+        rows, then the bucket they pad to."""
+        check_int(f"{fn}: padded_bs", padded_bs, 1, fix="the bucket replayed")
         check_int(f"{fn}: raw_bs", raw_bs, 0, padded_bs,
                   fix=f"the batch's requests, padded up to padded_bs={padded_bs}")
+        for slot in self.slots.values():
+            need = slot.rows(padded_bs, self.num_tokens_per_bs)
+            have = slot.tensor.shape[slot.row_dim]
+            if need > have:
+                raise ValueError(f"{fn}: padded_bs={padded_bs} needs {need} rows of "
+                                 f"{slot.name}, which holds {have} (max_bs={self.max_bs}): "
+                                 "replay a bucket the buffers hold")
 
     def _pinned_mirror(self) -> tuple:
         """A host copy of the arena in pinned (page-locked) memory, which a non-blocking
