@@ -191,9 +191,6 @@ def land(inflight: tuple | None) -> None:
     """Wait for a queued step's tokens and append them to their requests."""
     if inflight is None:
         return
-    if not (isinstance(inflight, tuple) and len(inflight) == 3):
-        raise TypeError(f"land: inflight must be None or the step decode_step_overlapped "
-                        f"returned (requests, host tokens, event), got {inflight!r:.60}")
     requests, host, arrived = inflight
     arrived.synchronize()
     for r, t in zip(requests, host.tolist()):
