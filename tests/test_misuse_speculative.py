@@ -151,7 +151,8 @@ def test_measure_checks_before_it_runs(E, kw, err, words, monkeypatch):
     (lambda: format_table({"a": 1}), TypeError,
      "format_table: rows must be a list of dicts (the rows measure() returns), got dict: wrap "
      "one row as [row]"),
-    (lambda: format_table([{"a": 1}, 3]), TypeError, "format_table: rows[1] is 3 (int), not a dict"),
+    (lambda: format_table([{"a": 1}, 3]), TypeError,
+     "format_table: rows[1] is 3 (int), not a dict"),
     (lambda: graph_savings([{"a": 1}]), ValueError,
      "graph_savings: rows[0] lacks 'batch', 'tail_scale', 'method', 'draft', 'mode', 'round_ms'"),
 ])
