@@ -151,7 +151,7 @@ class ReduceOverhead:
             node = self._record(args)
             self.recordings.append(node)
         else:
-            self._check_recorded_signature(args)
+            self._check_recorded_signature(node, args)
             self.kinds.append("replay")
             self._copy_inputs(node, args)
         self.current = node
@@ -179,17 +179,17 @@ class ReduceOverhead:
                     f"the tensors used at their own address (parameters, buffers); leave "
                     f"{i} out of static.")
 
-    def _check_recorded_signature(self, args) -> None:
+    def _check_recorded_signature(self, node, args) -> None:
         # A replay runs the recorded kernels on the recorded buffers: every argument must
         # be what the recording saw, else the copy broadcasts, casts or fails, and a
         # baked-in value is silently reused (torch.compile's guards would compile again).
         again = ("or use one ReduceOverhead per signature (torch.compile guards on it and "
                  "compiles, warms up and records again)")
-        if len(args) != len(self.buffers):
+        if len(args) != len(node.buffers):
             raise TypeError(f"ReduceOverhead: this call passes {len(args)} argument(s), the "
-                            f"graph was recorded with {len(self.buffers)}: pass the same "
+                            f"graph was recorded with {len(node.buffers)}: pass the same "
                             f"arguments every call, {again}.")
-        for i, (a, rec) in enumerate(zip(args, self.buffers)):
+        for i, (a, rec) in enumerate(zip(args, node.buffers)):
             if isinstance(rec, torch.Tensor) != isinstance(a, torch.Tensor):
                 raise TypeError(f"ReduceOverhead: input {i} is a {type(a).__name__}, the graph "
                                 f"was recorded with a {type(rec).__name__} there: {again}.")
