@@ -826,10 +826,33 @@ def reads_values_to_skip_copies(fn, static, B):
     return call
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "exercise 1's text does not forbid a host read, and lesson 08's checker watches none: "
-    "labkit.checks.lesson09._common.HostReads would have to move to the shared checks layer "
-    "(lesson08 may not import lesson09) and the exercise text gain the rule"))
 def test_reduce_overhead_host_read_on_every_call_is_refused():
     r = check_reduce_overhead(reads_values_to_skip_copies)
-    assert not r and "host" in r.message, r.message
+    assert not r and "host" in r.message and "torch.equal" in r.message, r.message
+    assert "copies them all" in r.message                       # and says what to do instead
+
+
+def item_to_decide_the_copy(fn, static, B):
+    """Right, but asks .item() of an input on every call to decide whether to copy."""
+    st = {"n": 0, "graph": None}
+
+    def call(*args):
+        st["n"] += 1
+        if st["n"] == 1:
+            return fn(*args)
+        if st["graph"] is None or any(args[i].data_ptr() != st["bufs"][i].data_ptr()
+                                      for i in static):
+            st["bufs"] = [a if i in static else a.detach().clone() for i, a in enumerate(args)]
+            st["graph"], st["out"] = capture(fn, *st["bufs"], B=B, warmup=0)
+        else:
+            for i, (b, a) in enumerate(zip(st["bufs"], args)):
+                if i not in static and a.flatten()[0].item() == a.flatten()[0].item():
+                    b.copy_(a)
+        st["graph"].replay()
+        return st["out"]
+    return call
+
+
+def test_reduce_overhead_item_on_every_call_is_named():
+    r = check_reduce_overhead(item_to_decide_the_copy)
+    assert not r and ".item()" in r.message and "host" in r.message, r.message

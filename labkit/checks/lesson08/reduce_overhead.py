@@ -32,6 +32,7 @@ from labkit.checks import (
     fail,
     passed,
 )
+from labkit.checks.host_reads import HostReads
 from labkit.compiled import ReduceOverhead
 from labkit.core.errors import capture_cause
 
@@ -275,6 +276,7 @@ class _Trial:
         self.copied = [i for i in range(arity) if i not in static]
         self.kept = []          # (call, position, tensor, its value) of the caller's inputs
         self.n = 0              # calls made so far
+        self.read = None        # (call, where) of the learner's first host read
 
     def fresh(self, args):
         """args with new values at the copied (non-static) positions."""
@@ -292,7 +294,10 @@ class _Trial:
         was = dict(c)
         before = [a.clone() for a in args]
         self.values = before
-        got = call_learner(self.call, *args)
+        with HostReads() as reads:
+            got = call_learner(self.call, *args)
+        if reads.found and self.read is None:
+            self.read = (n, reads.message())
         did = {k: c[k] - was[k] for k in ("captures", "replays", "eager", "captured")}
         want = self.f(*before)
         wrote = None
@@ -335,7 +340,19 @@ class _Trial:
         msg = self.refilled(args) if self.copied else None
         if msg:
             return msg
-        return self.static_rules(args) if self.static else None
+        msg = self.static_rules(args) if self.static else None
+        return msg or self.host_read()     # last: a more precise mistake is named first
+
+    def host_read(self):
+        """The learner's first host read, as a verdict: on a GPU it is a device→host sync
+        on every call, the very wait reduce-overhead exists to remove."""
+        if self.read is None:
+            return None
+        n, where = self.read
+        return (f"call {n} read a tensor's value on the host ({where}): on a GPU that is a "
+                f"device→host sync on every call, the wait a replay exists to remove. Copy "
+                f"every non-static input into its buffer on every call, without looking at "
+                f"its values, as torch's trees do (CUDAGraphNode.run copies them all)")
 
     def refill(self, args):
         """The same tensors as the last call, new values written into the non-static ones in
