@@ -119,6 +119,9 @@ class ReduceOverhead:
         if not callable(fn):
             raise TypeError(f"ReduceOverhead(fn): fn must be callable, got {type(fn).__name__}.")
         self.fn = fn
+        if isinstance(static, (str, bytes)) or not hasattr(static, "__iter__"):
+            raise TypeError(f"ReduceOverhead: static must be a tuple of argument positions, "
+                            f"e.g. static=(0,), got {static!r:.40} ({type(static).__name__})")
         self.static = tuple(static)
         for i in self.static:
             check_int("static index", i, 0)
@@ -137,6 +140,7 @@ class ReduceOverhead:
                 f"ReduceOverhead: static={self.static} names input {max(self.static)}, but "
                 f"the call passed {len(args)} argument(s). List positions of this call's "
                 f"arguments.")
+        self._check_static_are_tensors(args)
         self._check_devices(args)
         if not self.kinds:
             self.kinds.append("warm-up")
@@ -147,6 +151,7 @@ class ReduceOverhead:
             node = self._record(args)
             self.recordings.append(node)
         else:
+            self._check_recorded_signature(node, args)
             self.kinds.append("replay")
             self._copy_inputs(node, args)
         self.current = node
@@ -164,6 +169,52 @@ class ReduceOverhead:
                     f"ReduceOverhead: input {i} is on {a.device}, but the graph records work "
                     f"on B.device ({self.B.device}) only: make it there "
                     f"(torch.randn(..., device=B.device)) or move it (t.to(B.device)).")
+
+    def _check_static_are_tensors(self, args) -> None:
+        for i in self.static:
+            if not isinstance(args[i], torch.Tensor):
+                raise TypeError(
+                    f"ReduceOverhead: static={self.static} names input {i}, which is a "
+                    f"{type(args[i]).__name__} ({args[i]!r:.40}), not a tensor: static lists "
+                    f"the tensors used at their own address (parameters, buffers); leave "
+                    f"{i} out of static.")
+
+    def _check_recorded_signature(self, node, args) -> None:
+        # A replay runs the recorded kernels on the recorded buffers: every argument must
+        # be what the recording saw, else the copy broadcasts, casts or fails, and a
+        # baked-in value is silently reused (torch.compile's guards would compile again).
+        again = ("or use one ReduceOverhead per signature (torch.compile guards on it and "
+                 "compiles, warms up and records again)")
+        if len(args) != len(node.buffers):
+            raise TypeError(f"ReduceOverhead: this call passes {len(args)} argument(s), the "
+                            f"graph was recorded with {len(node.buffers)}: pass the same "
+                            f"arguments every call, {again}.")
+        for i, (a, rec) in enumerate(zip(args, node.buffers)):
+            if isinstance(rec, torch.Tensor) != isinstance(a, torch.Tensor):
+                raise TypeError(f"ReduceOverhead: input {i} is a {type(a).__name__}, the graph "
+                                f"was recorded with a {type(rec).__name__} there: {again}.")
+            if not isinstance(a, torch.Tensor):
+                if not _same_value(a, rec):
+                    raise ValueError(
+                        f"ReduceOverhead: input {i} is {a!r:.40}, the graph was recorded with "
+                        f"{rec!r:.40}: a recording bakes non-tensor arguments in, so a replay "
+                        f"would compute with {rec!r:.40}. Pass the recorded value, make it a "
+                        f"tensor (copied every call), {again}.")
+                continue
+            static = i in self.static
+            for name, got, want in (("shape", tuple(a.shape), tuple(rec.shape)),
+                                    ("dtype", a.dtype, rec.dtype),
+                                    ("strides", a.stride() if static else None,
+                                     rec.stride() if static else None)):
+                if got == want:
+                    continue
+                why = ("the graph reads the tensor it recorded at this address, as recorded"
+                       if static else "the copy into the graph's buffer would "
+                       + ("broadcast or fail" if name == "shape" else "cast"))
+                raise ValueError(
+                    f"ReduceOverhead: {'static input' if static else 'input'} {i} has {name} "
+                    f"{got}, the graph was recorded with {want}: a replay runs the recorded "
+                    f"{name} ({why}). Pass {name} {want}, {again}.")
 
     def _is_copied(self, i: int, a) -> bool:
         return isinstance(a, torch.Tensor) and i not in self.static
@@ -187,6 +238,17 @@ class ReduceOverhead:
             for i, (buf, a) in enumerate(zip(node.buffers, args)):
                 if self._is_copied(i, a):
                     buf.copy_(a)
+
+
+def _same_value(a, b) -> bool:
+    """``a == b`` for a baked-in argument; False where equality cannot be shown (an ``==``
+    that raises, or answers with an array of several truths)."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 # ---- looking at torch's own tree --------------------------------------------------------
@@ -253,6 +315,9 @@ def call_kind(fn: Callable, *args, B=None):
         while another function's graph path is executing reads as ``"replay"``. It is
         right for one compiled function at a time, as the lesson uses it.
     """
+    if not callable(fn):
+        raise TypeError(f"call_kind(fn, *args): fn must be callable (the compiled function), "
+                        f"got {type(fn).__name__}; call it as call_kind(fn, x, B=B)")
     B = ensure(B)
     before = tree_summary(B)
     out = fn(*args)
@@ -289,21 +354,47 @@ class _Collect(logging.Handler):
             self.out.append(msg)
 
 
-@contextlib.contextmanager
-def watch_skips():
+class watch_skips:
     """Collect torch's cudagraph skip verdicts given inside the block, and keep them quiet.
 
-    Yields a :class:`SkipLog`: ``count`` is the rise of ``counters["inductor"]
-    ["cudagraph_skips"]`` (torch's own counter), ``messages`` the "skipping cudagraphs due
-    to ..." lines torch logged (``log_cudagraph_skip_and_bump_counter``, through the
-    ``cudagraphs`` log artifact of ``torch._inductor.cudagraph_utils``). Outside this block
-    the same lines print as warnings, with or without ``TORCH_LOGS``.
+    ``with watch_skips() as log:`` gives a :class:`SkipLog`: ``count`` is the rise of
+    ``counters["inductor"]["cudagraph_skips"]`` (torch's own counter), ``messages`` the
+    "skipping cudagraphs due to ..." lines torch logged
+    (``log_cudagraph_skip_and_bump_counter``, through the ``cudagraphs`` log artifact of
+    ``torch._inductor.cudagraph_utils``). Outside this block the same lines print as
+    warnings, with or without ``TORCH_LOGS``.
 
     .. warning::
         Not every graph torch leaves ungraphed is counted: with graph partitioning on,
         ``cudagraph_partition_post_compile`` turns graphs off for its fail reasons without
         a log line or a count. Check the recorded graphs too (:func:`tree_summary`).
     """
+
+    def __init__(self):
+        self._block = None
+
+    def __enter__(self) -> SkipLog:
+        if self._block is not None:
+            raise RuntimeError("watch_skips: this watch is already collecting; nest a new one "
+                               "(with watch_skips() as inner: ...)")
+        self._block = _watch_skips()
+        return self._block.__enter__()
+
+    def __exit__(self, *exc) -> bool | None:
+        block, self._block = self._block, None
+        return block.__exit__(*exc)
+
+    def __getattr__(self, name: str):
+        if name in ("count", "messages"):
+            raise AttributeError(
+                f"watch_skips() is the block that collects the skips, not their log: write "
+                f"`with watch_skips() as log:` and read log.{name} after the block")
+        raise AttributeError(f"'watch_skips' object has no attribute {name!r}")
+
+
+@contextlib.contextmanager
+def _watch_skips():
+    """watch_skips' block: collect the verdicts into a SkipLog, restore the loggers after."""
     from torch._dynamo.utils import counters
 
     log = SkipLog()
@@ -339,16 +430,20 @@ def recording_sweep(make_fn: Callable[[], Callable], make_args: Callable[[int], 
     :func:`call_kind` saw, the bytes reserved in the tree's memory pool by then (every
     warm-up and recording allocates there) and the graphs recorded so far.
     """
+    sizes = _check_sweep(make_fn, make_args, sizes, calls)
     B = ensure(B)
     if B.name != "cuda":
         raise RuntimeError(
             f"recording_sweep measures torch's CUDA graph trees, which need a GPU; this "
             f"backend is {B.name!r}. The lesson shows the H200's stored output instead.")
-    check_int("calls", calls, 1)
     fn = make_fn()
+    if not callable(fn):
+        raise TypeError(f"recording_sweep: make_fn() returned a {type(fn).__name__}, not the "
+                        "compiled function: make_fn=lambda: torch.compile(f, "
+                        "mode='reduce-overhead')")
     rows = []
     for n in sizes:
-        args = make_args(n)
+        args = _sweep_args(make_args, n)
         seconds, kinds = [], []
         for _ in range(calls):
             torch.cuda.synchronize()
@@ -362,3 +457,33 @@ def recording_sweep(make_fn: Callable[[], Callable], make_args: Callable[[int], 
         rows.append({"size": n, "seconds": seconds, "kinds": kinds,
                      "pool_reserved_bytes": pool, "graphs": tree_summary(B).graphs})
     return rows
+
+
+def _check_sweep(make_fn, make_args, sizes, calls) -> list[int]:
+    """recording_sweep's arguments, checked before any GPU work; the sizes as a list."""
+    for name, f, example in (("make_fn", make_fn, "lambda: torch.compile(f, mode=...)"),
+                             ("make_args", make_args, "lambda n: (torch.randn(n, 64, "
+                                                      "device=B.device),)")):
+        if not callable(f):
+            raise TypeError(f"recording_sweep: {name} must be a function, e.g. {example}; got "
+                            f"{type(f).__name__}")
+    if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+        raise TypeError(f"recording_sweep: sizes must be a list of input sizes, e.g. "
+                        f"[1, 2, 4, 8], got {sizes!r:.40} ({type(sizes).__name__})")
+    sizes = [check_int(f"recording_sweep: sizes[{i}]", n, 1) for i, n in enumerate(sizes)]
+    if not sizes:
+        raise ValueError("recording_sweep: sizes is empty: give the input sizes to record, "
+                         "e.g. [1, 2, 4, 8]")
+    check_int("recording_sweep: calls", calls, 1,
+              fix="3 shows the warm-up, the recording and one replay")
+    return sizes
+
+
+def _sweep_args(make_args, n: int) -> tuple:
+    """``make_args(n)``, which must be the call's arguments as a tuple (or a list)."""
+    args = make_args(n)
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"recording_sweep: make_args({n}) returned a {type(args).__name__}; "
+                        "return the arguments as a tuple, e.g. lambda n: (x_of_size(n),) "
+                        "(a tensor would be unpacked row by row into arguments)")
+    return tuple(args)

@@ -18,7 +18,7 @@ import platform
 import shutil
 import sys
 
-__all__ = ["doctor", "add_arguments", "run", "PACKAGES", "TOOLS"]
+__all__ = ["doctor", "add_arguments", "run", "main", "PACKAGES", "TOOLS"]
 
 # What the lesson code imports: a lesson cannot run without these.
 _RUNTIME = "`make lab` or `make test` installs it (or: pip install -e .)"
@@ -208,3 +208,17 @@ def run(args) -> int:
     else:
         print(report)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m labkit.doctor``: the same command as ``python -m labkit doctor``, with
+    its options checked (an unknown one exits with status 2 and the usage)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m labkit doctor", description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

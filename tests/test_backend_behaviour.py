@@ -992,6 +992,16 @@ def test_the_emulator_has_a_policy_for_every_op_cuda_autocasts():
     assert missing_policies() == []
 
 
+def test_an_op_the_emulated_device_never_dispatches_needs_no_policy():
+    """cuDNN's RNN is autocast on CUDA builds only (torch 2.11 on an H200 lists it, a CPU
+    wheel does not): the table names it as never reached, with the reason, and gives it
+    no policy."""
+    from labkit.emulator.autocast import NOT_REACHED, POLICIES, missing_policies
+
+    assert "cuDNN" in NOT_REACHED["aten::_cudnn_rnn"] and "aten::_cudnn_rnn" not in POLICIES
+    assert "aten::_cudnn_rnn" not in missing_policies()
+
+
 def test_a_generator_for_the_device(B):
     gen = B.Generator(device=B.device)
     gen.manual_seed(7)

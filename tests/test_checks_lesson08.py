@@ -699,3 +699,160 @@ def test_decoder_shared_cache_is_named_in_a_second_check_too():
     for _ in range(2):           # the exercise has two checker cells
         r = check_decoder(SharedAcrossChecks, compile_on_gpu=False)
         assert not r and "share one cache" in r.message, r.message
+
+
+# ---- a newcomer's findings (newcomer89) ---------------------------------------------------
+
+def copies_moved_inputs_only(fn, static, B):
+    """Copies a non-static input only when it arrives at another address than on the last
+    call (lesson 09's replay_piece rule, carried over): a caller that refills the tensor it
+    passed before, or a new tensor at a freed one's address, gets a stale replay."""
+    st = {"n": 0, "graph": None, "last": {}}
+
+    def call(*args):
+        st["n"] += 1
+        if st["n"] == 1:
+            return fn(*args)
+        if st["graph"] is None or any(args[i].data_ptr() != st["bufs"][i].data_ptr()
+                                      for i in static):
+            st["bufs"] = [a if i in static else a.detach().clone() for i, a in enumerate(args)]
+            st["graph"], st["out"] = capture(fn, *st["bufs"], B=B, warmup=0)
+        else:
+            for i, (b, a) in enumerate(zip(st["bufs"], args)):
+                if i not in static and st["last"].get(i) != a.data_ptr():
+                    b.copy_(a)
+        st["last"] = {i: a.data_ptr() for i, a in enumerate(args)}
+        st["graph"].replay()
+        return st["out"]
+    return call
+
+
+def clones_static_on_rerecord(fn, static, B):
+    """Records the first graph right, but a new recording (a static input at a new address)
+    on copies of every input, the static ones too: an in-place change of the new static
+    input is then missed."""
+    st = {"n": 0, "graph": None}
+
+    def call(*args):
+        st["n"] += 1
+        if st["n"] == 1:
+            return fn(*args)
+        if st["graph"] is None or any(args[i].data_ptr() != st["ptrs"][i] for i in static):
+            again = st["graph"] is not None
+            st["bufs"] = [a.detach().clone() if again or i not in static else a
+                          for i, a in enumerate(args)]
+            st["ptrs"] = [a.data_ptr() for a in args]
+            st["graph"], st["out"] = capture(fn, *st["bufs"], B=B, warmup=0)
+        else:
+            for i, (b, a) in enumerate(zip(st["bufs"], args)):
+                if i not in static:
+                    b.copy_(a)
+        st["graph"].replay()
+        return st["out"]
+    return call
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reduce_overhead_input_refilled_in_place_is_copied_again(seed):
+    """The same tensor passed again with new values (or a new tensor at a freed one's
+    address) must be copied too: torch's CUDAGraphNode.run copies every non-static input
+    before each replay (_copy_inputs_and_remove_from_src), whatever its address."""
+    r = check_reduce_overhead(copies_moved_inputs_only, seed=seed)
+    assert not r and "in place" in r.message and "whatever its address" in r.message, r.message
+    assert_usable(E)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reduce_overhead_new_recording_clones_the_static_input(seed):
+    r = check_reduce_overhead(clones_static_on_rerecord, seed=seed)
+    assert not r and "changed in place" in r.message and "re-record" in r.message, r.message
+    assert_usable(E)
+
+
+class AliasedCache(Right):
+    """A registered buffer and a second, plain name for it that forward uses: .to(device)
+    moves the buffer and leaves the plain name on the old tensor."""
+    def __init__(self, max_len, dim, device):
+        torch.nn.Module.__init__(self)
+        self.register_buffer("cache", torch.zeros(max_len, dim, device=device))
+        self.kv = self.cache
+
+    def forward(self, x, pos):
+        self.kv.index_copy_(0, pos, x)
+        return self.kv.sum(0)
+
+
+def test_decoder_alias_left_behind_by_to_is_named():
+    """The text: the cache 'moves with the module: Decoder(...).to(device) takes it along'.
+    A forward that writes a plain second name for the buffer works until the module moves."""
+    r = check_decoder(AliasedCache, compile_on_gpu=False)
+    assert not r and "self.kv" in r.message and ".to(" in r.message, r.message
+    assert_usable(backend.get("auto"))
+
+
+def test_decoder_right_answers_survive_a_move():
+    """Built on the CPU and moved with .to(): the right answers still pass."""
+    for cls in (Right, RightSetitem, NonPersistent, AsFrozenParameter):
+        assert check_decoder(cls, compile_on_gpu=False), cls.__name__
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_reduce_overhead_first_static_position_only_is_not_blamed_on_counting(seed):
+    """Comparing static[0] only looks, with static=(0, 1), like counting from 1 (both
+    re-record at position 0 alone): the report must not give counting as the only cause."""
+    r = check_reduce_overhead(make_reduce_overhead(first_static_only=True), seed=seed)
+    assert not r and "static[0]" in r.message, r.message
+
+
+def reads_values_to_skip_copies(fn, static, B):
+    """Right, but copies a non-static input only when its values differ from the buffer's:
+    torch.equal, a device→host sync on every call, the very cost reduce-overhead removes."""
+    st = {"n": 0, "graph": None}
+
+    def call(*args):
+        st["n"] += 1
+        if st["n"] == 1:
+            return fn(*args)
+        if st["graph"] is None or any(args[i].data_ptr() != st["bufs"][i].data_ptr()
+                                      for i in static):
+            st["bufs"] = [a if i in static else a.detach().clone() for i, a in enumerate(args)]
+            st["graph"], st["out"] = capture(fn, *st["bufs"], B=B, warmup=0)
+        else:
+            for i, (b, a) in enumerate(zip(st["bufs"], args)):
+                if i not in static and not torch.equal(b, a):
+                    b.copy_(a)
+        st["graph"].replay()
+        return st["out"]
+    return call
+
+
+def test_reduce_overhead_host_read_on_every_call_is_refused():
+    r = check_reduce_overhead(reads_values_to_skip_copies)
+    assert not r and "host" in r.message and "torch.equal" in r.message, r.message
+    assert "copies them all" in r.message                       # and says what to do instead
+
+
+def item_to_decide_the_copy(fn, static, B):
+    """Right, but asks .item() of an input on every call to decide whether to copy."""
+    st = {"n": 0, "graph": None}
+
+    def call(*args):
+        st["n"] += 1
+        if st["n"] == 1:
+            return fn(*args)
+        if st["graph"] is None or any(args[i].data_ptr() != st["bufs"][i].data_ptr()
+                                      for i in static):
+            st["bufs"] = [a if i in static else a.detach().clone() for i, a in enumerate(args)]
+            st["graph"], st["out"] = capture(fn, *st["bufs"], B=B, warmup=0)
+        else:
+            for i, (b, a) in enumerate(zip(st["bufs"], args)):
+                if i not in static and a.flatten()[0].item() == a.flatten()[0].item():
+                    b.copy_(a)
+        st["graph"].replay()
+        return st["out"]
+    return call
+
+
+def test_reduce_overhead_item_on_every_call_is_named():
+    r = check_reduce_overhead(item_to_decide_the_copy)
+    assert not r and ".item()" in r.message and "host" in r.message, r.message

@@ -167,3 +167,20 @@ def test_labkit_bad_arguments(args, words):
 def test_labkit_without_a_command_prints_help():
     r = run("labkit")
     assert r.returncode == 0 and "doctor" in r.stdout and "exercises" in r.stdout
+
+
+# ---- python -m labkit.doctor (the module run directly; issue 29) ---------------------------------
+
+@pytest.mark.parametrize("args, words", [
+    (["--bogus"], "python -m labkit doctor: error: unrecognized arguments: --bogus"),
+    (["--jsn"], "unrecognized arguments: --jsn"),
+])
+def test_doctor_module_rejects_unknown_options(args, words):
+    """Before: ``python -m labkit.doctor --bogus`` ran nothing and exited 0, silently."""
+    r = run("labkit.doctor", *args)
+    assert r.returncode == 2 and words in r.stderr and "usage:" in r.stderr, r.stderr
+
+
+def test_doctor_module_prints_the_report():
+    r = run("labkit.doctor", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["python"], r.stdout

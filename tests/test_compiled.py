@@ -69,6 +69,20 @@ def test_each_sibling_keeps_its_own_outputs_and_copies():
     assert f.recordings[0].buffers[0] is w1 and f.recordings[1].buffers[0] is w2
 
 
+def test_a_replay_is_checked_against_the_sibling_it_replays():
+    """Each sibling was recorded with its own arguments: a call is checked against the
+    recording it replays, not the last one recorded."""
+    w1 = torch.randn(4, 4, device=E.device)
+    w2 = torch.randn(4, 4, device=E.device)
+    f = C.ReduceOverhead(layer, static=(0,), B=E)
+    x3, x5 = torch.randn(3, 4, device=E.device), torch.randn(5, 4, device=E.device)
+    f(w1, x3), f(w1, x3), f(w2, x5)                  # warm-up, record (3 rows), record (5)
+    assert torch.allclose(f(w1, x3), layer(w1, x3)) and f.kinds[-1] == "replay"
+    assert torch.allclose(f(w2, x5), layer(w2, x5)) and f.kinds[-1] == "replay"
+    with pytest.raises(ValueError, match="shape"):
+        f(w1, x5)                                    # w1's recording holds 3 rows
+
+
 def test_recording_check_invariants_reads_every_static_position():
     a, b, x = (torch.randn(2, 2, device=E.device) for _ in range(3))
     f = C.ReduceOverhead(lambda a, x, b: a @ x @ b, static=(0, 2), B=E)

@@ -428,3 +428,26 @@ def test_widget_helpers_reject_wrong_objects():
     assert isinstance(W.column([img]), w.VBox)
     with pytest.raises(TypeError, match="static must be a dict"):
         W.mimebundle("text", None)
+
+
+@pytest.mark.parametrize("name", ["H800", "Graphics Device", "TITAN V", "GH200 480GB"])
+def test_preset_for_warns_for_any_gpu_without_a_preset(name):
+    """Before: a GPU name without a vendor word (an H800, a pre-release "Graphics Device")
+    was modelled as an H200 without a word."""
+    with pytest.warns(UserWarning, match=rf"no GPU preset matches '{name}' \(presets: H200, "
+                                         r".*\), so simulations model the H200 \(default='H200'\) "
+                                         r"instead of this GPU. Pass default= to pick the "
+                                         r"closest preset"):
+        assert T.preset_for(name).name == "H200"
+
+
+def test_preset_for_is_silent_for_the_cpu_and_refuses_an_empty_name():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert T.preset_for("CPU (emulated CUDA graphs)").name == "H200"
+        assert T.preset_for("cpu", default="T4").name == "T4"
+    with pytest.raises(ValueError, match=r"preset_for: device_name is empty: pass the GPU's name "
+                                         r"\(torch.cuda.get_device_name\(\)\)"):
+        T.preset_for("  ")

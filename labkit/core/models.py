@@ -91,11 +91,12 @@ class TransformerBlock(nn.Module):
 def make_blocks(n: int, seed: int = 0, device=None, **kw) -> nn.ModuleList:
     """``n`` blocks with deterministic weights (same ``seed`` → same model)."""
     check_int("n (the number of blocks)", n, minimum=1)
-    g = torch.random.fork_rng(devices=[])
-    with g:
+    # Built on the host from the host generator (the same weights whatever
+    # torch.set_default_device says), then put on ``device`` (default: torch's default device).
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
         torch.manual_seed(seed)
         blocks = nn.ModuleList(TransformerBlock(**kw) for _ in range(n))
-    return blocks.to(device) if device is not None else blocks
+    return blocks.to(device if device is not None else torch.get_default_device())
 
 
 class CallCounter(nn.Module):
@@ -203,8 +204,8 @@ def build_lm(cfg: LMConfig | str = "tiny", device=None, seed: int = 0, **overrid
                              "or pass an LMConfig")
         cfg = CONFIGS[cfg]
     cfg = replace(cfg, **overrides) if overrides else cfg
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):   # the same weights on
+        torch.manual_seed(seed)                                       # every default device
         model = TinyLM(cfg)
     return model.to(device if device is not None else "cpu")
 
@@ -228,16 +229,19 @@ def lm_loss(model: nn.Module, microbatch) -> torch.Tensor:
 def random_microbatches(cfg: LMConfig | str, generator: torch.Generator | None = None,
                         device=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One step of random token data: ``num_microbatches`` pairs ``(tokens, targets)``,
-    each ``(micro_batch, seq_len)`` int64, targets = tokens shifted by one."""
+    each ``(micro_batch, seq_len)`` int64, targets = tokens shifted by one. Drawn where
+    ``generator`` lives (the host's generator by default), whatever torch's default device,
+    then put on ``device`` (default: torch's default device)."""
     if isinstance(cfg, str):
         if cfg not in CONFIGS:
             raise ValueError(f"unknown config {cfg!r}: choose one of {', '.join(CONFIGS)} "
                              "or pass an LMConfig")
         cfg = CONFIGS[cfg]
+    drawn_on = generator.device if generator is not None else "cpu"
     out = []
     for _ in range(cfg.num_microbatches):
         seq = torch.randint(0, cfg.vocab_size, (cfg.micro_batch, cfg.seq_len + 1),
-                            generator=generator)
-        seq = seq.to(device) if device is not None else seq
+                            generator=generator, device=drawn_on)
+        seq = seq.to(device if device is not None else torch.get_default_device())
         out.append((seq[:, :-1].contiguous(), seq[:, 1:].contiguous()))
     return out

@@ -11,7 +11,8 @@ graph runner and a continuous-batching serving loop. One module per idea:
                       table; imported on demand, it needs Triton)
     buckets    default_buckets, pad_to_bucket, explore_buckets
     buffers    StaticBuffers, Pad                     (per-buffer padding policy)
-    runner     DecodeGraphRunner, EagerRunner, demo_stale_tail
+    runner     DecodeGraphRunner, EagerRunner
+    demos      demo_stale_tail (lesson 06's stale padding tail)
     serving    synthetic_workload, serve (synced, or overlap=True: the next step is staged with
                one copy and queued before the last step's tokens are read back)
 
@@ -38,13 +39,13 @@ from .buckets import (
                       pow2_buckets,
 )
 from .buffers import SEQ_LEN_FILL_VALUE, GraphSlot, Pad, StaticBuffers
+from .demos import demo_stale_tail
 from .model import CONFIGS, DUMMY_SLOT, ModelArgs, Transformer, build_model, greedy
 from .runner import (
                       BaseGraphRunner,
                       DecodeGraphRunner,
                       EagerRunner,
                       FullGraphBackend,
-                      demo_stale_tail,
 )
 from .serving import Request, ServeResult, serve, synthetic_workload
 

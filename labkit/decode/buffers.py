@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from labkit.core.validate import check_int
+
 __all__ = ["Pad", "GraphSlot", "StaticBuffers", "SEQ_LEN_FILL_VALUE", "pinned_zeros"]
 
 SEQ_LEN_FILL_VALUE = 1
@@ -44,8 +46,9 @@ def pinned_zeros(shape, dtype: torch.dtype, device) -> torch.Tensor:
     ``device`` is not the host, so a ``non_blocking`` copy overlaps the host's work.
 
     ``.pin_memory()``, not ``pin_memory=True``: the emulated device has no pinned
-    allocator of its own, and both backends pin this way."""
-    host = torch.zeros(shape, dtype=dtype)
+    allocator of its own, and both backends pin this way. ``device="cpu"`` explicitly:
+    host memory whatever ``torch.set_default_device`` says."""
+    host = torch.zeros(shape, dtype=dtype, device="cpu")
     return host if torch.device(device).type == "cpu" else host.pin_memory()
 
 
@@ -87,8 +90,11 @@ class StaticBuffers:
 
     def __init__(self, max_bs: int, num_tokens_per_bs: int = 1, device=None,
                  seq_len_fill_value: int = SEQ_LEN_FILL_VALUE):
-        self.max_bs = max_bs
-        self.num_tokens_per_bs = num_tokens_per_bs
+        self.max_bs = check_int("StaticBuffers: max_bs", max_bs, 1,
+                                fix="the largest batch (requests) a graph replays")
+        self.num_tokens_per_bs = check_int("StaticBuffers: num_tokens_per_bs",
+                                           num_tokens_per_bs, 1,
+                                           fix="the tokens each request feeds per step")
         self.max_num_token = max_bs * num_tokens_per_bs
         self.slots: dict[str, GraphSlot] = {}
         n, b = self.max_num_token, max_bs
@@ -155,6 +161,7 @@ class StaticBuffers:
             override: ``{buffer: policy}`` for this call only, for demonstrations of what
                 goes wrong (e.g. ``{"positions": "head_only"}`` leaves a stale tail).
         """
+        self._check_rows(raw_bs, padded_bs, "fill_from")
         override = {name: Pad(pad) for name, pad in (override or {}).items()}
         k = self.num_tokens_per_bs
         zero_tails, heads, srcs = [], [], []
@@ -196,6 +203,7 @@ class StaticBuffers:
         if not need <= set(values) or not set(values) <= need | {"input_ids"}:
             raise ValueError(f"stage: give values for {sorted(need)} (and optionally "
                              f"input_ids), got {sorted(values)}")
+        self._check_rows(raw_bs, padded_bs, "stage")
         if self._staging is None:
             self._staging = [self._pinned_mirror() for _ in range(2)]
         host, views, done = self._staging[self._turn]
@@ -218,6 +226,20 @@ class StaticBuffers:
         event.record()
         self._staging[self._turn] = (host, views, event)
         self._turn ^= 1
+
+    def _check_rows(self, raw_bs: int, padded_bs: int, fn: str) -> None:
+        """0 <= raw_bs <= padded_bs, and every buffer holds the rows of padded_bs: the real
+        rows, then the bucket they pad to."""
+        check_int(f"{fn}: padded_bs", padded_bs, 1, fix="the bucket replayed")
+        check_int(f"{fn}: raw_bs", raw_bs, 0, padded_bs,
+                  fix=f"the batch's requests, padded up to padded_bs={padded_bs}")
+        for slot in self.slots.values():
+            need = slot.rows(padded_bs, self.num_tokens_per_bs)
+            have = slot.tensor.shape[slot.row_dim]
+            if need > have:
+                raise ValueError(f"{fn}: padded_bs={padded_bs} needs {need} rows of "
+                                 f"{slot.name}, which holds {have} (max_bs={self.max_bs}): "
+                                 "replay a bucket the buffers hold")
 
     def _pinned_mirror(self) -> tuple:
         """A host copy of the arena in pinned (page-locked) memory, which a non-blocking

@@ -340,8 +340,9 @@ def build_model(args: ModelArgs | str = "tiny", max_requests: int = 16, device=N
         raise TypeError(f"build_model: dtype must be a floating torch dtype (torch.float32, "
                         f"torch.float16, torch.bfloat16), got {dtype!r}")
     check_int("build_model: seed", seed, None)
-    g = torch.random.fork_rng(devices=[])
-    with g:
+    # Built on the host from the host generator, whatever torch.set_default_device says:
+    # the same seed gives the same weights on every device (then moved to ``device``).
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
         torch.manual_seed(seed)
         model = Transformer(args)
     model = model.to(device=device, dtype=dtype).eval()

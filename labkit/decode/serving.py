@@ -144,10 +144,16 @@ class TokenReadback:
     filled by the device while the host reads the other."""
 
     def __init__(self, max_bs: int, device):
+        self.max_bs = check_int("TokenReadback: max_bs", max_bs, 1,
+                                fix="the most requests one step reads back")
         self.buffers = [pinned_zeros(max_bs, torch.int64, device) for _ in range(2)]
         self.turn = 0
 
     def next(self, n: int) -> torch.Tensor:
+        """The other buffer's first ``n`` entries, for this step's ``n`` tokens."""
+        check_int("TokenReadback.next: n", n, 1, self.max_bs,
+                  fix=f"the buffers hold {self.max_bs} tokens (max_bs): build "
+                      f"TokenReadback(max_bs={n}, ...) for steps of {n} requests")
         self.turn ^= 1
         return self.buffers[self.turn][:n]
 
@@ -161,6 +167,7 @@ def decode_step_overlapped(runner, running: list[Request], next_tokens: torch.Te
     the step reads its input from there and writes its output back there, so no token
     makes a round trip through the host between two steps.
     """
+    _check_overlapped_step(runner, running, readback, inflight)
     slots = [r.slot for r in running]
     # 1. Host: this step's slots and positions are known without the last tokens (a
     #    length is a count), so they go out in one copy while the GPU may still be busy.
@@ -356,6 +363,32 @@ def _check_overlap(model, runner, max_running) -> None:
     if runner.num_tokens_per_bs != 1:
         raise ValueError("serve: overlap=True needs a DECODE runner (one token per request), "
                          f"this one feeds {runner.num_tokens_per_bs}")
+
+
+def _check_overlapped_step(runner, running, readback, inflight) -> None:
+    """decode_step_overlapped's arguments (the values themselves: runner.stage checks them)."""
+    from .runner import DecodeGraphRunner
+    fn = "decode_step_overlapped"
+    if not isinstance(runner, DecodeGraphRunner):
+        raise TypeError(f"{fn}: runner must be a captured DecodeGraphRunner (the step is staged "
+                        f"into its static buffers), got {type(runner).__name__}")
+    if not isinstance(running, list) or not running:
+        raise ValueError(f"{fn}: running must be a non-empty list of Request, got "
+                         f"{running!r:.60}: skip the step when nothing runs")
+    for i, r in enumerate(running):
+        if not isinstance(r, Request) or r.slot is None:
+            raise TypeError(f"{fn}: running[{i}] must be a Request holding a slot (an admitted "
+                            f"request), got {r!r:.60}")
+    if not isinstance(readback, TokenReadback):
+        raise TypeError(f"{fn}: readback must be a TokenReadback(max_bs, device), got "
+                        f"{type(readback).__name__}")
+    if len(running) > readback.max_bs:   # checked before any work is queued
+        raise ValueError(f"{fn}: {len(running)} requests run, but readback holds "
+                         f"{readback.max_bs} tokens per step: build TokenReadback(max_bs="
+                         f"{len(running)}, ...) (serve sizes it by max_running)")
+    if inflight is not None and not (isinstance(inflight, tuple) and len(inflight) == 3):
+        raise TypeError(f"{fn}: inflight must be None (the first step) or what the previous "
+                        f"call returned, got {inflight!r:.60}")
 
 
 def _retire(running: list[Request], finished: list[Request], free: list[int]) -> list[Request]:

@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from labkit.core.validate import check_int
 from labkit.decode.batch import ForwardBatch, ForwardMode, _check_model, make_extend_batch
 from labkit.decode.runner import DecodeGraphRunner, EagerRunner, warn_fallback_once
 
@@ -54,10 +55,21 @@ def make_mixed_batch(model, prefill: Mapping[int, Sequence[int]],
     if both:
         raise ValueError(f"make_mixed_batch: slot(s) {both} are in both prefill and decode: "
                          "a request either starts or runs in one step")
+    for slot, p in prefill.items():
+        if isinstance(p, (str, bytes, torch.Tensor)) or not hasattr(p, "__iter__"):
+            raise TypeError(f"make_mixed_batch: prefill[{slot}] must be a list of token ids "
+                            f"(ints), got {p!r:.40} ({type(p).__name__})")
+        for j, t in enumerate(p):
+            check_int(f"make_mixed_batch: prefill[{slot}][{j}]", t, None,
+                      fix="a prompt is a list of token ids")
     for slot, td in decode.items():
         if not (isinstance(td, (tuple, list)) and len(td) == 2):
             raise TypeError(f"make_mixed_batch: decode[{slot}] must be (token, position), "
                             f"got {td!r}")
+        check_int(f"make_mixed_batch: decode[{slot}]'s token", td[0], None,
+                  fix="decode maps a slot to (token, position)")
+        check_int(f"make_mixed_batch: decode[{slot}]'s position", td[1], 0,
+                  fix="the tokens already in the request's cache (its new token's position)")
     slots = list(prefill) + list(decode)
     prompts = [list(p) for p in prefill.values()] + [[t] for t, _ in decode.values()]
     prefix_lens = [0] * len(prefill) + [p for _, p in decode.values()]
@@ -90,6 +102,12 @@ class Dispatcher:
             if not runner.captured:
                 raise RuntimeError(f"Dispatcher: the {name} runner has no graphs yet: call its "
                                    "capture() first")
+        if full is not None and full.capture_forward_mode is not ForwardMode.DECODE:
+            raise ValueError(f"Dispatcher: full must hold DECODE graphs (one token per request: "
+                             f"the batches FULL runs); this runner captured "
+                             f"{full.capture_forward_mode.name} with {full.num_tokens_per_bs} "
+                             "tokens per request, so no batch would ever run on it. Pass a "
+                             "DecodeGraphRunner(model, B) (num_tokens_per_bs=1)")
         self.model = model
         self.full = full
         self.piecewise = piecewise
@@ -100,6 +118,9 @@ class Dispatcher:
 
     def dispatch(self, batch: ForwardBatch) -> GraphMode:
         """The mode ``batch`` runs in (nothing runs)."""
+        if not isinstance(batch, ForwardBatch):
+            raise TypeError(f"Dispatcher: expected a ForwardBatch (make_decode_batch, "
+                            f"make_extend_batch, make_mixed_batch), got {type(batch).__name__}")
         if (self.full is not None and batch.forward_mode is ForwardMode.DECODE
                 and self.full.can_run(batch)):
             return GraphMode.FULL

@@ -38,6 +38,7 @@ import torch.nn as nn
 
 from labkit.backend import ensure as ensure_backend
 from labkit.capture import own_cublas_workspace
+from labkit.core.validate import check_int
 from labkit.decode.attention import make_attn_backend
 from labkit.decode.batch import ForwardBatch, ForwardMode, _check_model, check_batch
 from labkit.decode.buckets import pad_to_bucket
@@ -177,6 +178,9 @@ def capture_batch(model, num_tokens: int) -> ForwardBatch:
         (slot 0, which no request owns, as SGLang's padded rows do): a capture in slot 1
         would overwrite a live request's cache. The tokens are split into requests of at
         most ``max_seq_len`` each, all in slot 0."""
+    _check_model(model, "capture_batch")
+    num_tokens = check_int("capture_batch: num_tokens", num_tokens, 1,
+                           fix="the token count of the bucket to capture")
     L = model.args.max_seq_len
     lens = [L] * (num_tokens // L) + ([num_tokens % L] if num_tokens % L else [])
     dev = model.device
@@ -271,6 +275,10 @@ class PiecewiseGraphRunner(BaseGraphRunner):
 
     # ---- run ---------------------------------------------------------------------------
     def can_run(self, batch: ForwardBatch) -> bool:
+        """Pieces (True) or eager (False): captured, and the batch's tokens fit a bucket."""
+        if not isinstance(batch, ForwardBatch):
+            raise TypeError(f"PiecewiseGraphRunner.can_run: expected a ForwardBatch "
+                            f"(make_extend_batch / make_mixed_batch), got {type(batch).__name__}")
         return self.captured and 0 < batch.num_tokens <= self.max_num_tokens
 
     @torch.no_grad()

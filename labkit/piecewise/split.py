@@ -80,6 +80,33 @@ def _is_splitting_op(node: fx.Node, ops) -> bool:
     return node.op == "call_function" and node.target in ops
 
 
+def _check_ops(ops, fn: str, name: str = "ops") -> tuple:
+    """``ops`` as a tuple of functions, or an error naming what was given."""
+    if callable(ops):
+        given = getattr(ops, "__name__", repr(ops)[:40])
+        raise TypeError(f"{fn}: {name} must be a tuple of functions, got "
+                        f"{type(ops).__name__} {given}: pass ({given},) for one op, or "
+                        "(attend, other_op) for several")
+    if isinstance(ops, (str, bytes)) or not hasattr(ops, "__iter__"):
+        raise TypeError(f"{fn}: {name} must be a tuple of functions, got "
+                        f"{type(ops).__name__} {ops!r:.40}: pass the ops themselves, e.g. "
+                        "(attend,) with attend from labkit.decode.model")
+    ops = tuple(ops)
+    bad = [op for op in ops if not callable(op)]
+    if bad:
+        raise TypeError(f"{fn}: every entry of {name} must be a function (the op itself, "
+                        f"e.g. labkit.decode.model.attend), got {bad[0]!r:.40} "
+                        f"({type(bad[0]).__name__})")
+    return ops
+
+
+def _check_graph_module(gm, fn: str) -> None:
+    if not isinstance(gm, fx.GraphModule):
+        raise TypeError(f"{fn}: gm must be a torch.fx.GraphModule, got {type(gm).__name__}: "
+                        "trace the model first (torch.fx.symbolic_trace(model)), or call "
+                        "split_at_attention(model)")
+
+
 def split_labels(gm: fx.GraphModule, ops=(attend,)) -> dict[fx.Node, int]:
     """The subgraph id of every node of ``gm``, cut at every call of one of ``ops`` (the
     labelling of vLLM's ``split_graph``).
@@ -88,6 +115,8 @@ def split_labels(gm: fx.GraphModule, ops=(attend,)) -> dict[fx.Node, int]:
     Placeholders, the output and ``get_attr`` nodes get no label: ``split_module`` asks for
     none (it hands every piece the modules and tensors it reads).
     """
+    _check_graph_module(gm, "split_labels")
+    ops = _check_ops(ops, "split_labels")
     subgraph_id = 0
     labels: dict[fx.Node, int] = {}
     for node in gm.graph.nodes:
@@ -105,6 +134,8 @@ def split_labels(gm: fx.GraphModule, ops=(attend,)) -> dict[fx.Node, int]:
 def split_graph(gm: fx.GraphModule, ops=(attend,)) -> SplitModel:
     """Split ``gm`` at every call of one of ``ops`` (:func:`split_labels`), then build one
     ``GraphModule`` per id with torch's ``split_module``: vLLM's ``split_graph``."""
+    _check_graph_module(gm, "split_graph")
+    ops = _check_ops(ops, "split_graph")
     labels = split_labels(gm, ops)
     splitting = {labels[n] for n in labels if _is_splitting_op(n, ops)}
     # keep_original_order: the pieces write in place (rotary embeddings, the KV cache), so
@@ -139,10 +170,11 @@ def split_at_attention(model: torch.nn.Module, splitting_ops=(attend,)) -> Split
     if not hasattr(model, "layers") or not hasattr(model, "req_to_token"):
         raise TypeError("split_at_attention: model must be a labkit.decode Transformer with "
                         f"caches set up (build_model(...)), got {type(model).__name__}")
-    ops = tuple(splitting_ops)
-    if attend not in ops or not all(callable(op) for op in ops):
+    ops = _check_ops(splitting_ops, "split_at_attention", "splitting_ops")
+    if attend not in ops:
         raise ValueError(f"split_at_attention: splitting_ops must be functions and include "
-                         f"labkit.decode.model.attend, got {ops!r}")
+                         f"labkit.decode.model.attend, got {ops!r:.120}: attention is the op "
+                         "every piece is cut at; pass (attend, *your_ops)")
     gm = fx.symbolic_trace(model)
     split = split_graph(gm, ops)
     n_attn = sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is attend)

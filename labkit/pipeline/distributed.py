@@ -91,16 +91,16 @@ def make_problem(cfg: PipelineConfig, device=None):
     """The full model and the data of every step, identical in every process."""
     from labkit.core.models import make_blocks
 
-    layers = make_blocks(cfg.layers, seed=cfg.seed, hidden=cfg.hidden, heads=HEADS,
-                         ffn=2 * cfg.hidden)
-    if device is not None:
-        layers = layers.to(device)
+    # drawn on the host (the same numbers whatever torch's default device), then put on
+    # ``device`` (default: torch's default device), model and data alike
+    device = device if device is not None else torch.get_default_device()
+    layers = make_blocks(cfg.layers, seed=cfg.seed, device=device, hidden=cfg.hidden,
+                         heads=HEADS, ffn=2 * cfg.hidden)
     g = torch.Generator().manual_seed(cfg.seed + 1)
     shape = (cfg.batch, cfg.seq, cfg.hidden)
-    data = [[(torch.randn(shape, generator=g), torch.randn(shape, generator=g))
+    data = [[(torch.randn(shape, generator=g, device="cpu").to(device),
+              torch.randn(shape, generator=g, device="cpu").to(device))
              for _ in range(cfg.M)] for _ in range(cfg.steps)]
-    if device is not None:
-        data = [[(x.to(device), t.to(device)) for x, t in step] for step in data]
     return layers, data
 
 

@@ -73,9 +73,18 @@ def main(argv=None) -> list[dict]:
     if a.json and not os.path.isdir(os.path.dirname(os.path.abspath(a.json))):
         ap.error(f"argument --json: folder {os.path.dirname(os.path.abspath(a.json))} "
                  "does not exist")
-    layers = CONFIGS[a.config].n_layer
+    layers, width = CONFIGS[a.config].n_layer, CONFIGS[a.config].max_seq_len
     if a.draft_layers > layers:
         ap.error(f"argument --draft-layers: the {a.config} target has {layers} blocks")
+    if a.num_steps > width - 2:
+        ap.error(f"argument --num-steps: {a.num_steps} draft tokens do not fit the {a.config} "
+                 f"target's max_seq_len={width} (a round drafts up to position p + k and "
+                 f"verifies k + 1 tokens): use 1..{width - 2}")
+    need = a.prompt_len + a.max_new_tokens - 1 + a.num_steps
+    if need > width:
+        ap.error(f"--prompt-len {a.prompt_len} + --max-new-tokens {a.max_new_tokens} - 1 + "
+                 f"--num-steps {a.num_steps} = {need} positions, more than the {a.config} "
+                 f"target's max_seq_len={width}: lower one of them")
     try:
         B = backend.get(a.backend)
     except RuntimeError as e:

@@ -40,6 +40,7 @@ __all__ = ["make_draft", "check_pair", "draft_layers", "damp_blocks"]
 
 def draft_layers(draft) -> int:
     """How many transformer blocks a draft runs (its cost per step, roughly)."""
+    _check_model(draft, "draft_layers(draft)")
     return len(draft.layers)
 
 
@@ -83,7 +84,8 @@ def make_draft(target, n_layer: int | None = None, noise: float = 0.0, seed: int
             for w in draft.parameters():
                 # drawn on the host from a seeded generator: the same draft on every device
                 rms = w.float().pow(2).mean().sqrt().cpu()
-                w.add_((noise * rms * torch.randn(w.shape, generator=g)).to(w.device, w.dtype))
+                step = noise * rms * torch.randn(w.shape, generator=g, device="cpu")
+                w.add_(step.to(w.device, w.dtype))
     return draft
 
 

@@ -77,11 +77,48 @@ def greedy_accept(draft_tokens: torch.Tensor,
         ``accepted`` (bs,) int64, how many draft tokens each request keeps (0..k), and
         ``target_tokens`` (bs, k + 1), the target's argmax after each prefix. Request
         i's new tokens are ``target_tokens[i, :accepted[i] + 1]``.
+
+    Raises:
+        TypeError, ValueError: inputs of another kind, shape or device than these (checked
+            on their metadata: no host read).
     """
+    _check_accept_inputs(draft_tokens, target_logits)
     bs, k = draft_tokens.shape
     t = greedy(target_logits.view(bs, k + 1, -1))
     agree = (draft_tokens == t[:, :k]).long()
     return agree.cumprod(1).sum(1), t
+
+
+def _check_accept_inputs(draft_tokens, target_logits) -> None:
+    """greedy_accept's inputs: kinds, shapes, dtypes and devices (metadata only)."""
+    fn = "greedy_accept"
+    for name, t in (("draft_tokens", draft_tokens), ("target_logits", target_logits)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a tensor on the device, got "
+                            f"{type(t).__name__}")
+    if draft_tokens.dim() != 2:
+        raise ValueError(f"{fn}: draft_tokens must be (bs, k), one row of k draft tokens per "
+                         f"request, got shape {tuple(draft_tokens.shape)}: for one request "
+                         "pass draft_tokens.view(1, -1)")
+    if draft_tokens.is_floating_point() or draft_tokens.is_complex() or \
+            draft_tokens.dtype is torch.bool:
+        raise TypeError(f"{fn}: draft_tokens must hold token ids (an integer tensor, the "
+                        f"draft's argmax), got {draft_tokens.dtype}")
+    bs, k = draft_tokens.shape
+    rows = bs * (k + 1)
+    if target_logits.dim() != 2 or target_logits.shape[0] != rows:
+        raise ValueError(
+            f"{fn}: target_logits has shape {tuple(target_logits.shape)}; for bs={bs} requests "
+            f"of k={k} draft tokens it must be ({rows}, vocab): bs * (k + 1) rows, the logits "
+            "of [newest, d1, ..., dk] of each request in that order. Pass the verify step's "
+            "logits whole (the newest token's row included)")
+    if not target_logits.is_floating_point():
+        raise TypeError(f"{fn}: target_logits must be the target's logits (floating point), "
+                        f"got {target_logits.dtype}")
+    if draft_tokens.device != target_logits.device:
+        raise ValueError(f"{fn}: draft_tokens is on {draft_tokens.device}, target_logits on "
+                         f"{target_logits.device}: both come from the device (keep them there: "
+                         "acceptance runs without a host read)")
 
 
 @dataclass

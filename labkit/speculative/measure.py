@@ -19,6 +19,8 @@ of each draft: what the graphs save in each part. On the CPU emulator the same c
 
 from __future__ import annotations
 
+import math
+import numbers
 import statistics
 
 import torch
@@ -47,7 +49,48 @@ def _median_run(run, repeats: int, rate):
 
 def _prompts(vocab: int, batch_size: int, prompt_len: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (batch_size, prompt_len), generator=g).tolist()
+    return torch.randint(0, vocab, (batch_size, prompt_len), generator=g,
+                         device="cpu").tolist()
+
+
+def _check_modes(modes) -> tuple[str, ...]:
+    if isinstance(modes, str) or not hasattr(modes, "__iter__"):
+        raise TypeError(f"measure: modes must be a tuple of mode names, e.g. {_MODES} or "
+                        f"('graphed',), got {modes!r:.40} ({type(modes).__name__})")
+    modes = tuple(modes)
+    if not modes or any(m not in _MODES for m in modes):
+        raise ValueError(f"measure: modes must be a non-empty subset of {_MODES}, got {modes!r}")
+    return modes
+
+
+def _check_noises(noises) -> tuple[float, ...]:
+    if isinstance(noises, (str, bytes)) or not hasattr(noises, "__iter__"):
+        raise TypeError(f"measure: noises must be a list of noise levels, one draft each, "
+                        f"e.g. (0.0, 0.1), got {noises!r:.40} ({type(noises).__name__})")
+    noises = tuple(noises)
+    for i, v in enumerate(noises):
+        if (not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v)
+                or v < 0):
+            raise ValueError(f"measure: noises[{i}] = {v!r:.40}: each noise level is a finite "
+                             "number >= 0 (a relative weight scale, e.g. 0.05)")
+    return noises
+
+
+def _check_fit(args: ModelArgs, num_steps: int, prompt_len: int, max_new_tokens: int,
+               draft_layers) -> None:
+    """Before any run: k, the draft's depth and every request's positions fit the target."""
+    width = args.max_seq_len
+    check_int("measure: num_steps", num_steps, 1, width - 2,
+              fix=f"a round verifies k + 1 tokens and drafts up to position p + k, within "
+                  f"the target's max_seq_len={width}")
+    check_int("measure: draft_layers", draft_layers, 1, args.n_layer,
+              fix=f"the draft keeps the first blocks of the target's {args.n_layer}")
+    need = prompt_len + max_new_tokens - 1 + num_steps
+    if need > width:
+        raise ValueError(f"measure: a request needs prompt_len + max_new_tokens - 1 + num_steps "
+                         f"= {prompt_len} + {max_new_tokens} - 1 + {num_steps} = {need} "
+                         f"positions, more than the target's max_seq_len={width}: lower one of "
+                         "them")
 
 
 def measure(B=None, config: str | ModelArgs = "tiny", batch_size: int = 4, num_steps: int = 4,
@@ -80,12 +123,12 @@ def measure(B=None, config: str | ModelArgs = "tiny", batch_size: int = 4, num_s
     check_int("measure: batch_size", batch_size, 1)
     check_int("measure: repeats", repeats, 1)
     check_int("measure: prompt_len", prompt_len, 1)
-    modes = tuple(modes)
-    if not modes or any(m not in _MODES for m in modes):
-        raise ValueError(f"measure: modes must be a non-empty subset of {_MODES}, got {modes!r}")
-    noises = tuple(noises)
+    check_int("measure: max_new_tokens", max_new_tokens, 1)
+    check_int("measure: num_steps", num_steps, 1, fix="k, the draft tokens per round")
+    modes, noises = _check_modes(modes), _check_noises(noises)
     target = build_model(config, max_requests=batch_size, device=B.device, dtype=dtype,
                          seed=seed)
+    _check_fit(target.args, num_steps, prompt_len, max_new_tokens, draft_layers)
     if tail_scale != 1.0:
         damp_blocks(target, draft_layers, tail_scale)
     prompts = _prompts(target.args.vocab_size, batch_size, prompt_len, seed)
@@ -139,6 +182,8 @@ def measure(B=None, config: str | ModelArgs = "tiny", batch_size: int = 4, num_s
 
 def graph_savings(rows: list[dict]) -> list[dict]:
     """Per draft and part: the eager and graphed ms per round, and what graphs save."""
+    _check_rows(rows, "graph_savings", ("batch", "tail_scale", "method", "draft", "mode",
+                                        "round_ms", *(f"{p}_ms" for p in PARTS)))
     out = []
     by = {(r["batch"], r["tail_scale"], r["method"], r["draft"], r["mode"]): r for r in rows}
     for (bs, tail, method, draft, mode), g in by.items():
@@ -156,9 +201,14 @@ def graph_savings(rows: list[dict]) -> list[dict]:
 
 def format_table(rows: list[dict], columns: list[str] | None = None) -> str:
     """A Markdown table of ``rows`` (floats rounded for reading, None as "-")."""
+    _check_rows(rows, "format_table", ())
     if not rows:
         return "(no rows)"
-    columns = columns or list(rows[0])
+    if columns is not None and (isinstance(columns, str) or not hasattr(columns, "__iter__")
+                                or not all(isinstance(c, str) for c in columns)):
+        raise TypeError(f"format_table: columns must be a list of column names (str), got "
+                        f"{columns!r:.60}: e.g. ['method', 'mode', 'tokens_per_s']")
+    columns = list(columns or rows[0])
 
     def cell(v):
         if v is None:
@@ -170,3 +220,19 @@ def format_table(rows: list[dict], columns: list[str] | None = None) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def _check_rows(rows, fn: str, keys: tuple[str, ...]) -> None:
+    """``rows`` is a list of dicts (measure()'s rows), each with ``keys``."""
+    if isinstance(rows, dict) or not isinstance(rows, (list, tuple)):
+        raise TypeError(f"{fn}: rows must be a list of dicts (the rows measure() returns), got "
+                        f"{type(rows).__name__}" + (": wrap one row as [row]"
+                                                    if isinstance(rows, dict) else ""))
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise TypeError(f"{fn}: rows[{i}] is {r!r:.40} ({type(r).__name__}), not a dict: "
+                            "pass the rows measure() returns")
+        missing = [k for k in keys if k not in r]
+        if missing:
+            raise ValueError(f"{fn}: rows[{i}] lacks {', '.join(map(repr, missing))}: pass the "
+                             "rows measure() returns")

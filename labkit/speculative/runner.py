@@ -181,6 +181,7 @@ class DraftGraphRunner(BaseGraphRunner):
     # ---- replay ------------------------------------------------------------------------
     def can_run(self, bs: int) -> bool:
         """Replay a graph (True) or run the loop eagerly (False) for ``bs`` requests."""
+        check_int("DraftGraphRunner.can_run: bs", bs, 0, fix="the number of requests")
         return self.captured and 1 <= bs <= self.max_bucket
 
     @torch.no_grad()

@@ -113,23 +113,29 @@ def get_preset(preset: str | GPUPreset) -> GPUPreset:
     raise UnknownPresetError(f"no GPU preset {preset!r}; choose one of {', '.join(GPU_PRESETS)}")
 
 
-_GPU_NAME = re.compile(r"nvidia|tesla|geforce|quadro|rtx|amd|radeon|instinct|gpu", re.I)
+# A name that says it is no GPU: labkit's emulator label ("CPU (emulated CUDA graphs)").
+_CPU_NAME = re.compile(r"(?<![A-Za-z0-9])cpu(?![A-Za-z0-9])|emulat", re.I)
 
 
 def preset_for(device_name: str, default: str = "H200") -> GPUPreset:
     """The preset whose name appears in a device name ("NVIDIA A100-SXM4-80GB" → A100),
     else ``default``: a simulation next to a measurement should model the same GPU.
 
-    A GPU that has no preset gets ``default`` with a warning that names the GPU, the
-    preset chosen and why; a CPU (no GPU to model) gets ``default`` silently.
+    Any other name (a GPU without a preset, whatever its vendor prefix: "NVIDIA B200",
+    "H800", "Graphics Device") gets ``default`` with a warning that names it, the preset
+    chosen and why; only a name that says CPU (labkit's emulator label, "CPU (emulated CUDA
+    graphs)": no GPU to model) gets ``default`` silently.
     """
     if not isinstance(device_name, str):
         raise TypeError(f"device_name must be a str such as 'NVIDIA H200', got {device_name!r}")
+    if not device_name.strip():
+        raise ValueError("preset_for: device_name is empty: pass the GPU's name "
+                         "(torch.cuda.get_device_name()) or labkit.core.timing.device_name(B)")
     chosen = get_preset(default)  # an unknown default fails here, naming the presets
     for name, p in GPU_PRESETS.items():
         if re.search(rf"(?<![A-Za-z0-9]){name}(?![0-9])", device_name, re.IGNORECASE):
             return p
-    if _GPU_NAME.search(device_name):
+    if not _CPU_NAME.search(device_name):
         warnings.warn(
             f"preset_for: no GPU preset matches {device_name!r} (presets: "
             f"{', '.join(GPU_PRESETS)}), so simulations model the {chosen.name} "
@@ -166,7 +172,7 @@ def roofline_kernel_us(flops: float, bytes: float, preset: str | GPUPreset = "H2
 def add_chain_cost(numel: int, dtype: torch.dtype = torch.float32) -> tuple[float, float]:
     """(flops, bytes) of one ``y = y + 1`` kernel on ``numel`` elements: read y, write y'."""
     check_int("numel", numel, 0)
-    itemsize = torch.empty((), dtype=_check_dtype(dtype)).element_size()
+    itemsize = _check_dtype(dtype).itemsize   # no tensor: nothing on any device
     return float(numel), float(2 * numel * itemsize)
 
 

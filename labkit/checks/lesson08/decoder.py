@@ -7,7 +7,8 @@ grad: dynamo treats both as static), written in place. The checker builds the le
 ``Decoder(max_len, dim, device)``, steps it against the reference, and checks that no
 argument is written, that the cache is made in ``__init__`` (zeros, x's dtype, on
 ``device``), one per instance, written in place at a fixed address (row ``pos`` replaced,
-a row written twice included, the others kept); a wrong cache is described by what it is
+a row written twice included, the others kept), and still the one forward writes after
+``Decoder(..., "cpu").to(device)``; a wrong cache is described by what it is
 (a plain attribute, marked with ``mark_static_address`` or not, a class attribute, a
 parameter that needs grad, another shape, made lazily in ``forward``), a wrong row by
 where ``x`` went. Then it captures one step of a fresh ``Decoder`` on the backend and
@@ -73,6 +74,13 @@ def check_decoder(cls, *, trials: int = 3, seed: int = 0, compile_on_gpu: bool =
             return learner_raised(NAME, e, f"{where}: your code raised", more_hints=HINTS)
         if msg:
             return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
+    try:
+        msg = _moved(cls, B.device)
+    except Exception as e:
+        return learner_raised(NAME, e, "building a Decoder on the CPU to move it with .to(): "
+                              "your code raised", more_hints=HINTS)
+    if msg:
+        return fail(NAME, msg, more_hints=HINTS)
     try:
         msg = _captured(cls, B, gen)
     except Exception as e:
@@ -267,6 +275,60 @@ def _overlap(a, b) -> bool:
     size = a.element_size()
     lo_a, lo_b = a.data_ptr(), b.data_ptr()
     return lo_a < lo_b + b.numel() * size and lo_b < lo_a + a.numel() * size
+
+
+def _moved(cls, device):
+    """Build a ``Decoder`` on the CPU, move it with ``.to(device)`` as the text says it may
+    be, and step it once: the step must write the module's cache buffer, now on ``device``.
+
+    .. warning::
+        ``.to()`` replaces each buffer and parameter with a moved copy
+        (``Module._apply``); a plain attribute that names the same tensor (``self.kv =
+        self.cache``) keeps the old one, so a forward that writes through it fails after
+        the move (or writes a tensor the module no longer holds) although every step on one
+        device is right. Values are fixed, not drawn: the trials' generator stays as it was.
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return None                             # nothing to move to
+    max_len, dim, row = 5, 3, 3
+    mod = _build(cls, max_len, dim, "cpu")
+    call_learner(mod.to, device)
+    name, cache = _cache_buffer(mod, max_len, dim)
+    if cache is None or cache.device.type != device.type:
+        return None                             # the trials name a cache that is no state
+    x = torch.arange(1.0, dim + 1.0).reshape(1, dim).to(device)
+    pos = torch.tensor([row]).to(device)
+    ref = torch.zeros(max_len, dim, device=device)
+    want = reference_step(x.clone(), ref, pos.clone())
+    raised = None
+    try:
+        got = call_learner(mod, x, pos)
+    except (NotImplementedError, LearnerTimeout):
+        raise
+    except Exception as e:          # a tensor left behind on the CPU, met by x on device
+        raised, got = e, None
+    _, now = _cache_buffer(mod, max_len, dim)
+    if (raised is None and torch.allclose(now, ref) and isinstance(got, torch.Tensor)
+            and got.shape == want.shape and got.device.type == device.type
+            and torch.allclose(got, want.to(got.dtype))):
+        return None
+    left = [k for k, v in vars(mod).items()
+            if isinstance(v, torch.Tensor) and v.device.type == "cpu"]
+    did = (f"forward raised {describe_exception(raised).splitlines()[0]}" if raised else
+           f"forward did not write row {row} of the moved cache self.{name} or return its "
+           f"new sums")
+    head = (f"a Decoder({max_len}, {dim}, 'cpu') moved with .to({device}) (the text: the cache "
+            f"moves with the module), then stepped with x and pos on {device}: "
+            f"{did.rstrip('.!')}. ")
+    if left:
+        return head + (f"self.{left[0]} is a plain tensor attribute that stayed on the CPU: "
+                       f".to() replaces each registered buffer with a moved copy and leaves "
+                       f"a second name for it on the old tensor. In forward, use the "
+                       f"registered buffer itself (self.{name}), not another name for it")
+    return head + (f"Something forward uses did not move with the module (a tensor or a "
+                   f"device kept from __init__): in forward, use the registered buffer "
+                   f"self.{name}, and take devices from x or the buffer")
 
 
 _HOST_READ = ("forward reads a value back to the host ({what}): lesson 08 §6, under "

@@ -8,8 +8,11 @@ emulator with a backend whose ``CUDAGraph`` counts captures and replays, hands i
 ``fn`` that counts its eager runs and keeps what it returned inside the capture, and
 probes every rule: one eager run (call 1), one capture and one replay (call 2), one replay
 and no run of ``fn`` later, the graph's own outputs returned, no argument of the caller
-written (now or later), re-recording on a new address only (not on a new object at the
-same address, not on new values), for every static position.
+written (now or later), a non-static input copied again when the caller passes the same
+tensor refilled in place (torch copies every non-static input before each replay, whatever
+its address), re-recording on a new address only (not on a new object at the same address,
+not on new values), for every static position, each new recording reading its static input
+where it is.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from labkit.checks import (
     fail,
     passed,
 )
+from labkit.checks.host_reads import HostReads
 from labkit.compiled import ReduceOverhead
 from labkit.core.errors import capture_cause
 
@@ -215,7 +219,9 @@ def _treated_static(learner, f, arity, static, gen):
 def _misread_static(learner, f, arity, static, gen) -> str | None:
     """When the learner's code takes other positions for the static ones than ``static``
     names, in a way that has a name (counted from 1, or the last ones), say so; else None
-    (the trial's own message stands)."""
+    (the trial's own message stands). Where the same positions also come from comparing
+    ``static[0]`` alone (``static=(0, 1)`` read from 1 leaves position 0), both readings
+    are named: the probe cannot tell them apart."""
     if not static:
         return None
     seen = _treated_static(learner, f, arity, static, gen)
@@ -226,7 +232,8 @@ def _misread_static(learner, f, arity, static, gen) -> str | None:
     one_off = any(seen_set == set(seen) and seen_set for seen_set in shifted)
     at_end = set(seen) == last
     if not (one_off or at_end):
-        return None
+        return None                 # static[0] alone, say, is named by the trial's message
+    first_only = len(static) > 1 and set(seen) == {static[0]}
     head = (f"your code records again when a new tensor arrives at position(s) "
             f"{list(seen)}, and only there: it takes those for the static inputs, but "
             f"static={static}. ")
@@ -235,9 +242,14 @@ def _misread_static(learner, f, arity, static, gen) -> str | None:
     anywhere = ("The positions in static can be anywhere in args, not only the last ones "
                 "(the lesson's f(w, x) has static=(0,)): compare data_ptr() at exactly the "
                 "positions in static, and copy every other argument into its buffer")
-    if one_off and at_end:
-        return head + anywhere + ". " + zero
-    return head + (zero if one_off else anywhere)
+    first = ("A new tensor at any position in static records again, not only at the first "
+             "one: compare data_ptr() for every position in static, not static[0] alone")
+    causes = [text for found, text in ((first_only, first), (at_end, anywhere),
+                                       (one_off, zero)) if found]
+    if len(causes) > 1:             # the same positions, more than one way to get there
+        return head + "Two readings of static give these positions. " + " ".join(
+            f"({k}) {text}." for k, text in enumerate(causes, 1))
+    return head + causes[0]
 
 
 def _times(k: int) -> str:
@@ -264,6 +276,7 @@ class _Trial:
         self.copied = [i for i in range(arity) if i not in static]
         self.kept = []          # (call, position, tensor, its value) of the caller's inputs
         self.n = 0              # calls made so far
+        self.read = None        # (call, where) of the learner's first host read
 
     def fresh(self, args):
         """args with new values at the copied (non-static) positions."""
@@ -281,7 +294,10 @@ class _Trial:
         was = dict(c)
         before = [a.clone() for a in args]
         self.values = before
-        got = call_learner(self.call, *args)
+        with HostReads() as reads:
+            got = call_learner(self.call, *args)
+        if reads.found and self.read is None:
+            self.read = (n, reads.message())
         did = {k: c[k] - was[k] for k in ("captures", "replays", "eager", "captured")}
         want = self.f(*before)
         wrote = None
@@ -321,7 +337,48 @@ class _Trial:
             msg = self.judge_call(n, got, want, did, wrote)
             if msg:
                 return msg
-        return self.static_rules(args) if self.static else None
+        msg = self.refilled(args) if self.copied else None
+        if msg:
+            return msg
+        msg = self.static_rules(args) if self.static else None
+        return msg or self.host_read()     # last: a more precise mistake is named first
+
+    def host_read(self):
+        """The learner's first host read, as a verdict: on a GPU it is a device→host sync
+        on every call, the very wait reduce-overhead exists to remove."""
+        if self.read is None:
+            return None
+        n, where = self.read
+        return (f"call {n} read a tensor's value on the host ({where}): on a GPU that is a "
+                f"device→host sync on every call, the wait a replay exists to remove. Copy "
+                f"every non-static input into its buffer on every call, without looking at "
+                f"its values, as torch's trees do (CUDAGraphNode.run copies them all)")
+
+    def refill(self, args):
+        """The same tensors as the last call, new values written into the non-static ones in
+        place (a caller that refills its input tensor, or a new tensor at the address of a
+        freed one); what the trial remembers of the caller's tensors follows."""
+        with torch.no_grad():           # new values, no draw from the trial's generator
+            for i in self.copied:
+                args[i].mul_(-1).add_(0.25)
+        self.kept = [(m, i, t, t.clone() if any(t is args[j] for j in self.copied) else v)
+                     for m, i, t, v in self.kept]
+        return args
+
+    def refilled(self, args):
+        """A call with the tensors of the call before, refilled in place: copied again."""
+        stale_before = self.n
+        n, got, want, did, wrote = self.step(self.refill(args))
+        msg = self.judge_call(n, got, want, did, wrote)
+        if msg and "stale result" in msg:
+            return (f"call {n} passed the same tensors as call {stale_before} at the non-static "
+                    f"position(s) {self.copied}, their values changed in place, and the replay "
+                    f"did not see the new values. Copy every non-static argument into its "
+                    f"buffer on every call, whatever its address: a caller may refill the "
+                    f"tensor it passed before, and the allocator hands a freed tensor's "
+                    f"address to the next one (torch's CUDAGraphNode.run copies every "
+                    f"non-static input before each replay, without comparing addresses)")
+        return msg
 
     def judge_call(self, n, got, want, did, wrote):
         caps, reps, eager = did["captures"], did["replays"], did["eager"]
@@ -482,10 +539,19 @@ class _Trial:
             msg = self.judge_result(n, got, want, did, wrote)
             if msg:
                 return f"after re-recording for a new static input {i}: {msg}"
-            n, got, want, did, wrote = self.step(self.fresh(args))
+            args = self.fresh(args)
+            with torch.no_grad():
+                args[i].mul_(2)     # the new static input, changed in place: read where it is
+            n, got, want, did, wrote = self.step(args)
             if did["captures"]:
                 return (f"after re-recording for a new static input {i}, the next call with "
                         f"the same static tensors recorded yet again: replay the new graph")
+            if (wrote is None and did["replays"] == 1 and not did["eager"] and got is not None
+                    and _kind(got) == _kind(want) and not _same(want, got)):
+                return (f"after your code re-recorded for a new static input {i}, that tensor "
+                        f"changed in place, and the replay computed on its old value: the new "
+                        f"recording, like the first, uses every static input as given (never "
+                        f"a copy), so that the graph reads it where it is")
             msg = self.judge_call(n, got, want, did, wrote)
             if msg:
                 return f"after re-recording for a new static input {i}: {msg}"
