@@ -142,7 +142,7 @@ def _ratio_check(label, a, b, method, limit, need_wins) -> str:
             ok = ok and v.winner == a["variant"]
     wins_wanted = ", winning 4 of 5 rounds" if need_wins else ""
     return (f"{'met' if ok else 'MISSED'}: {label}, {METHODS[method]}: {a['variant']} is "
-            f"{ratio:.2f}× {b['variant']} (target ≤ {limit:.2f}×{wins_wanted}){won}")
+            f"{ratio:.3f}× {b['variant']} (target ≤ {limit:.2f}×{wins_wanted}){won}")
 
 
 def _busy_check(label, row, limit) -> str | None:
@@ -151,7 +151,7 @@ def _busy_check(label, row, limit) -> str | None:
         return None
     ratio = b2b / busy
     return (f"{'met' if ratio <= limit else 'MISSED'}: {label}: {row['variant']} back to "
-            f"back is {ratio:.2f}× its GPU busy time (target ≤ {limit:.2f}×)")
+            f"back is {ratio:.3f}× its GPU busy time (target ≤ {limit:.2f}×)")
 
 
 def target_checks(rows: Sequence[dict]) -> list[str]:
