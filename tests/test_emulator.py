@@ -344,7 +344,7 @@ def test_views_and_inplace_ops_outside_the_capture_allocate_nothing(E):
 
 
 def test_staged_copies_follow_copy_kernel_cuda():
-    from labkit.emulator.staging import host_side_is_staged
+    from labkit.core.staging import host_side_is_staged
 
     p = torch.zeros(3, 4)
     row = p[1:]                                   # contiguous view: one memcpy

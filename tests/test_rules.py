@@ -72,6 +72,9 @@ TRIGGERS = {
     "synchronize": lambda x: (B.synchronize(), x * 2)[1],
     "histc (no range)": lambda x: torch.histc(x),
     "blocking copy from pinned memory": lambda x: x.clone().copy_(PINNED),
+    # a strided view of pinned memory is no one cudaMemcpy: staged through pageable memory
+    "an async copy from a strided pinned view": lambda x: x.clone()[:2].copy_(
+        PINNED[::2], non_blocking=True),
     "masked_fill (tensor value)": lambda x: x.masked_fill(x > 0,
                                                           torch.zeros((), device=x.device)),
 }
@@ -88,6 +91,8 @@ CLEAN = {
     "masked_fill with a number": lambda x: x.masked_fill(x > 0, 0.0),
     "histc with a range": lambda x: torch.histc(x, bins=4, min=-1, max=2),
     "an async copy from pinned memory": lambda x: x.clone().copy_(PINNED, non_blocking=True),
+    "an async copy from a contiguous pinned slice": lambda x: x.clone()[:2].copy_(
+        PINNED[:2], non_blocking=True),
 }
 
 # ATen table entries no trigger reaches on torch 2.13 (decompositions and aliases of others:

@@ -175,13 +175,17 @@ _MASKED_FILL_RULE = Rule("cpu_sync", "masked_fill with a tensor value", "a 0-dim
                          "pass a Python number, or use torch.where(mask, value, x)")
 
 
-def host_copy_rule(way: str, pinned: bool, non_blocking: bool) -> Rule | None:
+def host_copy_rule(way: str, pinned: bool, non_blocking: bool,
+                   staged: bool = False) -> Rule | None:
     """What capture does with a copy between host and device memory (H200, torch 2.11).
 
     Args:
         way: ``"host-to-device"`` or ``"device-to-host"``.
         pinned: the host side is page-locked memory (``pin_memory()``).
         non_blocking: the copy was asked for with ``non_blocking=True``.
+        staged: the copy cannot be one ``cudaMemcpy`` and goes through a pageable host
+            temporary on a GPU (:func:`labkit.core.staging.host_side_is_staged`), which
+            makes pinned memory count as pageable.
 
     Returns:
         The rule it breaks: pageable memory is refused by torch's own check (``HOST_COPY``);
@@ -189,6 +193,13 @@ def host_copy_rule(way: str, pinned: bool, non_blocking: bool) -> Rule | None:
         (``REFUSE``). None for a pinned ``non_blocking`` copy: it is captured, and every
         replay copies that host buffer again.
     """
+    if pinned and staged:
+        return Rule("host_tensor", f"a {way} copy", f"this {way} copy cannot be one "
+                    f"cudaMemcpy (a non-contiguous view, a broadcast or, for a blocking copy, "
+                    f"a dtype conversion), so on a GPU it goes through a contiguous temporary "
+                    f"in pageable host memory, and a copy of pageable memory is refused "
+                    f"during capture: copy whole contiguous pinned buffers and slice on the "
+                    f"device, and convert dtypes on the device (non_blocking=True)", HOST_COPY)
     if not pinned:
         fix = ("read results after replay() instead" if way == "device-to-host" else
                "make device tensors before capture")

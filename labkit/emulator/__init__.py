@@ -7,7 +7,7 @@ tensors, copying between them and reading host scalars follow a GPU's rules. Cap
 records the device's ATen ops instead of computing them, runs host work at once
 (:mod:`~labkit.emulator.recorder`) and refuses what CUDA refuses (the rules in
 :mod:`labkit.core.rules`, and pinned copies that a GPU stages through pageable memory:
-:mod:`~labkit.emulator.staging`); capture allocates from pools carved the way CUDA's
+:mod:`~labkit.core.staging`); capture allocates from pools carved the way CUDA's
 caching allocator carves them (:mod:`~labkit.emulator.pool`), and an allocation outside
 the capture that would need ``cudaMalloc`` is refused as ``capture_error_mode`` says
 (:mod:`~labkit.emulator.allocator`); streams decide what capture records and whether

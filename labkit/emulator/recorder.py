@@ -23,9 +23,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+import labkit.core.staging as staging
 import labkit.emulator.device as _dev
 import labkit.emulator.pool as _pool
-import labkit.emulator.staging as staging
 from labkit.core import rules
 from labkit.core.rules import HOST_COPY_MESSAGE, RNG_MESSAGE
 from labkit.emulator.state import (
@@ -131,7 +131,7 @@ def _host_copy(func, args, kwargs) -> rules.Rule | None | bool:
     """For ``copy_`` / ``_to_copy`` between host and device: the rule it breaks during
     capture (:func:`labkit.core.rules.host_copy_rule`), or None if it is captured. False
     for any other op. Pinned memory that the copy would stage through a pageable
-    temporary on a GPU counts as pageable (:mod:`~labkit.emulator.staging`)."""
+    temporary on a GPU counts as pageable (:mod:`~labkit.core.staging`)."""
     name = func.overloadpacket.__name__
     non_blocking = args[2] if name == "copy_" and len(args) > 2 else \
         kwargs.get("non_blocking", False)
@@ -152,15 +152,8 @@ def _host_copy(func, args, kwargs) -> rules.Rule | None | bool:
         return False
     way = "device-to-host" if to_host else "host-to-device"
     pinned = _dev.is_pinned(host)
-    if pinned and staging.host_side_is_staged(way, *layout, src, non_blocking, host):
-        rule = rules.host_copy_rule(way, False, non_blocking)
-        return rule._replace(why=(
-            f"this {way} copy cannot be one cudaMemcpy (a non-contiguous view, a broadcast "
-            f"or, for a blocking copy, a dtype conversion), so on a GPU it goes through a "
-            f"contiguous temporary in pageable host memory, and a copy of pageable memory "
-            f"is refused during capture: copy whole contiguous pinned buffers and slice on "
-            f"the device, and convert dtypes on the device (non_blocking=True)"))
-    return rules.host_copy_rule(way, pinned, non_blocking)
+    staged = pinned and staging.host_side_is_staged(way, *layout, src, non_blocking, host)
+    return rules.host_copy_rule(way, pinned, non_blocking, staged)
 
 
 def _to_meta(x):

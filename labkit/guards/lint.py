@@ -26,6 +26,7 @@ from labkit.core.rules import (
 )
 from labkit.core.signature import _short
 from labkit.core.signature import values_equal as _values_equal
+from labkit.core.staging import host_side_is_staged
 from labkit.core.validate import check_int
 from labkit.guards.errors import def_frame as _def_frame
 from labkit.guards.errors import error_lines
@@ -239,7 +240,10 @@ class _Linter:
             host = dst if dst.device.type == "cpu" else src
             non_blocking = (args[2] if name == "copy_" and len(args) > 2
                             else kwargs.get("non_blocking", False))
-            rule = host_copy_rule(way, host.is_pinned(), non_blocking)
+            pinned = host.is_pinned()
+            staged = pinned and host_side_is_staged(way, dst.shape, dst.stride(), dst.dtype,
+                                                    src, non_blocking, host)
+            rule = host_copy_rule(way, pinned, non_blocking, staged)
             if rule is not None:
                 blocking = ", blocking" if rule.kind == "cpu_sync" else ""
                 self.add(rule.kind, f"{aten} ({way}{blocking})", rule.why)

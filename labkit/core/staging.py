@@ -9,7 +9,9 @@ pinned-memory check then refuses that inner copy, although the user's tensor is 
 ``pinned[:, :2].to(B.device, non_blocking=True)`` fails the way a pageable copy does.
 
 :func:`host_side_is_staged` answers, for one copy, whether the memory ``cudaMemcpy``
-touches on the host is a temporary rather than the user's tensor. It follows the
+touches on the host is a temporary rather than the user's tensor. Both the emulator's
+recorder and :func:`labkit.guards.lint_capture` ask it, through
+:func:`labkit.core.rules.host_copy_rule`'s ``staged``. It follows the
 temporaries branch of ``copy_kernel_cuda``: with ``non_blocking=True`` a dtype
 conversion happens on the device, so a contiguous pinned source still reaches the copy
 itself; a blocking copy converts on the host, in a new tensor.
