@@ -93,8 +93,10 @@ class CUDAGraph:
     """
 
     def __init__(self, keep_graph: bool = False):
+        self.keep_graph = keep_graph      # as torch's: the graph stays describable after capture
         self._steps: list = []
         self._ops: list[str] = []
+        self._dependencies: list[tuple[int, ...]] = []
         self._pool: _pool.MemPool | None = None
         self._capture: Capture | None = None
         self._has_graph = False
@@ -150,6 +152,8 @@ class CUDAGraph:
                                 f"an earlier op in this capture ({cap.invalid}) was refused;"
                                 " the graph was not created.")
         self._steps, self._ops = cap.steps, cap.ops
+        if self.keep_graph:
+            self._dependencies = [tuple(p) for p in cap.parents]
         self._has_graph = True
         _stuck_generator(False)
 
@@ -192,6 +196,7 @@ class CUDAGraph:
         if self._has_graph and self._pool is not None:
             _pool.release_pool(self._pool)
         self._steps, self._ops, self._has_graph, self._pool = [], [], False, None
+        self._dependencies = []
 
     def pool(self) -> tuple[int, int]:
         """The handle of the pool this graph allocated from, to share with later captures."""
@@ -211,6 +216,26 @@ class CUDAGraph:
     def recorded_ops(self) -> list[str]:
         """The ATen ops this graph replays, in order (on a GPU: its kernels)."""
         return list(self._ops)
+
+    def recorded_dependencies(self) -> list[tuple[int, ...]]:
+        """For each recorded op, the ops it waits for (indices into :meth:`recorded_ops`):
+        program order on one stream, ``wait_stream`` / events across streams. What a GPU
+        keeps as the edges of its ``cudaGraph_t``, so, as there, only a graph made with
+        ``keep_graph=True`` has them after capture.
+
+        Raises:
+            RuntimeError: the graph was made without ``keep_graph=True``, or holds no
+                captured graph.
+        """
+        if not self.keep_graph:
+            raise RuntimeError("this graph was made without keep_graph=True: as on a GPU, "
+                               "where capture_end drops the cudaGraph_t, its dependencies "
+                               "are not kept. Create it with B.CUDAGraph(keep_graph=True) "
+                               "before capturing")
+        if not self._has_graph:
+            raise RuntimeError("this graph holds no captured graph (it was never captured, "
+                               "its capture failed, or it was reset): capture into it first")
+        return list(self._dependencies)
 
     def __len__(self) -> int:
         return len(self._steps)

@@ -33,35 +33,6 @@ _COPY_OPS = ("aten.copy_.", "aten._to_copy.", "aten._copy_from.")
 _MAKE_ONE = ("create the graph with labkit.inspect.inspectable_graph(B) before capturing "
              "(on a GPU that is torch.cuda.CUDAGraph(keep_graph=True)), then capture into it")
 
-_subclasses: dict[type, type] = {}
-
-
-def _emulated_class(base: type) -> type:
-    """``B.CUDAGraph`` of the emulator, extended to keep each step's dependencies."""
-    cls = _subclasses.get(base)
-    if cls is None:
-        class InspectableCUDAGraph(base):
-            """An emulated ``CUDAGraph`` that also keeps, after capture, which recorded
-            steps each step waits for (what :func:`captured_dag` draws as edges)."""
-
-            _dependencies: list[tuple[int, ...]] | None = None
-
-            def capture_end(self):
-                cap = self._capture            # the capture under way (emulator's record)
-                super().capture_end()          # raises if it failed: nothing to keep then
-                parents = getattr(cap, "parents", None)
-                if parents is None:
-                    raise RuntimeError(
-                        "labkit.inspect reads which steps each recorded step waits for "
-                        "from the emulator's capture record (Capture.parents), and this "
-                        "emulator has none: labkit.inspect and labkit.emulator are out of "
-                        "step, report it")
-                self._dependencies = [tuple(p) for p in parents]
-
-        cls = _subclasses[base] = InspectableCUDAGraph
-    return cls
-
-
 def inspectable_graph(B=None):
     """A new, empty ``B.CUDAGraph`` that :func:`captured_dag` can read once it is captured.
 
@@ -71,8 +42,9 @@ def inspectable_graph(B=None):
       of at the end of capture. An older torch, without ``keep_graph``, gets
       ``enable_debug_mode()`` instead, which kept the ``cudaGraph_t`` there (for one
       ``debug_dump``).
-    * emulated: the emulator's ``CUDAGraph``, extended to keep each recorded step's
-      dependencies (which steps it waits for) after capture.
+    * emulated: the emulator's ``CUDAGraph(keep_graph=True)``, which keeps each recorded
+      op's dependencies (which ops it waits for) after capture
+      (:meth:`~labkit.emulator.graph.CUDAGraph.recorded_dependencies`).
 
     Capture into it as into any graph (``with B.graph(g): ...``); it replays the same.
 
@@ -83,8 +55,6 @@ def inspectable_graph(B=None):
         written on a CPU works on a GPU.
     """
     B = ensure(B)
-    if B.is_emulated:
-        return _emulated_class(B.CUDAGraph)()
     try:
         return B.CUDAGraph(keep_graph=True)
     except TypeError:                      # an older torch: no keep_graph
@@ -100,14 +70,13 @@ def _check_graph(g, B) -> None:
 
 
 def _emulated_dag(g) -> DAG:
-    deps = getattr(g, "_dependencies", None)
-    if not getattr(g, "_has_graph", False):
-        raise RuntimeError("captured_dag: this graph holds no captured graph (it was never "
-                           "captured, its capture failed, or it was reset): capture into it "
-                           "first")
-    if deps is None:
+    if not g.keep_graph:
         raise RuntimeError("captured_dag: this emulated graph did not keep its dependencies "
                            f"(it is a plain B.CUDAGraph()): {_MAKE_ONE}")
+    try:
+        deps = g.recorded_dependencies()
+    except RuntimeError as e:
+        raise RuntimeError(f"captured_dag: {e}") from None
     ops = g.recorded_ops()
     if len(ops) != len(deps):
         raise RuntimeError(f"captured_dag: the emulator recorded {len(ops)} ops but "
