@@ -42,17 +42,14 @@ from .attention import TorchNativeAttnBackend, make_attn_backend
 from .batch import ForwardBatch, ForwardMode, _check_model, check_batch
 from .buckets import make_buckets, pad_to_bucket
 from .buffers import Pad, StaticBuffers
-from .capture_utils import (  # noqa: F401  (imported from here by other modules)
+from .capture_utils import (
     _clean_up_after_failure,
     _freeze_gc,
     _progress,
     _quiet_autotune,
     warn_fallback_once,
 )
-from .validation import (  # noqa: F401  (imported from here by other modules and tests)
-    _COMPILE_MODES,
-    _FALLBACKS,
-    _SCHEMES,
+from .validation import (
     _WARMUP_WHY,
     _check_device,
     _check_options,

@@ -23,7 +23,8 @@ import torch
 
 from labkit.core.validate import check_int
 from labkit.decode.batch import ForwardBatch, ForwardMode, _check_model, make_extend_batch
-from labkit.decode.runner import DecodeGraphRunner, EagerRunner, warn_fallback_once
+from labkit.decode.capture_utils import warn_fallback_once
+from labkit.decode.runner import DecodeGraphRunner, EagerRunner
 
 from .runner import PiecewiseGraphRunner
 

@@ -42,15 +42,10 @@ from labkit.core.validate import check_int
 from labkit.decode.attention import make_attn_backend
 from labkit.decode.batch import ForwardBatch, ForwardMode, _check_model, check_batch
 from labkit.decode.buckets import pad_to_bucket
+from labkit.decode.capture_utils import warn_fallback_once
 from labkit.decode.model import DUMMY_SLOT, attend
-from labkit.decode.runner import (
-    BaseGraphRunner,
-    EagerRunner,
-    FullGraphBackend,
-    _check_device,
-    _check_same_caches,
-    warn_fallback_once,
-)
+from labkit.decode.runner import BaseGraphRunner, EagerRunner, FullGraphBackend
+from labkit.decode.validation import _check_device, _check_same_caches
 
 from .buckets import token_buckets
 from .split import SplitModel, split_at_attention
