@@ -56,6 +56,7 @@ __all__ = [
     "check",
     "compare_outputs",
     "describe_exception",
+    "short_description",
     "learner_raised",
     "fail",
     "hint",
@@ -430,6 +431,21 @@ def describe_exception(exc: BaseException) -> str:
     if pick.name != "<module>":
         loc += f" (in {pick.name})"
     return f"{text}\n   at {loc}: {line}" if line else f"{text}\n   at {loc}"
+
+
+_CUDA_BOILERPLATE = ("Search for `cuda", "CUDA kernel errors might be asynchronously",
+                     "For debugging consider passing CUDA_LAUNCH_BLOCKING",
+                     "Compile with `TORCH_USE_CUDA_DSA`")
+
+
+def short_description(exc: BaseException) -> str:
+    """:func:`describe_exception` of the error a failed capture started with, without
+    CUDA's boilerplate lines (where to search, how to debug)."""
+    from labkit.core.errors import capture_cause
+
+    text = describe_exception(capture_cause(exc))
+    return "\n".join(ln for ln in text.split("\n")
+                     if ln.strip() and not ln.startswith(_CUDA_BOILERPLATE))
 
 
 # --- the checker ---------------------------------------------------------------------------

@@ -37,8 +37,8 @@ from labkit.checks import (
     fail,
     learner_raised,
     passed,
+    short_description,
 )
-from labkit.core.errors import capture_cause
 from labkit.core.signature import fmt_shape
 
 NAME = "Decoder"
@@ -338,19 +338,6 @@ _HOST_READ = ("forward reads a value back to the host ({what}): lesson 08 §6, u
               "self.{name}[pos] = x")
 
 
-_CUDA_BOILERPLATE = ("Search for `cuda", "CUDA kernel errors might be asynchronously",
-                     "For debugging consider passing CUDA_LAUNCH_BLOCKING",
-                     "Compile with `TORCH_USE_CUDA_DSA`")
-
-
-def _short(exc) -> str:
-    """The error a failed capture started with and the learner's line, without CUDA's
-    lines on where to search and how to debug."""
-    text = describe_exception(capture_cause(exc))
-    return "\n".join(ln for ln in text.split("\n")
-                     if ln.strip() and not ln.startswith(_CUDA_BOILERPLATE))
-
-
 def _captured(cls, B, gen):
     """Capture one step of a fresh ``Decoder`` on ``B`` (warm-up 1) and replay it on new
     ``x`` and ``pos``: the cache and the output must follow. A host read in forward fails
@@ -370,7 +357,7 @@ def _captured(cls, B, gen):
         raise
     except Exception as e:
         backend.recover(B)
-        text = _short(e)
+        text = short_description(e)
         host = any(w in text for w in ("capturing", "graph capture", "on the host",
                                         "host memory", "_local_scalar_dense"))
         return (f"a step of your Decoder, captured into a graph on {B.name}, failed: {text}"

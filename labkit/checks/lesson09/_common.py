@@ -6,7 +6,8 @@ import contextlib
 
 import torch
 
-from labkit.checks.host_reads import HostReads  # noqa: F401  (lesson 09's checkers use it)
+from labkit.checks import short_description  # noqa: F401  (lesson 09's checkers use it)
+from labkit.checks.host_reads import HostReads  # noqa: F401  (likewise)
 
 
 @contextlib.contextmanager
@@ -26,17 +27,3 @@ def one_thread(device="cpu"):
         torch.set_num_threads(threads)
 
 
-_BOILERPLATE = ("Search for `cuda", "CUDA kernel errors might be asynchronously",
-                "For debugging consider passing CUDA_LAUNCH_BLOCKING",
-                "Compile with `TORCH_USE_CUDA_DSA`")
-
-
-def short_description(exc: BaseException) -> str:
-    """:func:`labkit.checks.describe_exception` of the error a failed capture started
-    with, without CUDA's boilerplate lines (where to search, how to debug)."""
-    from labkit.checks import describe_exception
-    from labkit.core.errors import capture_cause
-
-    text = describe_exception(capture_cause(exc))
-    return "\n".join(ln for ln in text.split("\n")
-                     if ln.strip() and not ln.startswith(_BOILERPLATE))
