@@ -63,6 +63,8 @@ Rows a backend cannot produce are recorded as skipped with a note, never dropped
 from __future__ import annotations
 
 import gc
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -146,12 +148,16 @@ def step_bytes(model, batch) -> int:
     return params + kv
 
 
+@dataclass
 class Built:
     """One variant, built and checked: a callable per batch size and what its rows say."""
 
-    def __init__(self, fns, cfg, note=None, replays=None, extra_of=None, cleanup=None):
-        self.fns, self.cfg, self.note = fns, cfg, note
-        self.replays, self.extra_of, self.cleanup = replays, extra_of, cleanup
+    fns: dict                      # batch size -> the step to time
+    cfg: dict                      # what the rows' config adds
+    note: str | None = None
+    replays: dict | None = None    # batch size -> graph.replay, for extra.replay_only_*
+    extra_of: Callable | None = None
+    cleanup: Callable | None = None
 
 
 def top_kernels(events, n: int = 5) -> list[list]:

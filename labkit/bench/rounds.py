@@ -90,10 +90,9 @@ def format_us(us: float | None) -> str:
     return f"{us:.1f} µs"
 
 
-def _fmt(us: float, method: str = "median_us") -> str:
-    if method.endswith("_s"):
-        return f"{us:.2f} s"
-    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
+def _fmt(value: float, method: str = "median_us") -> str:
+    """A figure of ``method``: seconds for ``*_s`` methods, else :func:`format_us`."""
+    return f"{value:.2f} s" if method.endswith("_s") else format_us(value)
 
 
 def _span(values: Sequence[float], method: str = "median_us") -> str:
