@@ -39,7 +39,7 @@ import statistics
 # error messages) do not wait for it
 
 __all__ = ["SUITES", "make_row", "skipped_row", "unmeasured_rows", "run_suite", "SuiteSkip",
-           "round_timer"]
+           "round_timer", "cudagraph_skips"]
 
 SUITES = ("launch", "decode", "serve", "train", "capture", "piecewise")
 
@@ -120,6 +120,16 @@ def unmeasured_rows(B, suite: str, config_name: str, config: dict, batch_sizes, 
         why, word = f"{type(exc).__name__}: {first}", "FAILED"
     log(f"  {suite} {variant:31s} {word}: {why}")
     return [skipped_row(B, suite, config_name, config, bs, variant, why) for bs in batch_sizes]
+
+
+def cudagraph_skips() -> int:
+    """How many times torch.compile skipped cudagraphs in this process so far (Inductor's
+    ``cudagraph_skips`` counter): a variant that raised it ran without graphs."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["inductor"]["cudagraph_skips"])
+    except Exception:
+        return 0
 
 
 def round_timer(B, *, warmup: int, repeats: int, calls: int, b2b_repeats: int = 3):

@@ -68,7 +68,14 @@ from typing import Callable
 
 import torch
 
-from labkit.bench import SuiteSkip, make_row, round_timer, skipped_row, unmeasured_rows
+from labkit.bench import (
+    SuiteSkip,
+    cudagraph_skips,
+    make_row,
+    round_timer,
+    skipped_row,
+    unmeasured_rows,
+)
 from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
 from labkit.core.timing import back_to_back_us, events_busy_us, measure_us, profile_gpu_events
 from labkit.timeline import chain_steps
@@ -83,14 +90,6 @@ GPU_ONLY = {"eager_triton": "the Triton kernel needs CUDA",
             "compile_reduce_overhead_static": "reduce-overhead records CUDA graphs only on a GPU"}
 MODEL = dict(vocab_size=1024, n_layer=8, n_head=8, n_local_heads=8, dim=512, max_seq_len=256)
 CPU_MODEL = dict(vocab_size=128, n_layer=2, n_head=4, n_local_heads=4, dim=64, max_seq_len=64)
-
-
-def _cudagraph_skips() -> int:
-    try:
-        from torch._dynamo.utils import counters
-        return int(counters["inductor"]["cudagraph_skips"])
-    except Exception:
-        return 0
 
 
 def _batches(D, model, batch_sizes, gen):
@@ -231,7 +230,7 @@ def _build(variant, D, B, model, batches, batch_sizes, compile_mode, skips) -> d
         for f in fns.values():               # compile every size before timing
             f()
         note = ("torch skipped cudagraphs (see its log): compiled without graphs"
-                if _cudagraph_skips() > skips else None)
+                if cudagraph_skips() > skips else None)
         return {variant: Built(fns, {"attention": "torch_native",
                                      "runs": "EagerRunner.forward, model under torch.compile("
                                              "mode='reduce-overhead')"}, note=note)}
@@ -266,7 +265,7 @@ def _build(variant, D, B, model, batches, batch_sizes, compile_mode, skips) -> d
                    "runs": "ReferenceGPT under torch.compile(mode='reduce-overhead'), one "
                            "callable per batch size"}
             note = ("torch skipped cudagraphs (see its log): compiled without graphs"
-                    if _cudagraph_skips() > skips else None)
+                    if cudagraph_skips() > skips else None)
         return {variant: Built(fns, cfg, note=note,
                                extra_of=lambda bs: {"max_abs_diff": float(f"{diffs[bs]:.3g}")})}
     raise ValueError(f"unknown decode variant {variant!r}: choose from {', '.join(VARIANTS)}")
@@ -308,7 +307,7 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
     for variant in variants:                 # build (and check) everything first
         try:
             built.update(_build(variant, D, B, model, batches, batch_sizes, compile_mode,
-                                _cudagraph_skips()))
+                                cudagraph_skips()))
         except Exception as e:              # SuiteSkip too: a row saying why, never none
             rows += unmeasured_rows(B, "decode", name, config, batch_sizes, variant, e, log)
     if not built:

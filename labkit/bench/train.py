@@ -44,7 +44,7 @@ import itertools
 import torch
 
 from labkit import full_step as FS
-from labkit.bench import SuiteSkip, make_row, round_timer, unmeasured_rows
+from labkit.bench import SuiteSkip, cudagraph_skips, make_row, round_timer, unmeasured_rows
 from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
 from labkit.core.timing import profile_gpu_busy_us
 
@@ -105,14 +105,6 @@ def build(variant: str, cfg: FS.LMConfig, B):
     raise ValueError(f"unknown train variant {variant!r}")
 
 
-def _cudagraph_skips() -> int:
-    try:
-        from torch._dynamo.utils import counters
-        return int(counters["inductor"]["cudagraph_skips"])
-    except Exception:
-        return 0
-
-
 def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
         variants=VARIANTS, rounds: int = DEFAULT_ROUNDS, seed: int = 0) -> list[dict]:
     if cfg is None:
@@ -126,7 +118,7 @@ def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
     rows, steps, notes = [], {}, {}
     for variant in variants:                 # build (and warm up) everything first
         try:
-            skips = _cudagraph_skips()
+            skips = cudagraph_skips()
             trainer = build(variant, cfg, B)
             cycle = itertools.cycle(batches)
 
@@ -135,7 +127,7 @@ def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
 
             for _ in range(warmup + 3):      # past FullStepTrainer's warm-up and capture
                 step()
-            if variant == "compile_reduce_overhead" and _cudagraph_skips() > skips:
+            if variant == "compile_reduce_overhead" and cudagraph_skips() > skips:
                 notes[variant] = "torch skipped cudagraphs for part of the model (see its log)"
             steps[variant] = step
         except Exception as e:              # SuiteSkip too: a row saying why, never none
