@@ -37,7 +37,7 @@ from labkit.core.validate import check_int, is_int
 from .batch import make_decode_batch, make_extend_batch
 from .buffers import pinned_zeros
 from .model import greedy
-from .runner import EagerRunner
+from .runner import DecodeGraphRunner, EagerRunner
 
 __all__ = ["Request", "synthetic_workload", "ServeResult", "serve", "decode_step_overlapped",
            "land", "TokenReadback"]
@@ -347,7 +347,6 @@ def _check_overlap(model, runner, max_running) -> None:
     """overlap=True stages every decode step into the runner's graphs: it needs a captured
     DecodeGraphRunner of DECODE graphs whose largest bucket holds every running request."""
     from .batch import _check_model
-    from .runner import DecodeGraphRunner
     _check_model(model, "serve")
     if not isinstance(runner, DecodeGraphRunner):
         given = "runner=None" if runner is None else type(runner).__name__
@@ -367,7 +366,6 @@ def _check_overlap(model, runner, max_running) -> None:
 
 def _check_overlapped_step(runner, running, readback, inflight) -> None:
     """decode_step_overlapped's arguments (the values themselves: runner.stage checks them)."""
-    from .runner import DecodeGraphRunner
     fn = "decode_step_overlapped"
     if not isinstance(runner, DecodeGraphRunner):
         raise TypeError(f"{fn}: runner must be a captured DecodeGraphRunner (the step is staged "
