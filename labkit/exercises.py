@@ -485,3 +485,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 1 if pending else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m labkit.exercises``: the same command as ``python -m labkit exercises``,
+    with its options checked (an unknown one exits with status 2 and the usage)."""
+    parser = argparse.ArgumentParser(prog="python -m labkit exercises", description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

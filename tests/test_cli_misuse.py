@@ -184,3 +184,15 @@ def test_doctor_module_rejects_unknown_options(args, words):
 def test_doctor_module_prints_the_report():
     r = run("labkit.doctor", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["python"], r.stdout
+
+
+def test_exercises_module_rejects_unknown_options():
+    """Before: ``python -m labkit.exercises --bogus`` ran nothing and exited 0, silently."""
+    r = run("labkit.exercises", "--bogus")
+    assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr, r.stderr
+    assert "usage: python -m labkit exercises" in r.stderr
+
+
+def test_exercises_module_checks_like_the_command():
+    r = run("labkit.exercises", "--check")
+    assert r.returncode == 0 and "up to date" in r.stdout, (r.stdout, r.stderr)
