@@ -204,6 +204,10 @@ class PiecewiseGraphRunner(BaseGraphRunner):
     num_warmups     eager runs of the whole forward before each bucket's capture
     splitting_ops   the ops run eagerly between the pieces (default: attention alone);
                     see :func:`~labkit.piecewise.split.split_at_attention`
+    attention       the attention run between the pieces: "torch_native" (default: stock
+                    torch ops, about ten launches per layer), "triton" (one kernel per
+                    layer, :func:`~labkit.decode.triton_extend.extend_attention`; CUDA) or
+                    "auto" (triton where it can run)
 
     .. warning::
         Every op outside attention must work token by token (norms, linears, rotary
@@ -214,7 +218,8 @@ class PiecewiseGraphRunner(BaseGraphRunner):
 
     def __init__(self, model, B, max_num_tokens: int = 256,
                  buckets: str | Iterable[int] = "vllm", fallback: str = "eager",
-                 num_warmups: int = 2, progress: bool = True, splitting_ops=(attend,)):
+                 num_warmups: int = 2, progress: bool = True, splitting_ops=(attend,),
+                 attention: str = "torch_native"):
         _check_model(model, "PiecewiseGraphRunner")
         B = ensure_backend(B, "PiecewiseGraphRunner(model, B)")
         _check_device(model, B)
@@ -228,8 +233,8 @@ class PiecewiseGraphRunner(BaseGraphRunner):
         self.model = model
         self.max_num_tokens = self.buckets[-1]
         self.fallback = fallback
-        self.attn = make_attn_backend("torch_native", model)
-        self.eager = EagerRunner(model, make_attn_backend("torch_native", model))
+        self.attn = make_attn_backend(attention, model)
+        self.eager = EagerRunner(model, make_attn_backend(self.attn.name, model))
         self.split: SplitModel = split_at_attention(model, splitting_ops)
         for item in self.split.items:
             wrapped = (EagerAttention(item.graph) if item.is_splitting_graph
