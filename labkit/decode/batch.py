@@ -100,6 +100,10 @@ class ForwardBatch:
     # next to the planning). The fast path relies on it; set it to False to force a re-plan.
     metadata_ready: bool = False
     attn_backend: object = field(default=None, repr=False)
+    # Where the attention op writes its output, when the caller needs it at a fixed
+    # address (the piecewise runner: the next piece's static input, so no copy follows;
+    # vLLM's attention op takes its output buffer the same way). None: a new tensor.
+    attn_out: torch.Tensor | None = field(default=None, repr=False, compare=False)
     # The plan record (fields as they were when planned) and the record of the values the
     # constructor checked on the host: compared by identity + version, never by a sync.
     _plan_record: tuple | None = field(default=None, repr=False, compare=False)

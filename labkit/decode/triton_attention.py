@@ -258,8 +258,8 @@ class TritonAttnBackend(TorchNativeAttnBackend):
             return super().init_forward_metadata_in_graph(batch)
         md.attn_bias = None                  # decode: the kernel stops at seq_len itself
 
-    def _forward_extend(self, q, kv_cache, batch) -> torch.Tensor:
-        return extend_attention(q, kv_cache.kv, self.req_to_token, self.forward_metadata)
+    def _forward_extend(self, q, kv_cache, batch, out=None) -> torch.Tensor:
+        return extend_attention(q, kv_cache.kv, self.req_to_token, self.forward_metadata, out)
 
     def _forward_decode(self, q, kv_cache, batch) -> torch.Tensor:
         md = self.forward_metadata

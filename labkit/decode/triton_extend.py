@@ -133,7 +133,7 @@ def extend_attention(q: torch.Tensor, kv_pool: torch.Tensor, page_table: torch.T
     T, hq, d = q.shape
     n = md.info.size(1)
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty((T, hq, d), dtype=q.dtype, device=q.device)
     block_m = 16 if md.max_extend <= 16 else 64
     grid = (n, hq, triton.cdiv(md.max_extend, block_m))
     _extend_kernel[grid](q, kv_pool, page_table, md.info, out, 1.0 / math.sqrt(d), n,

@@ -69,6 +69,7 @@ class PiecewiseBackend(FullGraphBackend):
     def __init__(self, B, num_warmups: int = 2):
         super().__init__(ensure_backend(B, "PiecewiseBackend(B)"), num_warmups)
         self.inputs: dict = {}       # (bucket, piece index) -> the arguments it was captured with
+        self.attn_outputs: dict = {}  # (bucket, attention index) -> where it writes its output
         self.mode = "eager"
         self.bucket: int | None = None
 
@@ -125,6 +126,7 @@ class PiecewiseBackend(FullGraphBackend):
     def cleanup(self) -> None:
         super().cleanup()
         self.inputs.clear()
+        self.attn_outputs.clear()
         self.mode, self.bucket = "eager", None
 
 
@@ -152,16 +154,39 @@ class EagerAttention(nn.Module):
     The pieces run on the padded token count; the tensors they hand to attention (the
     queries and the new keys and values) are cut back to ``batch.num_tokens`` rows, so no
     padded row is attended with or written into the KV cache.
+
+    The output of the capture run is the tensor the next piece was captured reading. At
+    replay, attention writes its real rows straight into it (``batch.attn_out``), so the
+    next piece replays without a copy: vLLM's attention op takes its output buffer
+    (``unified_attention_with_output``) for the same reason.
     """
 
-    def __init__(self, submod: nn.Module):
+    def __init__(self, index: int, submod: nn.Module, backend: PiecewiseBackend):
         super().__init__()
+        self.index = index
         self.submod = submod
+        self.backend = backend
 
     def forward(self, *args):
         batch = args[-1]
         n = batch.num_tokens
-        return self.submod(*(a[:n] if isinstance(a, torch.Tensor) else a for a in args))
+        args = tuple(a[:n] if isinstance(a, torch.Tensor) else a for a in args)
+        backend = self.backend
+        key = (backend.bucket, self.index)
+        out = backend.attn_outputs.get(key) if backend.mode == "replay" else None
+        if out is None:
+            y = self.submod(*args)
+            if backend.mode == "capture" and isinstance(y, torch.Tensor):
+                backend.attn_outputs[key] = y
+            return y
+        batch.attn_out = out[:n]
+        try:
+            y = self.submod(*args)
+        finally:
+            batch.attn_out = None
+        if y.data_ptr() != out.data_ptr():   # an op that takes no output buffer: copy
+            out[:n].copy_(y)
+        return out
 
 
 def capture_batch(model, num_tokens: int) -> ForwardBatch:
@@ -237,7 +262,8 @@ class PiecewiseGraphRunner(BaseGraphRunner):
         self.eager = EagerRunner(model, make_attn_backend(self.attn.name, model))
         self.split: SplitModel = split_at_attention(model, splitting_ops)
         for item in self.split.items:
-            wrapped = (EagerAttention(item.graph) if item.is_splitting_graph
+            wrapped = (EagerAttention(item.graph_id, item.graph, self.backend)
+                       if item.is_splitting_graph
                        else GraphedPiece(item.graph_id, item.graph, self.backend))
             setattr(self.split.split_gm, item.submod_name, wrapped)
         dev = model.device
