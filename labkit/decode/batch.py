@@ -19,6 +19,8 @@ import torch
 
 from labkit.core.validate import check_int, is_int
 
+from .buffers import ints_to_device
+
 __all__ = ["ForwardMode", "ForwardBatch", "make_decode_batch", "make_extend_batch"]
 
 # The reserved request slot (also labkit.decode.model.DUMMY_SLOT): a bucket's padded rows
@@ -298,22 +300,23 @@ def make_extend_batch(model, slots: Sequence[int], prompts: Sequence[Sequence[in
                              f"(prefix_lens[{i}] = {pre}, {len(p)} prompt tokens), outside "
                              f"0..{width - 1} (max_seq_len = {width})")
         _check_tokens(p, model.args.vocab_size, fn, f"prompts[{i}]")
-    dev = model.device
     ids, pos, slot_rep = [], [], []
     for s, p, pre in zip(slots, prompts, prefix_lens):
         ids += p
         pos += range(pre, pre + len(p))
         slot_rep += [s] * len(p)
-    pos_t = torch.tensor(pos, dtype=torch.int64, device=dev)
     seq_lens = [pre + len(p) for p, pre in zip(prompts, prefix_lens)]
+    # One pinned, non-blocking copy for all of it: a serving loop builds this batch while
+    # the GPU still runs the step before, and a blocking copy would wait for that step.
+    ids_t, pos_t, slot_rep_t, slots_t, lens_t = ints_to_device(
+        [ids, pos, slot_rep, slots, seq_lens], model.device)
     batch = ForwardBatch(
         forward_mode=ForwardMode.EXTEND,
-        input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+        input_ids=ids_t,
         positions=pos_t,
-        out_cache_loc=model.req_to_token[torch.tensor(slot_rep, dtype=torch.int64, device=dev),
-                                         pos_t],
-        req_pool_indices=torch.tensor(slots, dtype=torch.int64, device=dev),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+        out_cache_loc=model.req_to_token[slot_rep_t, pos_t],
+        req_pool_indices=slots_t,
+        seq_lens=lens_t.to(torch.int32),
         seq_lens_cpu=seq_lens,
         extend_lens=[len(p) for p in prompts],
     )

@@ -284,6 +284,22 @@ class PiecewiseGraphRunner(BaseGraphRunner):
                 "buckets": len(self.capture_log)}
 
     # ---- capture -----------------------------------------------------------------------
+    def capture(self) -> list[dict]:
+        """Capture every bucket (lesson 06's loop), then clear the dummy slot's keys.
+
+        .. warning::
+            The capture run hands attention the pieces' outputs before any replay has
+            filled them (garbage on a GPU, NaN on the emulator), and attention stores
+            those keys into the dummy slot. Attention multiplies a masked key too (a 0
+            weight times NaN is NaN), and a decode graph gathers masked columns that
+            point at the dummy slot: left there, they would poison other runners' rows.
+        """
+        log = super().capture()
+        locs = self.model.req_to_token[DUMMY_SLOT]
+        for layer in self.model.layers:
+            layer.attention.kv_cache.kv.index_fill_(0, locs, 0)
+        return log
+
     def make_capture_batch(self, num_tokens: int) -> ForwardBatch:
         """The batch a bucket is warmed up and captured with (:func:`capture_batch`)."""
         return capture_batch(self.model, num_tokens)
