@@ -14,10 +14,17 @@ step to step, and leave. Variants:
                               staged (one copy) and queued before step N's tokens are read
 ``labkit_graph_compiled``     compile-then-capture graphs (``compile_bs``), synced loop
 ``labkit_graph_compiled_overlap``  the same, overlapped
+``labkit_graph_overlap_piecewise``  the overlapped loop with admissions prefilled through
+                              a :class:`~labkit.piecewise.PiecewiseGraphRunner`
+                              (``serve(..., prefill=...)``, one Triton attention kernel
+                              per layer on a GPU), their first tokens read back lazily
 
 ``median_us`` is the median time of one decode step of the loop (wall clock on the host,
 so it includes everything the loop does around the replay); ``extra`` holds decode
-tokens/s over the whole run, end-to-end tokens/s, the steps and the mean batch size.
+tokens/s over the whole run, end-to-end tokens/s, the steps and the mean batch size, and
+on a GPU ``gpu_busy_fraction``: the GPU busy time of one profiled run (the union of its
+kernels, copies and fills) over the median wall time of the unprofiled rounds (a
+profiled run's own wall time is inflated by the profiler).
 Every variant is built and warmed up first; then each round runs the whole workload once
 per variant, in a shuffled order (:mod:`labkit.bench.rounds`), and a row's figures are
 medians over rounds (``extra.rounds`` keeps each round's step median, tokens/s and wall
@@ -37,9 +44,11 @@ import torch
 from labkit.bench import SuiteSkip, make_row, unmeasured_rows
 from labkit.bench.decode import CPU_MODEL, MODEL
 from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
+from labkit.core.timing import profile_gpu_busy_us
 
-VARIANTS = ("eager", "labkit_graph", "labkit_graph_overlap", "labkit_graph_compiled",
-            "labkit_graph_compiled_overlap")
+VARIANTS = ("eager", "labkit_graph", "labkit_graph_overlap", "labkit_graph_overlap_piecewise",
+            "labkit_graph_compiled", "labkit_graph_compiled_overlap")
+PIECEWISE_TOKENS = 256      # the prefill runner's largest token bucket (GPU)
 WORKLOAD = dict(num_requests=192, arrival_rate=8.0, prompt_len=(16, 64), output_len=(48, 128))
 CPU_WORKLOAD = dict(num_requests=24, arrival_rate=2.0, prompt_len=(4, 12), output_len=(4, 16))
 
@@ -64,8 +73,17 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
               "workload": {k: list(v) if isinstance(v, tuple) else v
                            for k, v in workload.items()},
               "max_running": max_running}
-    rows, runs, cfgs, results = [], {}, {}, {}
+    rows, runs, cfgs, results, prefills = [], {}, {}, {}, {}
     runners: dict[bool, object] = {}
+
+    def prefill_runner():
+        if "pw" not in prefills:
+            from labkit import piecewise as P
+            pw = P.PiecewiseGraphRunner(model, B, max_num_tokens=PIECEWISE_TOKENS if on_gpu
+                                        else 32, progress=False, attention="auto")
+            pw.capture()
+            prefills["pw"] = pw
+        return prefills["pw"]
 
     def runner_for(compiled: bool):
         if compiled not in runners:
@@ -86,20 +104,25 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
                 raise SuiteSkip("compiling before capture is measured on a GPU only")
             runner = (D.EagerRunner(model, "auto") if variant == "eager"
                       else runner_for(compiled))
-            overlap = variant.endswith("_overlap")
-            D.serve(model, wl[:8], runner=runner, max_running=max_running, overlap=overlap)
+            overlap = "_overlap" in variant
+            prefill = prefill_runner() if variant.endswith("_piecewise") else None
+            D.serve(model, wl[:8], runner=runner, max_running=max_running, overlap=overlap,
+                    prefill=prefill)
 
-            def one_run(variant=variant, runner=runner, overlap=overlap):
+            def one_run(variant=variant, runner=runner, overlap=overlap, prefill=prefill):
                 res = D.serve(model, wl, runner=runner, max_running=max_running,
-                              overlap=overlap)
+                              overlap=overlap, prefill=prefill)
                 results.setdefault(variant, res)          # the first round's tokens
                 return res
 
             runs[variant] = one_run
             cfg = {**config, "overlap": overlap,
                    "runs": "serve(model, workload, runner=" + type(runner).__name__
-                   + ("(...), overlap=True)" if overlap else "(...))"),
+                   + ("(...), overlap=True" if overlap else "(...)")
+                   + (", prefill=PiecewiseGraphRunner(...))" if prefill else ")"),
                    "attention": runner.attn.name}
+            if prefill is not None:
+                cfg["prefill_buckets"] = prefill.buckets
             if variant != "eager":
                 cfg["buckets"] = runner.buckets
                 if compiled:
@@ -122,7 +145,10 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
     reference = {}
     for variant in runs:
         res = results[variant]
-        family = "compiled" if "compiled" in variant else "plain"   # same kernels, same tokens
+        # Same kernels, same tokens. Piecewise prefill runs its GEMMs at the bucket's token
+        # count, and cuBLAS may round another shape differently: a family of its own.
+        family = ("compiled" if "compiled" in variant
+                  else "piecewise" if variant.endswith("_piecewise") else "plain")
         first = reference.setdefault(family, (variant, res.tokens))
         note = (None if res.tokens == first[1] else
                 f"tokens differ from {first[0]}'s, which runs the same kernels")
@@ -132,13 +158,22 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
                  "tokens_per_s": round(statistics.median(r["tokens_per_s"]), 1),
                  "decode_steps": s["decode_steps"], "mean_batch": round(s["mean_batch"], 1),
                  "wall_s": round(statistics.median(r["wall_s"]), 3)}
+        if family == "piecewise" and "plain" in reference:
+            plain = reference["plain"][1]
+            extra["requests_same_tokens_as_plain"] = round(
+                sum(res.tokens[k] == plain[k] for k in plain) / max(1, len(plain)), 3)
+        busy = profile_gpu_busy_us(runs[variant], B, warmup=0)
+        if busy is not None:
+            extra["gpu_busy_fraction"] = round(busy / (1e6 * extra["wall_s"]), 3)
         row = make_row(B, "serve", name, cfgs[variant], None, variant, None, note=note,
                        extra=extra, rounds=r)
         rows.append(row)
         log(f"  serve {variant:31s} step p50 {row['median_us']:8.1f} µs | decode "
             f"{extra['decode_tokens_per_s']:9.0f} tokens/s | end to end "
-            f"{extra['tokens_per_s']:9.0f} tokens/s" + (f" | {note}" if note else ""))
-    for r in runners.values():
+            f"{extra['tokens_per_s']:9.0f} tokens/s"
+            + (f" | GPU busy {extra['gpu_busy_fraction']:.2f}" if busy is not None else "")
+            + (f" | {note}" if note else ""))
+    for r in list(runners.values()) + list(prefills.values()):
         r.backend.cleanup()
     gc.collect()
     if on_gpu:
