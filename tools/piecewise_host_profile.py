@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     from labkit import decode as D
     from labkit import piecewise as P
     from labkit.bench import piecewise as S
-    from labkit.core.timing import events_busy_us, profile_gpu_events
+    from labkit.core.timing import device_name, events_busy_us, profile_gpu_events
     from labkit.piecewise.profile import host_breakdown
 
     B = backend.get("auto")
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
                                                                    batches.values()),
                                     progress=False, attention=a.attention)
     runner.capture()
-    out = {"label": a.label, "attention": runner.attn.name, "device": B.device_name() if hasattr(B, "device_name") else B.name,
+    out = {"label": a.label, "attention": runner.attn.name, "device": device_name(B),
            "torch": torch.__version__, "workloads": {}}
     for w, b in batches.items():
         parts = host_breakdown(runner, b, a.repeats)

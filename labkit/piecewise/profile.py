@@ -13,8 +13,6 @@ import statistics
 import time
 from contextlib import contextmanager
 
-import torch
-
 __all__ = ["PARTS", "host_breakdown"]
 
 PARTS = ("plan attention", "pieces (replays)", "attention (eager)", "rest")
@@ -56,9 +54,9 @@ def host_breakdown(runner, batch, repeats: int = 20) -> dict[str, float]:
         call to what it measures: compare breakdowns taken the same way, not a part
         against an unwrapped step.
     """
-    from .runner import EagerAttention, GraphedPiece
-
     from labkit.core.validate import check_int
+
+    from .runner import EagerAttention, GraphedPiece
     check_int("host_breakdown: repeats", repeats, 1, fix="the number of steps to time")
     if not getattr(runner, "captured", False) or not hasattr(runner, "split"):
         raise TypeError("host_breakdown: runner must be a captured PiecewiseGraphRunner, got "
