@@ -63,8 +63,9 @@ VARIANT_ORDER = {
                "labkit_graph_torch_attn", "labkit_graph_compiled",
                "labkit_graph_compiled_staged", "compile_reduce_overhead",
                "compile_reduce_overhead_static"),
-    "serve": ("eager", "labkit_graph", "labkit_graph_overlap", "labkit_graph_compiled",
-              "labkit_graph_compiled_overlap"),
+    "serve": ("eager", "labkit_graph", "labkit_graph_overlap", "labkit_graph_overlap_piecewise",
+              "labkit_graph_compiled", "labkit_graph_compiled_overlap",
+              "labkit_graph_compiled_overlap_piecewise"),
     "train": ("eager", "labkit_bridge", "labkit_bridge_no_clone", "torch_make_graphed_callables",
               "labkit_full_step",
               "labkit_full_step_compiled", "compile_reduce_overhead"),
@@ -107,10 +108,14 @@ SUITE_TEXT = {
         "*synced* = the median decode step of the loop (host wall clock); notes: decode "
         "tokens/s over the run, end-to-end tokens/s. `_overlap` = `serve(..., "
         "overlap=True)`: the next step is staged with one copy and queued before the last "
-        "step's tokens are read back. Variants that run the same kernels are checked to "
-        "generate the same tokens (the plain graphs against `eager`, the compiled pair "
-        "against each other). "
-        "Lesson 06."),
+        "step's tokens are read back; an admission's first token stays on the device too. "
+        "`_piecewise` = admissions prefilled through a `PiecewiseGraphRunner` "
+        "(`serve(..., prefill=...)`, token buckets up to 256, one Triton attention kernel "
+        "per layer). Notes also hold `gpu_busy_fraction`: GPU busy time of one profiled run "
+        "over the median wall time of the rounds. Variants that run the same kernels are "
+        "checked to generate the same tokens (the plain graphs against `eager`, the "
+        "compiled pair against each other; a piecewise row records the share of requests "
+        "whose tokens equal its family's without piecewise prefill). Lesson 06."),
     "train": (
         "One training step of a 6-layer, d=256 transformer LM, 4 microbatches of 4×64 "
         "tokens, AdamW (`labkit.full_step`, config \"bench\"): eager; `labkit_bridge` = "
@@ -137,7 +142,9 @@ SUITE_TEXT = {
         "requests): `eager` = `EagerRunner` (every request's queries padded into one SDPA per "
         "layer); `piecewise` = "
         "`PiecewiseGraphRunner` (the pieces between attentions replayed per token bucket, "
-        "vLLM's sizes; attention eager on the real tokens); `compile_dynamic` = the model "
+        "vLLM's sizes; attention eager on the real tokens, one Triton kernel per layer "
+        "(`attention=\"auto\"`) in rows from 2026-12-03 17:00 on, stock torch ops "
+        "before); `compile_dynamic` = the model "
         "under `torch.compile(dynamic=True)`; `full_graph` = lesson 06's "
         "`DecodeGraphRunner`, for the pure decode batch only. GPU busy = the union of the "
         "call's kernel intervals. Lesson 09."),
@@ -151,6 +158,8 @@ TARGETS = {
     "train": "Targets: `labkit_bridge` at most 1.05× `torch_make_graphed_callables`, synced "
              "and back to back; `labkit_full_step` back to back at most 1.10× its GPU busy "
              "time.",
+    "serve": "Targets: the best labkit row at least 2× `labkit_graph_overlap`'s end-to-end "
+             "tokens/s, with the GPU busy at least 0.6 of the whole run.",
     "piecewise": "Targets: `piecewise` at most 0.7× `compile_dynamic` on every prefill and "
                  "mixed workload, synced and back to back; its host time at most 2× its GPU "
                  "busy time.",

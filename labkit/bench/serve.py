@@ -18,6 +18,7 @@ step to step, and leave. Variants:
                               a :class:`~labkit.piecewise.PiecewiseGraphRunner`
                               (``serve(..., prefill=...)``, one Triton attention kernel
                               per layer on a GPU), their first tokens read back lazily
+``labkit_graph_compiled_overlap_piecewise``  the same with the compiled decode graphs
 
 ``median_us`` is the median time of one decode step of the loop (wall clock on the host,
 so it includes everything the loop does around the replay); ``extra`` holds decode
@@ -31,7 +32,10 @@ medians over rounds (``extra.rounds`` keeps each round's step median, tokens/s a
 time). Variants that run the same kernels must generate the very same tokens (``labkit_graph``
 and its overlapped twin as ``eager``; the compiled pair as each other: fused kernels round
 differently, and in fp16 a rounding can flip a greedy token); a row whose tokens differ
-from its family's first says so.
+from its family's first says so. A piecewise prefill runs its GEMMs at the bucket's token
+count, which cuBLAS may round differently: its rows form families of their own and record
+the share of requests whose tokens equal the family without it
+(``extra.requests_same_tokens_as_<variant>``).
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
 from labkit.core.timing import profile_gpu_busy_us
 
 VARIANTS = ("eager", "labkit_graph", "labkit_graph_overlap", "labkit_graph_overlap_piecewise",
-            "labkit_graph_compiled", "labkit_graph_compiled_overlap")
+            "labkit_graph_compiled", "labkit_graph_compiled_overlap",
+            "labkit_graph_compiled_overlap_piecewise")
 PIECEWISE_TOKENS = 256      # the prefill runner's largest token bucket (GPU)
 WORKLOAD = dict(num_requests=192, arrival_rate=8.0, prompt_len=(16, 64), output_len=(48, 128))
 CPU_WORKLOAD = dict(num_requests=24, arrival_rate=2.0, prompt_len=(4, 12), output_len=(4, 16))
@@ -147,8 +152,9 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
         res = results[variant]
         # Same kernels, same tokens. Piecewise prefill runs its GEMMs at the bucket's token
         # count, and cuBLAS may round another shape differently: a family of its own.
-        family = ("compiled" if "compiled" in variant
-                  else "piecewise" if variant.endswith("_piecewise") else "plain")
+        base_family = "compiled" if "compiled" in variant else "plain"
+        piecewise = variant.endswith("_piecewise")
+        family = base_family + (" + piecewise" if piecewise else "")
         first = reference.setdefault(family, (variant, res.tokens))
         note = (None if res.tokens == first[1] else
                 f"tokens differ from {first[0]}'s, which runs the same kernels")
@@ -158,10 +164,10 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
                  "tokens_per_s": round(statistics.median(r["tokens_per_s"]), 1),
                  "decode_steps": s["decode_steps"], "mean_batch": round(s["mean_batch"], 1),
                  "wall_s": round(statistics.median(r["wall_s"]), 3)}
-        if family == "piecewise" and "plain" in reference:
-            plain = reference["plain"][1]
-            extra["requests_same_tokens_as_plain"] = round(
-                sum(res.tokens[k] == plain[k] for k in plain) / max(1, len(plain)), 3)
+        if piecewise and base_family in reference:
+            same = reference[base_family][1]
+            extra["requests_same_tokens_as_" + reference[base_family][0]] = round(
+                sum(res.tokens[k] == same[k] for k in same) / max(1, len(same)), 3)
         busy = profile_gpu_busy_us(runs[variant], B, warmup=0)
         if busy is not None:
             extra["gpu_busy_fraction"] = round(busy / (1e6 * extra["wall_s"]), 3)

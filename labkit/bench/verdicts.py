@@ -36,7 +36,9 @@ PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
                ("labkit_graph_compiled_staged", "labkit_graph_staged")),
     "serve": (("labkit_graph_overlap", "labkit_graph"),        # step and whole run
               ("labkit_graph", "eager"),
-              ("labkit_graph_compiled_overlap", "labkit_graph_overlap")),
+              ("labkit_graph_compiled_overlap", "labkit_graph_overlap"),
+              ("labkit_graph_overlap_piecewise", "labkit_graph_overlap"),
+              ("labkit_graph_compiled_overlap_piecewise", "labkit_graph_compiled_overlap")),
     "train": (("labkit_bridge", "torch_make_graphed_callables"),
               ("labkit_bridge_no_clone", "torch_make_graphed_callables"),
               ("labkit_full_step", "eager"),
@@ -181,6 +183,7 @@ def target_checks(rows: Sequence[dict]) -> list[str]:
     line = full and _busy_check("train", full, 1.10)
     if line:
         out.append(line)
+    out += _serve_checks(rows)
     for r in rows:
         if r["suite"] != "piecewise" or r["variant"] != "piecewise" or not r.get("median_us"):
             continue
@@ -196,6 +199,26 @@ def target_checks(rows: Sequence[dict]) -> list[str]:
             out.append(f"{'met' if host <= 2 * busy else 'MISSED'}: piecewise {workload}: "
                        f"host time {host:.0f} µs is {host / busy:.1f}× GPU busy "
                        f"{busy:.0f} µs (target ≤ 2×)")
+    return out
+
+
+def _serve_checks(rows: Sequence[dict]) -> list[str]:
+    """The serving loop against its limit: the best labkit row's end-to-end tokens/s ≥ 2×
+    the overlapped loop with eager prefill, and its GPU busy ≥ 0.6 of the whole run."""
+    serve = [r for r in rows if r["suite"] == "serve" and r["variant"].startswith("labkit")
+             and (r.get("extra") or {}).get("tokens_per_s")]
+    base = _find(rows, "serve", "labkit_graph_overlap")
+    if not serve or not base:
+        return []
+    best = max(serve, key=lambda r: r["extra"]["tokens_per_s"])
+    tps, base_tps = best["extra"]["tokens_per_s"], base["extra"]["tokens_per_s"]
+    out = [f"{'met' if tps >= 2 * base_tps else 'MISSED'}: serve {best['variant']}: "
+           f"{tps:,.0f} tokens/s end to end is {tps / base_tps:.2f}× labkit_graph_overlap's "
+           f"{base_tps:,.0f} (target ≥ 2×)"]
+    busy = best["extra"].get("gpu_busy_fraction")
+    if busy is not None:
+        out.append(f"{'met' if busy >= 0.6 else 'MISSED'}: serve {best['variant']}: the GPU is "
+                   f"busy {busy:.2f} of the whole run (target ≥ 0.6)")
     return out
 
 
