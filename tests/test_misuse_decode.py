@@ -609,9 +609,9 @@ def test_failed_capture_cleans_up(B):
 def test_quiet_autotune_turns_off_inductor_reports():
     import torch._inductor.config as cfg
 
-    from labkit.decode.capture_utils import _quiet_autotune
+    from labkit.decode.capture_utils import quiet_autotune
     before = cfg.autotune_num_choices_displayed
-    with _quiet_autotune():
+    with quiet_autotune():
         assert cfg.autotune_num_choices_displayed == 0
         if hasattr(cfg, "max_autotune_report_choices_stats"):
             assert cfg.max_autotune_report_choices_stats is False
