@@ -93,6 +93,13 @@ class LoadedStep:
         return self.batch is None
 
 
+def _option(name: str) -> property:
+    """A runner attribute that reads its checked option ``name``, read-only: the runner's
+    graphs and buffers were made for it."""
+    return property(lambda self: getattr(self.options, name),
+                    doc=f"``options.{name}`` (read-only)")
+
+
 class DecodeGraphRunner(BaseGraphRunner):
     """Decode (or target-verify) graphs for every bucket up to ``max_bs``.
 
@@ -133,14 +140,13 @@ class DecodeGraphRunner(BaseGraphRunner):
         # each staged token's K/V goes is looked up here, with no device work.
         self._req_to_token_host = model.req_to_token.cpu().numpy()
 
-    # The options, read-only: a runner's graphs were captured for them.
-    max_bs = property(lambda self: self.options.max_bs)
-    num_tokens_per_bs = property(lambda self: self.options.num_tokens_per_bs)
-    capture_forward_mode = property(lambda self: self.options.forward_mode)
-    fallback = property(lambda self: self.options.fallback)
-    padding_override = property(lambda self: self.options.padding_override)
-    compile_bs = property(lambda self: self.options.compile_bs)
-    compile_mode = property(lambda self: self.options.compile_mode)
+    max_bs = _option("max_bs")
+    num_tokens_per_bs = _option("num_tokens_per_bs")
+    capture_forward_mode = _option("forward_mode")
+    fallback = _option("fallback")
+    padding_override = _option("padding_override")
+    compile_bs = _option("compile_bs")
+    compile_mode = _option("compile_mode")
 
     # ---- capture -----------------------------------------------------------------------
     def _static_batch(self, bs: int) -> ForwardBatch:
