@@ -8,8 +8,8 @@ batches of several shapes, every variant timed in the same process:
     SDPA per layer for all the batch's requests.
 ``piecewise``
     :class:`~labkit.piecewise.PiecewiseGraphRunner` (vLLM's token buckets up to the largest
-    batch's token count): the
-    pieces between attentions replayed, attention eager on the real tokens.
+    batch's token count, ``attention="auto"``): the pieces between attentions replayed,
+    attention eager on the real tokens (one Triton kernel per layer on a GPU).
 ``compile_dynamic``
     what a user would pick instead: ``torch.compile(model, dynamic=True)`` (default mode)
     on the same eager path, every workload compiled before timing
@@ -92,7 +92,7 @@ def _build(variant, D, P, B, model, batches, tokens, log) -> tuple[dict, dict, d
                 {"runs": "EagerRunner.forward"}, {}, [])
     if variant == "piecewise":
         pw = P.PiecewiseGraphRunner(model, B, max_num_tokens=max(tokens.values()),
-                                    progress=False)
+                                    progress=False, attention="auto")
         log_ = pw.capture()
         cap = {"graphs": len(pw.backend.graphs), "buckets": len(pw.buckets),
                "capture_s": round(sum(r["seconds"] for r in log_), 2),
@@ -103,7 +103,8 @@ def _build(variant, D, P, B, model, batches, tokens, log) -> tuple[dict, dict, d
             pw.replay(b)
             extra[w] = {"bucket": pw.last_replay[1], "pieces": pw.num_pieces, **cap}
         return ({w: (lambda b=b: pw.replay(b)) for w, b in batches.items()},
-                {"runs": "PiecewiseGraphRunner.replay", "buckets": "vllm"}, extra,
+                {"runs": "PiecewiseGraphRunner.replay", "buckets": "vllm",
+                 "attention": pw.attn.name}, extra,
                 [pw.backend.cleanup])
     if variant == "compile_dynamic":
         import torch._dynamo.utils as du

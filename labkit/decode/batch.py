@@ -19,6 +19,8 @@ import torch
 
 from labkit.core.validate import check_int, is_int
 
+from .buffers import ints_to_device
+
 __all__ = ["ForwardMode", "ForwardBatch", "make_decode_batch", "make_extend_batch", "check_batch",
            "check_model", "check_slots", "check_tokens"]
 
@@ -101,6 +103,10 @@ class ForwardBatch:
     # next to the planning). The fast path relies on it; set it to False to force a re-plan.
     metadata_ready: bool = False
     attn_backend: object = field(default=None, repr=False)
+    # Where the attention op writes its output, when the caller needs it at a fixed
+    # address (the piecewise runner: the next piece's static input, so no copy follows;
+    # vLLM's attention op takes its output buffer the same way). None: a new tensor.
+    attn_out: torch.Tensor | None = field(default=None, repr=False, compare=False)
     # The plan record (fields as they were when planned) and the record of the values the
     # constructor checked on the host: compared by identity + version, never by a sync.
     _plan_record: tuple | None = field(default=None, repr=False, compare=False)
@@ -301,22 +307,23 @@ def make_extend_batch(model, slots: Sequence[int], prompts: Sequence[Sequence[in
                              f"(prefix_lens[{i}] = {pre}, {len(p)} prompt tokens), outside "
                              f"0..{width - 1} (max_seq_len = {width})")
         check_tokens(p, model.args.vocab_size, fn, f"prompts[{i}]")
-    dev = model.device
     ids, pos, slot_rep = [], [], []
     for s, p, pre in zip(slots, prompts, prefix_lens):
         ids += p
         pos += range(pre, pre + len(p))
         slot_rep += [s] * len(p)
-    pos_t = torch.tensor(pos, dtype=torch.int64, device=dev)
     seq_lens = [pre + len(p) for p, pre in zip(prompts, prefix_lens)]
+    # One pinned, non-blocking copy for all of it: a serving loop builds this batch while
+    # the GPU still runs the step before, and a blocking copy would wait for that step.
+    ids_t, pos_t, slot_rep_t, slots_t, lens_t = ints_to_device(
+        [ids, pos, slot_rep, slots, seq_lens], model.device)
     batch = ForwardBatch(
         forward_mode=ForwardMode.EXTEND,
-        input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+        input_ids=ids_t,
         positions=pos_t,
-        out_cache_loc=model.req_to_token[torch.tensor(slot_rep, dtype=torch.int64, device=dev),
-                                         pos_t],
-        req_pool_indices=torch.tensor(slots, dtype=torch.int64, device=dev),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+        out_cache_loc=model.req_to_token[slot_rep_t, pos_t],
+        req_pool_indices=slots_t,
+        seq_lens=lens_t.to(torch.int32),
         seq_lens_cpu=seq_lens,
         extend_lens=[len(p) for p in prompts],
     )

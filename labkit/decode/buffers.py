@@ -36,7 +36,8 @@ import torch
 
 from labkit.core.validate import check_int
 
-__all__ = ["Pad", "GraphSlot", "StaticBuffers", "SEQ_LEN_FILL_VALUE", "pinned_zeros"]
+__all__ = ["Pad", "GraphSlot", "StaticBuffers", "SEQ_LEN_FILL_VALUE", "pinned_zeros",
+           "ints_to_device"]
 
 SEQ_LEN_FILL_VALUE = 1
 
@@ -50,6 +51,24 @@ def pinned_zeros(shape, dtype: torch.dtype, device) -> torch.Tensor:
     host memory whatever ``torch.set_default_device`` says."""
     host = torch.zeros(shape, dtype=dtype, device="cpu")
     return host if torch.device(device).type == "cpu" else host.pin_memory()
+
+
+def ints_to_device(rows, device) -> list[torch.Tensor]:
+    """Lists of host ints → int64 tensors on ``device``, in ONE non-blocking copy.
+
+    ``torch.tensor(values, device="cuda")`` copies from pageable memory, and PyTorch makes
+    a blocking host→device copy wait for the stream: every such call drains the GPU's
+    queue. Here the lists go into one pinned host tensor and cross in one non-blocking
+    copy, whose pinned block PyTorch's host allocator keeps until the copy has run; the
+    returned tensors are views of the one device tensor.
+    """
+    rows = [list(r) for r in rows]
+    flat = torch.tensor([v for r in rows for v in r], dtype=torch.int64, device="cpu")
+    if torch.device(device).type == "cpu":
+        whole = flat
+    else:
+        whole = flat.pin_memory().to(device, non_blocking=True)
+    return list(whole.split([len(r) for r in rows]))
 
 
 class Pad(str, enum.Enum):

@@ -35,12 +35,12 @@ import torch
 from labkit.core.validate import check_int, is_int
 
 from .batch import make_decode_batch, make_extend_batch
-from .buffers import pinned_zeros
+from .buffers import ints_to_device, pinned_zeros
 from .model import greedy
 from .runner import DecodeGraphRunner, EagerRunner
 
 __all__ = ["Request", "synthetic_workload", "ServeResult", "serve", "decode_step_overlapped",
-           "land", "TokenReadback"]
+           "prefill_logits", "prefill_overlapped", "land", "TokenReadback"]
 
 
 @dataclass
@@ -198,8 +198,37 @@ def land(inflight: tuple | None) -> None:
         r.pending -= 1
 
 
+def prefill_logits(runner, admitted: list[Request]) -> torch.Tensor:
+    """Prefill ``admitted`` (each in its slot) in one EXTEND batch; the logits of each
+    request's last prompt token, (len(admitted), vocab), still on the device."""
+    batch = make_extend_batch(runner.model, [r.slot for r in admitted],
+                              [r.prompt for r in admitted])
+    logits = runner.forward(batch)
+    last, = ints_to_device([np.cumsum([len(r.prompt) for r in admitted]) - 1],
+                           logits.device)
+    return logits.index_select(0, last)
+
+
+def prefill_overlapped(runner, admitted: list[Request], next_tokens: torch.Tensor) -> tuple:
+    """``runner``: a captured graph runner (its backend ``runner.B`` records the event).
+
+    Queue the prefill of ``admitted`` without waiting for it: each first token goes
+    into ``next_tokens`` (the table the next decode step reads its input from) and
+    starts its copy to the host. Returns what :func:`land` appends once it has arrived."""
+    toks = greedy(prefill_logits(runner, admitted))
+    slots, = ints_to_device([[r.slot for r in admitted]], next_tokens.device)
+    next_tokens.index_copy_(0, slots, toks)
+    host = pinned_zeros(len(admitted), torch.int64, next_tokens.device)
+    host.copy_(toks, non_blocking=True)
+    arrived = runner.B.Event()
+    arrived.record()
+    for r in admitted:
+        r.pending += 1
+    return list(admitted), host, arrived
+
+
 def serve(model, workload: list[Request], runner=None, max_running: int | None = None,
-          max_steps: int = 100_000, overlap: bool = False) -> ServeResult:
+          max_steps: int = 100_000, overlap: bool = False, prefill=None) -> ServeResult:
     """Serve ``workload`` (not modified: requests are copied) to completion.
 
     ``runner``: a :class:`~labkit.decode.runner.DecodeGraphRunner` (graphs for decode,
@@ -208,6 +237,10 @@ def serve(model, workload: list[Request], runner=None, max_running: int | None =
     ``overlap``: prepare each decode step while the GPU runs the one before
     (:func:`decode_step_overlapped`); needs a captured ``DecodeGraphRunner`` whose
     largest bucket holds ``max_running`` requests. The tokens are the same either way.
+    ``prefill``: a captured :class:`~labkit.piecewise.PiecewiseGraphRunner` on the same
+    model: admissions are prefilled through its piecewise graphs instead of ``runner``.
+    With ``overlap=True`` their first tokens stay on the device too (SGLang's overlap
+    scheduler): read back with the next step's, so an admission does not stall the loop.
     """
     if not isinstance(overlap, bool):
         raise TypeError(f"serve: overlap must be True or False, got {overlap!r}")
@@ -215,6 +248,8 @@ def serve(model, workload: list[Request], runner=None, max_running: int | None =
         _check_overlap(model, runner, max_running)
     runner = runner or EagerRunner(model)
     _check_serve_args(model, workload, runner, max_running, max_steps)
+    _check_prefill_runner(model, prefill)
+    prefiller = prefill or runner
     max_running = max_running or (model.num_slots - 1)
     cuda = model.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -228,6 +263,7 @@ def serve(model, workload: list[Request], runner=None, max_running: int | None =
         next_tokens = torch.zeros(model.num_slots, dtype=torch.int64, device=model.device)
         readback = TokenReadback(max_running, model.device)
     inflight = None
+    landing: list[tuple] = []     # prefills whose first tokens are still on their way
     step = 0
     sync()
     t_start = time.perf_counter()
@@ -239,19 +275,14 @@ def serve(model, workload: list[Request], runner=None, max_running: int | None =
             admitted.append(r)
         if admitted:
             t0 = time.perf_counter()
-            batch = make_extend_batch(model, [r.slot for r in admitted],
-                                      [r.prompt for r in admitted])
-            logits = runner.forward(batch)
-            last = np.cumsum([len(r.prompt) for r in admitted]) - 1
-            toks_dev = greedy(logits[torch.as_tensor(last, device=logits.device)])
-            if overlap:   # the first token's id goes into the table the decode steps read
-                slots = torch.as_tensor([r.slot for r in admitted], device=model.device)
-                next_tokens.index_copy_(0, slots, toks_dev)
-            toks = toks_dev.tolist()
-            sync()
+            if overlap:
+                landing.append(prefill_overlapped(prefiller, admitted, next_tokens))
+            else:
+                toks = greedy(prefill_logits(prefiller, admitted)).tolist()
+                sync()
+                for r, t in zip(admitted, toks):
+                    r.output.append(t)
             pre_lat.append(time.perf_counter() - t0)
-            for r, t in zip(admitted, toks):
-                r.output.append(t)
             running += admitted
         running = _retire(running, finished, free)
         if running:
@@ -259,6 +290,9 @@ def serve(model, workload: list[Request], runner=None, max_running: int | None =
             if overlap:
                 inflight = decode_step_overlapped(runner, running, next_tokens, readback,
                                                   inflight)
+                for queued in landing:   # the GPU has this step queued behind them
+                    land(queued)
+                landing.clear()
             else:
                 batch = make_decode_batch(model, [r.slot for r in running],
                                           [r.output[-1] for r in running],
@@ -274,6 +308,8 @@ def serve(model, workload: list[Request], runner=None, max_running: int | None =
             step = max(step, pending[0].arrival_step)  # idle: jump to the next arrival
             continue
         step += 1
+    for queued in landing:                             # prefills no step followed
+        land(queued)
     land(inflight)                                     # the last step's tokens
     sync()
     wall = time.perf_counter() - t_start
@@ -341,6 +377,22 @@ def _check_serve_args(model, workload, runner, max_running, max_steps) -> None:
         if bad:
             raise ValueError(f"serve: request {r.rid}'s prompt has token id {bad[0]}, outside "
                              f"the vocabulary 0..{model.args.vocab_size - 1}")
+
+
+def _check_prefill_runner(model, prefill) -> None:
+    """serve()'s ``prefill``: None, or a captured piecewise runner on ``model``. (Checked
+    by what it is, not by class: labkit.piecewise is built on this package.)"""
+    if prefill is None:
+        return
+    if not (hasattr(prefill, "split") and hasattr(prefill, "max_num_tokens")):
+        raise TypeError("serve: prefill must be a captured PiecewiseGraphRunner (from "
+                        f"labkit.piecewise) or None, got {type(prefill).__name__}")
+    if prefill.model is not model:
+        raise ValueError("serve: the prefill runner was built for another model (its graphs "
+                         "read that model's weights and KV cache): build it on this model")
+    if not prefill.captured:
+        raise RuntimeError("serve: the prefill runner has no graphs yet: call "
+                           "prefill.capture() first")
 
 
 def _check_overlap(model, runner, max_running) -> None:

@@ -221,11 +221,14 @@ class TorchNativeAttnBackend:
     # ---- the attention op --------------------------------------------------------------
     def forward(self, q, k, v, kv_cache, batch, kv=None) -> torch.Tensor:
         """q (T, Hq, D), k/v (T, Hkv, D) for the T new tokens → (T, Hq, D). ``kv``: k and v
-        as one (T, 2, Hkv, D) tensor when the caller has it (one scatter into the cache)."""
+        as one (T, 2, Hkv, D) tensor when the caller has it (one scatter into the cache).
+        The output goes into ``batch.attn_out`` when it is set."""
         kv_cache.store(batch.out_cache_loc, k, v, kv=kv)
+        out = batch.attn_out                  # written in place when the caller gave one
         if batch.forward_mode.is_extend():
-            return self._forward_extend(q, kv_cache, batch)
-        return self._forward_decode(q, kv_cache, batch)
+            return self._forward_extend(q, kv_cache, batch, out)
+        y = self._forward_decode(q, kv_cache, batch)
+        return y if out is None else out.copy_(y)
 
     def _forward_decode(self, q, kv_cache, batch) -> torch.Tensor:
         md = self.forward_metadata
@@ -240,7 +243,7 @@ class TorchNativeAttnBackend:
         y = F.scaled_dot_product_attention(qh, keys, vals, attn_mask=mask)
         return y.transpose(1, 2).reshape(T, Hq, D)
 
-    def _forward_extend(self, q, kv_cache, batch) -> torch.Tensor:
+    def _forward_extend(self, q, kv_cache, batch, out=None) -> torch.Tensor:
         """Prefill (or a mixed batch): every request's queries at once, padded to the
         longest, against its keys gathered through the page table: one SDPA per layer
         whatever the number of requests. The layout comes from the host lengths,
@@ -253,4 +256,5 @@ class TorchNativeAttnBackend:
         keys, vals = _expand_kv(keys, Hq, 1), _expand_kv(vals, Hq, 1)
         qh = q.index_select(0, md.q_index).view(n, -1, Hq, D).transpose(1, 2)  # (n, Hq, Lq, D)
         y = F.scaled_dot_product_attention(qh, keys, vals, attn_mask=md.attn_bias)
-        return y.transpose(1, 2).reshape(-1, Hq, D).index_select(0, md.out_index)
+        return torch.index_select(y.transpose(1, 2).reshape(-1, Hq, D), 0, md.out_index,
+                                  out=out)

@@ -27,6 +27,7 @@ import math
 import torch
 
 from .torch_attention import DecodeMetadata, TorchNativeAttnBackend
+from .triton_extend import extend_attention, extend_metadata
 
 __all__ = ["triton_available", "decode_attention", "decode_attention_op", "num_kv_splits",
            "TritonAttnBackend"]
@@ -224,12 +225,13 @@ def _check_decode_attention_args(q, kv_pool, page_table, seq_lens, num_splits, b
 
 
 class TritonAttnBackend(TorchNativeAttnBackend):
-    """:class:`TorchNativeAttnBackend` with decode attention done by :func:`decode_attention`.
+    """:class:`TorchNativeAttnBackend` with decode attention done by :func:`decode_attention`
+    and prefill attention by :func:`~labkit.decode.triton_extend.extend_attention`.
 
     The metadata split stays the same: the page table is still prepared **out of graph**
     (its width changes every step). **In graph** there is nothing left to prepare for a
     decode batch: the kernel reads ``seq_lens`` itself, so no key mask is built. Verify
-    blocks (several tokens per request) and prefill take the inherited torch path.
+    blocks (several tokens per request) take the inherited torch path.
     """
 
     name = "triton"
@@ -243,7 +245,10 @@ class TritonAttnBackend(TorchNativeAttnBackend):
         super().__init__(model)
 
     def init_forward_metadata(self, batch) -> None:
-        if batch.forward_mode.is_extend() or batch.num_tokens_per_bs != 1:
+        if batch.forward_mode.is_extend():   # per request: where it starts, how long
+            self.forward_metadata = extend_metadata(batch, self.req_to_token.device)
+            return
+        if batch.num_tokens_per_bs != 1:
             return super().init_forward_metadata(batch)
         self.forward_metadata = DecodeMetadata(self._page_table(batch), kv_mask=None)
 
@@ -252,6 +257,9 @@ class TritonAttnBackend(TorchNativeAttnBackend):
         if md.kv_mask.size(1) != 1:          # a verify block: masks as before
             return super().init_forward_metadata_in_graph(batch)
         md.attn_bias = None                  # decode: the kernel stops at seq_len itself
+
+    def _forward_extend(self, q, kv_cache, batch, out=None) -> torch.Tensor:
+        return extend_attention(q, kv_cache.kv, self.req_to_token, self.forward_metadata, out)
 
     def _forward_decode(self, q, kv_cache, batch) -> torch.Tensor:
         md = self.forward_metadata

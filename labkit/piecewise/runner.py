@@ -67,6 +67,7 @@ class PiecewiseBackend(FullGraphBackend):
     def __init__(self, B, num_warmups: int = 2):
         super().__init__(ensure_backend(B, "PiecewiseBackend(B)"), num_warmups)
         self.inputs: dict = {}       # (bucket, piece index) -> the arguments it was captured with
+        self.attn_outputs: dict = {}  # (bucket, attention index) -> where it writes its output
         self.mode = "eager"
         self.bucket: int | None = None
 
@@ -123,6 +124,7 @@ class PiecewiseBackend(FullGraphBackend):
     def cleanup(self) -> None:
         super().cleanup()
         self.inputs.clear()
+        self.attn_outputs.clear()
         self.mode, self.bucket = "eager", None
 
 
@@ -150,16 +152,39 @@ class EagerAttention(nn.Module):
     The pieces run on the padded token count; the tensors they hand to attention (the
     queries and the new keys and values) are cut back to ``batch.num_tokens`` rows, so no
     padded row is attended with or written into the KV cache.
+
+    The output of the capture run is the tensor the next piece was captured reading. At
+    replay, attention writes its real rows straight into it (``batch.attn_out``), so the
+    next piece replays without a copy: vLLM's attention op takes its output buffer
+    (``unified_attention_with_output``) for the same reason.
     """
 
-    def __init__(self, submod: nn.Module):
+    def __init__(self, index: int, submod: nn.Module, backend: PiecewiseBackend):
         super().__init__()
+        self.index = index
         self.submod = submod
+        self.backend = backend
 
     def forward(self, *args):
         batch = args[-1]
         n = batch.num_tokens
-        return self.submod(*(a[:n] if isinstance(a, torch.Tensor) else a for a in args))
+        args = tuple(a[:n] if isinstance(a, torch.Tensor) else a for a in args)
+        backend = self.backend
+        key = (backend.bucket, self.index)
+        out = backend.attn_outputs.get(key) if backend.mode == "replay" else None
+        if out is None:
+            y = self.submod(*args)
+            if backend.mode == "capture" and isinstance(y, torch.Tensor):
+                backend.attn_outputs[key] = y
+            return y
+        batch.attn_out = out[:n]
+        try:
+            y = self.submod(*args)
+        finally:
+            batch.attn_out = None
+        if y.data_ptr() != out.data_ptr():   # an op that takes no output buffer: copy
+            out[:n].copy_(y)
+        return out
 
 
 def capture_batch(model, num_tokens: int) -> ForwardBatch:
@@ -202,6 +227,10 @@ class PiecewiseGraphRunner(BaseGraphRunner):
     num_warmups     eager runs of the whole forward before each bucket's capture
     splitting_ops   the ops run eagerly between the pieces (default: attention alone);
                     see :func:`~labkit.piecewise.split.split_at_attention`
+    attention       the attention run between the pieces: "torch_native" (default: stock
+                    torch ops, about ten launches per layer), "triton" (one kernel per
+                    layer, :func:`~labkit.decode.triton_extend.extend_attention`; CUDA) or
+                    "auto" (triton where it can run)
 
     .. warning::
         Every op outside attention must work token by token (norms, linears, rotary
@@ -212,7 +241,8 @@ class PiecewiseGraphRunner(BaseGraphRunner):
 
     def __init__(self, model, B, max_num_tokens: int = 256,
                  buckets: str | Iterable[int] = "vllm", fallback: str = "eager",
-                 num_warmups: int = 2, progress: bool = True, splitting_ops=(attend,)):
+                 num_warmups: int = 2, progress: bool = True, splitting_ops=(attend,),
+                 attention: str = "torch_native"):
         check_model(model, "PiecewiseGraphRunner")
         B = ensure_backend(B, "PiecewiseGraphRunner(model, B)")
         check_device(model, B)
@@ -224,11 +254,12 @@ class PiecewiseGraphRunner(BaseGraphRunner):
         self.model = model
         self.max_num_tokens = self.buckets[-1]
         self.fallback = fallback
-        self.attn = make_attn_backend("torch_native", model)
-        self.eager = EagerRunner(model, make_attn_backend("torch_native", model))
+        self.attn = make_attn_backend(attention, model)
+        self.eager = EagerRunner(model, make_attn_backend(self.attn.name, model))
         self.split: SplitModel = split_at_attention(model, splitting_ops)
         for item in self.split.items:
-            wrapped = (EagerAttention(item.graph) if item.is_splitting_graph
+            wrapped = (EagerAttention(item.graph_id, item.graph, self.backend)
+                       if item.is_splitting_graph
                        else GraphedPiece(item.graph_id, item.graph, self.backend))
             setattr(self.split.split_gm, item.submod_name, wrapped)
         dev = model.device
@@ -249,6 +280,22 @@ class PiecewiseGraphRunner(BaseGraphRunner):
                 "buckets": len(self.capture_log)}
 
     # ---- capture -----------------------------------------------------------------------
+    def capture(self) -> list[dict]:
+        """Capture every bucket (lesson 06's loop), then clear the dummy slot's keys.
+
+        .. warning::
+            The capture run hands attention the pieces' outputs before any replay has
+            filled them (garbage on a GPU, NaN on the emulator), and attention stores
+            those keys into the dummy slot. Attention multiplies a masked key too (a 0
+            weight times NaN is NaN), and a decode graph gathers masked columns that
+            point at the dummy slot: left there, they would poison other runners' rows.
+        """
+        log = super().capture()
+        locs = self.model.req_to_token[DUMMY_SLOT]
+        for layer in self.model.layers:
+            layer.attention.kv_cache.kv.index_fill_(0, locs, 0)
+        return log
+
     def make_capture_batch(self, num_tokens: int) -> ForwardBatch:
         """The batch a bucket is warmed up and captured with (:func:`capture_batch`)."""
         return capture_batch(self.model, num_tokens)
