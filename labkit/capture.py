@@ -43,6 +43,7 @@ __all__ = [
     "StaticGraph",
     "recorded_kernels",
     "short_kernel_name", "format_pool_stats",
+    "check_callable", "same_memory", "static_copy",
 ]
 
 
@@ -93,7 +94,7 @@ def side_stream_warmup(fn: Callable, *args, B=None, iters: int = 3, **kwargs) ->
         step, a counter) happen ``iters`` times. Back up such state first if it matters.
     """
     B = ensure(B)
-    _check_callable(fn, "side_stream_warmup(fn, ...)")
+    check_callable(fn, "side_stream_warmup(fn, ...)")
     check_int("iters", iters, 0)
     out = None
     with on_side_stream(B):
@@ -179,7 +180,7 @@ def capture(fn: Callable, *args, B=None, pool=None, stream=None, warmup: int = 3
     (``B.graph`` alone leaves its capture stream current when ``capture_end`` raises).
     """
     B = ensure(B)
-    _check_callable(fn, "capture(fn, ...)")
+    check_callable(fn, "capture(fn, ...)")
     check_int("warmup", warmup, 0)
     check_graph_options(B, pool, stream, capture_error_mode, "capture")
     if warmup:
@@ -217,7 +218,9 @@ def cleanup_on_failure(B):
 
 # ---- argument checks shared by the capture helpers ----------------------------------------
 
-def _check_callable(fn, where: str) -> None:
+def check_callable(fn, where: str) -> None:
+    """``fn`` can be called, or a TypeError saying ``where`` got what, and to pass the
+    callable itself."""
     if not callable(fn):
         raise TypeError(f"{where}: fn must be a function or module to capture, got "
                         f"{type(fn).__name__} {fn!r:.60}. Pass the callable itself, "
@@ -226,7 +229,9 @@ def _check_callable(fn, where: str) -> None:
 
 # ---- the runner ------------------------------------------------------------------------
 
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` is ``b``'s memory seen the same way (address, strides, shape, dtype, device):
+    a graph that reads ``b`` reads ``a`` too."""
     return a is b or (a.data_ptr() == b.data_ptr() and a.stride() == b.stride()
                       and a.shape == b.shape and a.dtype == b.dtype and a.device == b.device)
 
@@ -234,7 +239,7 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 _describe = describe_tree
 
 
-def _static_copy(x):
+def static_copy(x):
     """A fresh static buffer holding ``x``'s value (tensors), or ``x`` itself (anything else)."""
     if isinstance(x, torch.Tensor):
         return x.detach().clone()
@@ -275,7 +280,7 @@ class StaticGraph:
 
     def __init__(self, fn: Callable, *, B=None, pool=None, stream=None, warmup: int = 3,
                  name: str | None = None):
-        _check_callable(fn, type(self).__name__)
+        check_callable(fn, type(self).__name__)
         check_int("warmup", warmup, 0)
         self.fn = fn
         self.B = ensure(B)
@@ -304,7 +309,7 @@ class StaticGraph:
                 f"{self._label()} is already captured. A graph is recorded once; for other "
                 f"shapes or values create another StaticGraph (or call reset() first).")
         self._check_devices(sample_args, "args")
-        static = tree_map(_static_copy, tuple(sample_args))    # nested lists/dicts too
+        static = tree_map(static_copy, tuple(sample_args))    # nested lists/dicts too
         self.static_outputs = self._record(static, {})
         self.static_inputs = static
         self.arg_metadata = tuple(metadata_tree(a) for a in static)
@@ -350,7 +355,7 @@ class StaticGraph:
             raise GraphArgumentError(self._label(), errors)
         with torch.no_grad():
             for static, a in leaf_pairs(self.static_inputs, args):
-                if isinstance(a, torch.Tensor) and not _same_memory(a, static):
+                if isinstance(a, torch.Tensor) and not same_memory(a, static):
                     static.copy_(a)
                     self.copies += 1
         self.replay()

@@ -375,7 +375,7 @@ def test_the_bench_offers_the_compile_modes_the_runner_takes():
     """``python -m labkit.bench`` keeps its own list (``--render`` must not import torch):
     it is the runner's, no more, no less."""
     from labkit.bench.__main__ import COMPILE_MODES
-    from labkit.decode.validation import _COMPILE_MODES
+    from labkit.decode.validation import COMPILE_MODES as _COMPILE_MODES
 
     assert set(COMPILE_MODES) == set(_COMPILE_MODES)
 

@@ -400,6 +400,38 @@ def test_a_staged_step_never_replays_after_the_buffers_changed(E):
         r.replay_staged()
 
 
+def test_one_bucket_entry_per_bucket_over_the_static_buffers(E):
+    """The runner's per-bucket record: the padded batch its graph reads, made once, views of
+    the first ``bs`` rows of the static buffers."""
+    r = _runner(E)
+    assert list(r.entries) == r.buckets
+    for bs, entry in r.entries.items():
+        assert entry.bs == bs and entry.batch.batch_size == bs
+        assert entry.batch.input_ids.data_ptr() == r.buffers.input_ids.data_ptr()
+        assert entry.batch.seq_lens.data_ptr() == r.buffers.seq_lens.data_ptr()
+
+
+def test_the_loaded_step_records_what_the_buffers_hold(E):
+    """One record of the step in the static buffers: set by plan / replay / stage, gone when
+    a capture or a new stage() rewrites them."""
+    m, state = _model(E)
+    r = _runner(E)
+    slots = [2, 4, 6]
+    batch = make_decode_batch(m, slots, [state[s][0] for s in slots],
+                              [state[s][1] for s in slots])
+    assert r.plan(batch) == 4
+    step = r.loaded
+    assert (step.batch, step.raw_bs, step.bs, step.raw_num_tokens, step.staged) == (
+        batch, 3, 4, 3, False)
+    r.replay(batch)
+    assert r.loaded is step and r.last_replay == (3, 4), "the fast path replays the plan"
+    r.stage(slots, [state[s][1] for s in slots], [state[s][0] for s in slots])
+    assert r.loaded.staged and (r.loaded.raw_bs, r.loaded.bs) == (3, 4)
+    with pytest.raises(ValueError):
+        r.stage([0], [1], [1])                          # refused: nothing left loaded
+    assert r.loaded is None
+
+
 class _Event:
     log: list = []
     made = 0

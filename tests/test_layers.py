@@ -178,3 +178,36 @@ def test_known_list_is_current():
 def test_core_imports_only_core(mod):
     outside = sorted(d for d in GRAPH[mod] if not d.startswith("labkit.core"))
     assert not outside, f"{mod} is in the shared layer but imports {outside}"
+
+
+def _private_imports() -> set[tuple[str, str]]:
+    """``(module, name)`` for every private name (``_x``, or any name from a private module)
+    a module imports from another package."""
+    out = set()
+    files = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    for mod, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != "labkit" or _package(source) == _package(mod):
+                continue
+            private_module = any(p.startswith("_") and not p.startswith("__")
+                                 for p in source.split("."))
+            out.update((mod, f"{source}.{a.name}") for a in node.names
+                       if private_module or (a.name.startswith("_")
+                                             and not a.name.startswith("__")))
+    return out
+
+
+def test_no_private_name_is_imported_across_packages():
+    """A name another package needs is public in its home (issue #31)."""
+    bad = _private_imports()
+    assert not bad, "private names imported from another package (make them public):\n" + \
+        "\n".join(f"  {a} imports {b}" for a, b in sorted(bad))

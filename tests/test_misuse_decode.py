@@ -259,6 +259,40 @@ def test_runner_options(kw, err, match):
         DecodeGraphRunner(m, backend.get("emulated"), progress=False, **kw)
 
 
+def test_runner_options_unknown_keyword_names_the_known_ones():
+    m, _ = _model(backend.get("emulated"))
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'max_bss'; its options are "
+                                        r"max_bs, buckets, disable_padding"):
+        DecodeGraphRunner(m, backend.get("emulated"), max_bss=4)
+
+
+def test_runner_options_as_one_dataclass():
+    """options= and keywords build the same runner; a keyword replaces an option; the
+    dataclass is checked as the keywords are, and the runner's options are read-only."""
+    from labkit.decode import DecodeRunnerOptions
+    E = backend.get("emulated")
+    m, _ = _model(E)
+    opts = DecodeRunnerOptions(max_bs=4, buckets="pow2", fallback="eager", progress=False)
+    r = DecodeGraphRunner(m, E, options=opts)
+    assert (r.max_bs, r.buckets, r.fallback) == (4, [1, 2, 4], "eager")
+    assert DecodeGraphRunner(m, E, options=opts, max_bs=3).buckets == [1, 2, 3]
+    with pytest.raises(ValueError, match=r"fallback must be one of 'error', 'eager', got 'x'"):
+        DecodeGraphRunner(m, E, options=DecodeRunnerOptions(fallback="x"))
+    with pytest.raises(TypeError, match=r"options must be a DecodeRunnerOptions, got dict"):
+        DecodeGraphRunner(m, E, options={"max_bs": 4})
+    with pytest.raises(AttributeError):
+        r.max_bs = 8
+
+
+def test_runner_takes_every_bucket_scheme_make_buckets_knows():
+    """'sglang_spec' (SGLang's list under speculative decoding, a verify runner's) is a
+    scheme like the others, not an 'unknown bucket scheme'."""
+    from labkit.decode import make_buckets
+    m, _ = _model(backend.get("emulated"))
+    r = DecodeGraphRunner(m, backend.get("emulated"), buckets="sglang_spec", progress=False)
+    assert r.buckets == make_buckets(MAX_BS, "sglang_spec")
+
+
 def test_runner_needs_a_backend_and_a_model():
     m, _ = _model(backend.get("emulated"))
     with pytest.raises(TypeError, match=r"DecodeGraphRunner\(model, B\) must be the backend "
@@ -609,9 +643,9 @@ def test_failed_capture_cleans_up(B):
 def test_quiet_autotune_turns_off_inductor_reports():
     import torch._inductor.config as cfg
 
-    from labkit.decode.capture_utils import _quiet_autotune
+    from labkit.decode.capture_utils import quiet_autotune
     before = cfg.autotune_num_choices_displayed
-    with _quiet_autotune():
+    with quiet_autotune():
         assert cfg.autotune_num_choices_displayed == 0
         if hasattr(cfg, "max_autotune_report_choices_stats"):
             assert cfg.max_autotune_report_choices_stats is False

@@ -14,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.core import rules
-from labkit.core.errors import _TORCH_DIR, in_library
+from labkit.core.errors import TORCH_DIR, in_library
 
 __all__ = ["HostReads"]
 
@@ -45,7 +45,7 @@ def _learner_frame(frame):
         name = frame.f_code.co_filename
         if not in_library(name):
             return frame
-        if name != __file__ and not os.path.abspath(name).startswith(_TORCH_DIR + os.sep) \
+        if name != __file__ and not os.path.abspath(name).startswith(TORCH_DIR + os.sep) \
                 and not _tensor_method(frame):
             return None              # labkit's own code
         frame = frame.f_back

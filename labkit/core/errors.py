@@ -6,9 +6,10 @@ import os
 
 import torch
 
-__all__ = ["capture_cause", "exception_chain", "in_library"]
+__all__ = ["capture_cause", "exception_chain", "in_library", "TORCH_DIR"]
 
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+#: where torch is installed: a frame under it is torch's code, not the user's
+TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -50,4 +51,4 @@ def in_library(filename: str) -> bool:
     if filename.startswith("<"):
         return False
     path = os.path.abspath(filename)
-    return path.startswith(_LABKIT_DIR + os.sep) or path.startswith(_TORCH_DIR + os.sep)
+    return path.startswith(_LABKIT_DIR + os.sep) or path.startswith(TORCH_DIR + os.sep)

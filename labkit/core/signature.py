@@ -17,7 +17,7 @@ from torch.utils._pytree import keystr, tree_flatten_with_path, tree_leaves, tre
 __all__ = [
     "ArgMetadata", "metadata_tree", "Mismatch", "mismatches", "get_mismatch_errors",
     "GraphArgumentError", "leaf_pairs", "describe_tree", "signature_lines", "values_equal",
-    "fmt_shape",
+    "fmt_shape", "short_repr", "type_name",
 ]
 
 
@@ -26,7 +26,8 @@ def fmt_shape(shape) -> str:
     return str(tuple(int(s) for s in shape))
 
 
-def _short(v: Any) -> str:
+def short_repr(v: Any) -> str:
+    """``repr(v)``, cut to 40 characters for an error message."""
     text = repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -76,7 +77,7 @@ class ArgMetadata:
         """A zero tensor with this metadata: a fresh static buffer."""
         if not self.is_tensor:
             raise TypeError(f"zeros() needs the metadata of a tensor, this is of a "
-                            f"{self.type.__name__} ({_short(self.value)})")
+                            f"{self.type.__name__} ({short_repr(self.value)})")
         return torch.zeros(self.shape, dtype=self.dtype, device=self.device,
                            requires_grad=self.requires_grad)
 
@@ -85,7 +86,7 @@ class ArgMetadata:
         if self.is_tensor:
             dims = ", ".join(str(s) for s in self.shape)
             return f"Tensor({dims}) {str(self.dtype).replace('torch.', '')}"
-        return f"{self.type.__name__} {_short(self.value)}"
+        return f"{self.type.__name__} {short_repr(self.value)}"
 
 
 def _is_none(x: Any) -> bool:
@@ -173,10 +174,12 @@ class Mismatch(NamedTuple):
         if self.field == "address":
             return (f"Address mismatch at {w}: received a tensor at another address than the "
                     f"captured static input, which is the only memory the graph reads")
-        return f"Value mismatch at {w}: received {_short(r)}, captured {_short(c)}"
+        return f"Value mismatch at {w}: received {short_repr(r)}, captured {short_repr(c)}"
 
 
-def _type_name(x: Any) -> str:
+def type_name(x: Any) -> str:
+    """The type an error names for ``x``: ``Tensor`` for a tensor or a tensor's metadata,
+    else the class name (of the value a metadata leaf recorded)."""
     if isinstance(x, torch.Tensor):
         return "Tensor"
     if isinstance(x, ArgMetadata):
@@ -192,7 +195,7 @@ def _compare(meta: Any, val: Any, where: str, out: list[Mismatch], check_address
     """
     if isinstance(meta, (list, tuple)):
         if not isinstance(val, (list, tuple)):
-            out.append(Mismatch(where, "type", type(meta).__name__, _type_name(val)))
+            out.append(Mismatch(where, "type", type(meta).__name__, type_name(val)))
             return
         if len(val) != len(meta):
             out.append(Mismatch(where, "structure", len(meta), len(val)))
@@ -201,7 +204,7 @@ def _compare(meta: Any, val: Any, where: str, out: list[Mismatch], check_address
         return
     if isinstance(meta, dict):
         if not isinstance(val, dict):
-            out.append(Mismatch(where, "type", "dict", _type_name(val)))
+            out.append(Mismatch(where, "type", "dict", type_name(val)))
             return
         for k in meta:
             if k not in val:
@@ -215,7 +218,7 @@ def _compare(meta: Any, val: Any, where: str, out: list[Mismatch], check_address
     meta = ArgMetadata.of(meta)
     if meta.is_tensor != isinstance(val, torch.Tensor) or (
             not meta.is_tensor and type(val) is not meta.type):
-        out.append(Mismatch(where, "type", _type_name(meta), _type_name(val)))
+        out.append(Mismatch(where, "type", type_name(meta), type_name(val)))
         return
     if meta.is_tensor:
         if tuple(val.shape) != meta.shape:

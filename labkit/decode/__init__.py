@@ -11,7 +11,10 @@ graph runner and a continuous-batching serving loop. One module per idea:
                       table; imported on demand, it needs Triton)
     buckets    default_buckets, pad_to_bucket, explore_buckets
     buffers    StaticBuffers, Pad                     (per-buffer padding policy)
-    runner     DecodeGraphRunner, EagerRunner
+    graph_runner_base  FullGraphBackend, BaseGraphRunner, EagerRunner (every graph runner's
+               base: lessons 06 and 09 build on it)
+    options    DecodeRunnerOptions                    (the runner's options, checked at once)
+    runner     DecodeGraphRunner                      (one BucketEntry per bucket, one LoadedStep)
     demos      demo_stale_tail (lesson 06's stale padding tail)
     serving    synthetic_workload, serve (synced, or overlap=True: the next step is staged with
                one copy and queued before the last step's tokens are read back)
@@ -40,13 +43,10 @@ from .buckets import (
 )
 from .buffers import SEQ_LEN_FILL_VALUE, GraphSlot, Pad, StaticBuffers
 from .demos import demo_stale_tail
+from .graph_runner_base import BaseGraphRunner, EagerRunner, FullGraphBackend
 from .model import CONFIGS, DUMMY_SLOT, ModelArgs, Transformer, build_model, greedy
-from .runner import (
-                      BaseGraphRunner,
-                      DecodeGraphRunner,
-                      EagerRunner,
-                      FullGraphBackend,
-)
+from .options import DecodeRunnerOptions
+from .runner import DecodeGraphRunner
 from .serving import Request, ServeResult, serve, synthetic_workload
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "pad_to_bucket", "pow2_buckets",
     "SEQ_LEN_FILL_VALUE", "GraphSlot", "Pad", "StaticBuffers",
     "CONFIGS", "DUMMY_SLOT", "ModelArgs", "Transformer", "build_model", "greedy",
-    "BaseGraphRunner", "DecodeGraphRunner", "EagerRunner", "FullGraphBackend", "demo_stale_tail",
+    "BaseGraphRunner", "DecodeGraphRunner", "DecodeRunnerOptions", "EagerRunner",
+    "FullGraphBackend", "demo_stale_tail",
     "Request", "ServeResult", "serve", "synthetic_workload",
 ]

@@ -21,8 +21,7 @@ from labkit import backend
 from labkit.core.validate import int_at_least
 
 from . import CONFIGS, DecodeGraphRunner, build_model, explore_buckets, serve, synthetic_workload
-
-SCHEMES = ("sglang", "every", "pow2")
+from .buckets import DECODE_SCHEMES
 
 
 def _positive_float(text: str) -> float:
@@ -37,12 +36,12 @@ def _positive_float(text: str) -> float:
 
 def _buckets(text: str):
     """A scheme name or a comma-separated list of batch sizes (a single size is a list)."""
-    if text in SCHEMES:
+    if text in DECODE_SCHEMES:
         return text
     parts = [x.strip() for x in text.split(",")]
     if not all(x.isdigit() and int(x) >= 1 for x in parts):
-        raise argparse.ArgumentTypeError(f"{text!r}: use {', '.join(SCHEMES)} or batch sizes "
-                                         ">= 1 separated by commas, e.g. 1,2,4,8")
+        raise argparse.ArgumentTypeError(f"{text!r}: use {', '.join(DECODE_SCHEMES)} or batch "
+                                         "sizes >= 1 separated by commas, e.g. 1,2,4,8")
     return sorted({int(x) for x in parts})
 
 
@@ -54,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-bs", type=int_at_least(1), default=16,
                     help="largest batch to capture (also the model's request slots)")
     ap.add_argument("--buckets", type=_buckets, default="sglang",
-                    help=f"{' | '.join(SCHEMES)} | 1,2,4,... (sizes <= --max-bs)")
+                    help=f"{' | '.join(DECODE_SCHEMES)} | 1,2,4,... (sizes <= --max-bs)")
     ap.add_argument("--requests", type=int_at_least(1), default=64)
     ap.add_argument("--rate", type=_positive_float, default=2.0, help="arrivals per decode step")
     ap.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])

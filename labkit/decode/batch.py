@@ -21,7 +21,8 @@ from labkit.core.validate import check_int, is_int
 
 from .buffers import ints_to_device
 
-__all__ = ["ForwardMode", "ForwardBatch", "make_decode_batch", "make_extend_batch"]
+__all__ = ["ForwardMode", "ForwardBatch", "make_decode_batch", "make_extend_batch", "check_batch",
+           "check_model", "check_slots", "check_tokens"]
 
 # The reserved request slot (also labkit.decode.model.DUMMY_SLOT): a bucket's padded rows
 # write their throw-away K/V there, so no real request may own it.
@@ -159,13 +160,17 @@ def _int_list(name: str, values, what: str) -> list[int]:
     return out
 
 
-def _check_model(model, fn: str) -> None:
+def check_model(model, fn: str) -> None:
+    """``model`` is a labkit.decode Transformer with its caches set up, or a TypeError that
+    names what ``fn`` was given."""
     if not hasattr(model, "req_to_token") or getattr(model, "num_slots", 0) == 0:
         raise TypeError(f"{fn}: model must be a labkit.decode Transformer with caches set up "
                         f"(build_model(...)), got {type(model).__name__}")
 
 
-def _check_slots(slots: list[int], num_rows: int, fn: str) -> None:
+def check_slots(slots: list[int], num_rows: int, fn: str) -> None:
+    """Each request slot (ints) is a live one (``1..num_rows - 1``: never the dummy slot)
+    and owns its row alone, or a ValueError naming the first bad slot and why."""
     live = f"1..{num_rows - 1}"
     for i, s in enumerate(slots):
         if s == _DUMMY_SLOT:
@@ -182,7 +187,9 @@ def _check_slots(slots: list[int], num_rows: int, fn: str) -> None:
                          "owns its own slot (two rows writing one slot's cache would race)")
 
 
-def _check_tokens(ids: list[int], vocab: int, fn: str, where: str) -> None:
+def check_tokens(ids: list[int], vocab: int, fn: str, where: str) -> None:
+    """Every token id (ints) is in the vocabulary, or a ValueError naming the first one outside
+    it and ``where`` it was."""
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
         raise ValueError(f"{fn}: token id {bad[0]} in {where} is outside the vocabulary "
@@ -212,7 +219,7 @@ def make_decode_batch(model, slots: Sequence[int], tokens: Sequence[Sequence[int
         cache. Slots are ``1..model.num_slots - 1``, distinct.
     """
     fn = "make_decode_batch"
-    _check_model(model, fn)
+    check_model(model, fn)
     if not isinstance(mode, ForwardMode) or mode not in (ForwardMode.DECODE,
                                                          ForwardMode.TARGET_VERIFY):
         raise ValueError(f"{fn}: mode must be ForwardMode.DECODE or ForwardMode.TARGET_VERIFY, "
@@ -238,8 +245,8 @@ def make_decode_batch(model, slots: Sequence[int], tokens: Sequence[Sequence[int
         raise ValueError(f"{fn}: a DECODE batch feeds one token per request, got {k}; pass "
                          "mode=ForwardMode.TARGET_VERIFY to verify k draft tokens")
     num_rows, width = model.req_to_token.shape
-    _check_slots(slots, num_rows, fn)
-    _check_tokens([t for r in rows for t in r], model.args.vocab_size, fn, "tokens")
+    check_slots(slots, num_rows, fn)
+    check_tokens([t for r in rows for t in r], model.args.vocab_size, fn, "tokens")
     for i, p in enumerate(start_positions):
         if not 0 <= p <= width - k:
             raise ValueError(f"{fn}: start_positions[{i}] = {p}: its {k} token(s) need "
@@ -279,7 +286,7 @@ def make_extend_batch(model, slots: Sequence[int], prompts: Sequence[Sequence[in
         prompt non-empty and ``prefix_len + len(prompt) <= max_seq_len``.
     """
     fn = "make_extend_batch"
-    _check_model(model, fn)
+    check_model(model, fn)
     slots = _int_list("slots", slots, "request slots")
     if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
         raise TypeError(f"{fn}: prompts must be a list of token-id lists, got "
@@ -291,7 +298,7 @@ def make_extend_batch(model, slots: Sequence[int], prompts: Sequence[Sequence[in
     if not prompts:
         raise ValueError(f"{fn}: no requests (empty slots/prompts): nothing to prefill")
     num_rows, width = model.req_to_token.shape
-    _check_slots(slots, num_rows, fn)
+    check_slots(slots, num_rows, fn)
     for i, (p, pre) in enumerate(zip(prompts, prefix_lens)):
         if not p:
             raise ValueError(f"{fn}: prompts[{i}] is empty: a prefill feeds at least one token")
@@ -299,7 +306,7 @@ def make_extend_batch(model, slots: Sequence[int], prompts: Sequence[Sequence[in
             raise ValueError(f"{fn}: request {i} needs positions {pre}..{pre + len(p) - 1} "
                              f"(prefix_lens[{i}] = {pre}, {len(p)} prompt tokens), outside "
                              f"0..{width - 1} (max_seq_len = {width})")
-        _check_tokens(p, model.args.vocab_size, fn, f"prompts[{i}]")
+        check_tokens(p, model.args.vocab_size, fn, f"prompts[{i}]")
     ids, pos, slot_rep = [], [], []
     for s, p, pre in zip(slots, prompts, prefix_lens):
         ids += p
@@ -415,8 +422,8 @@ def check_batch_values(batch, model, fn: str) -> None:
                       batch.seq_lens.long()]).tolist()
     ids, pos = host[:n], host[n:2 * n]
     locs, slots, seq_lens = host[2 * n:3 * n], host[3 * n:3 * n + bs], host[3 * n + bs:]
-    _check_tokens(ids, vocab, fn, "batch.input_ids")
-    _check_slots(slots, num_rows, fn)
+    check_tokens(ids, vocab, fn, "batch.input_ids")
+    check_slots(slots, num_rows, fn)
     bad = [p for p in pos if not 0 <= p < width]
     if bad:
         raise ValueError(f"{fn}: position {bad[0]} in batch.positions is outside "

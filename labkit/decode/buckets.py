@@ -23,10 +23,15 @@ from typing import Iterable, Sequence
 from labkit.core.validate import check_int
 
 __all__ = ["default_buckets", "pow2_buckets", "make_buckets", "pad_to_bucket",
-           "BatchTooLargeError", "BucketReport", "explore_buckets", "SCHEMES"]
+           "BatchTooLargeError", "BucketReport", "explore_buckets", "SCHEMES", "DECODE_SCHEMES"]
 
 #: the bucket schemes :func:`make_buckets` knows by name ("disable_padding" = "every")
 SCHEMES = ("sglang", "sglang_spec", "every", "pow2")
+#: the schemes of plain decode, which lesson 06 compares (its plots, ``python -m
+#: labkit.decode``) and :class:`~labkit.decode.runner.DecodeGraphRunner` names first:
+#: every scheme but ``"sglang_spec"``, SGLang's finer list under speculative decoding (a
+#: verify or draft runner's)
+DECODE_SCHEMES = tuple(s for s in SCHEMES if s != "sglang_spec")
 
 
 class BatchTooLargeError(ValueError):

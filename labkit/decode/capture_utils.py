@@ -1,7 +1,8 @@
 """What a graph runner's capture loop needs around it: a progress bar, the garbage collector
 frozen during capture (SGLang's ``freeze_gc``), a failed capture cleaned up, torch.compile's
 autotune reports kept quiet, and a fallback warned about once. Used by
-:mod:`labkit.decode.runner` and :mod:`labkit.piecewise`."""
+:mod:`labkit.decode.graph_runner_base` (every graph runner's capture loop), lesson 06's
+:mod:`labkit.decode.runner` and lesson 09's :mod:`labkit.piecewise`."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import warnings
 
 from labkit.capture import cleanup_on_failure
 
-__all__ = ["warn_fallback_once"]
+__all__ = ["progress_bar", "frozen_gc", "clean_up_after_failure", "quiet_autotune",
+           "warn_fallback_once"]
 
 logger = logging.getLogger("labkit.decode")
 
 
-def _progress(iterable, enabled: bool, **kw):
+def progress_bar(iterable, enabled: bool, **kw):
+    """``iterable`` wrapped in a tqdm bar (``kw``: its options) when ``enabled``, else as is."""
     if not enabled:
         return iterable
     from tqdm.auto import tqdm
@@ -25,7 +28,7 @@ def _progress(iterable, enabled: bool, **kw):
 
 
 @contextlib.contextmanager
-def _freeze_gc():
+def frozen_gc():
     """Collect once, then keep the garbage collector out of the capture loop (SGLang's
     freeze_gc): a collection mid-capture could free tensors the graph still records."""
     gc.collect()
@@ -37,7 +40,7 @@ def _freeze_gc():
 
 
 @contextlib.contextmanager
-def _clean_up_after_failure(runner):
+def clean_up_after_failure(runner):
     """A capture that raises leaves no half-captured ``runner`` (a
     :class:`~labkit.decode.runner.BaseGraphRunner`) and a usable process: the
     graphs captured so far are dropped (``captured`` is False again, so nothing replays a
@@ -54,7 +57,7 @@ def _clean_up_after_failure(runner):
 
 
 @contextlib.contextmanager
-def _quiet_autotune():
+def quiet_autotune():
     """Keep torch.compile's max-autotune reports out of the output (lesson 06 prints
     capture results next to them). Inductor writes ``AUTOTUNE mm(...)`` tables and
     ``Autotune Choices Stats`` straight to stderr while it compiles; these two config

@@ -29,9 +29,7 @@ def demo_stale_tail(runner: DecodeGraphRunner, batch: ForwardBatch, buffer: str 
     if not isinstance(runner, DecodeGraphRunner):
         raise TypeError(f"demo_stale_tail: runner must be a DecodeGraphRunner, got "
                         f"{type(runner).__name__}")
-    runner._check_captured("demo_stale_tail")
-    runner._check_batch(batch, "demo_stale_tail")
-    runner._check_graphable(batch)
+    runner.check_replayable(batch, "demo_stale_tail")
     raw = batch.batch_size
     bs = pad_to_bucket(raw, runner.buckets)
     if bs == raw:
@@ -49,5 +47,6 @@ def demo_stale_tail(runner: DecodeGraphRunner, batch: ForwardBatch, buffer: str 
     slot = runner.buffers.slots[buffer]
     k = runner.num_tokens_per_bs
     slot.tensor[slot.rows(raw, k):slot.rows(bs, k)] = stale_value
-    runner._loaded = None
+    # A replay with a padding_override always loads the batch again (never the fast path),
+    # with this buffer's tail left as it is now.
     return runner.replay(batch, padding_override={buffer: Pad.HEAD_ONLY})

@@ -27,12 +27,18 @@ import numpy as np
 
 from labkit.widgets import ImagePanel, column, mimebundle, new_figure, widgets_wanted
 
-from .buckets import BatchTooLargeError, BucketReport, explore_buckets, make_buckets, pad_to_bucket
+from .buckets import (
+    DECODE_SCHEMES,
+    BatchTooLargeError,
+    BucketReport,
+    explore_buckets,
+    make_buckets,
+    pad_to_bucket,
+)
 
 __all__ = ["plot_serving", "plot_capture_report", "plot_buckets", "BucketPanel",
-           "bucket_panel", "SCHEMES"]
+           "bucket_panel"]
 
-SCHEMES = ("sglang", "every", "pow2")
 _COLORS = {"eager": "#C44E52", "graphed": "#4C72B0", "sglang": "#4C72B0",
            "every": "#55A868", "pow2": "#DD8452"}
 
@@ -169,7 +175,7 @@ def _padded(raw: int, buckets: Sequence[int]) -> int | None:
         return None
 
 
-def plot_buckets(max_bs: int, workload: Iterable[int] = (), schemes=SCHEMES, ax=None,
+def plot_buckets(max_bs: int, workload: Iterable[int] = (), schemes=DECODE_SCHEMES, ax=None,
                  show_max: int | None = None):
     """Which bucket every raw batch size replays (a staircase per scheme), over the
     histogram of the batch sizes a workload produced. Sizes above the largest bucket
@@ -249,7 +255,7 @@ class BucketPanel(ImagePanel):
 
     def rows(self) -> list[dict]:
         """One :meth:`BucketReport.as_row` per scheme, for the current ``max_bs``."""
-        return [self.report(s).as_row() for s in SCHEMES]
+        return [self.report(s).as_row() for s in DECODE_SCHEMES]
 
     def text(self) -> str:
         r = self.report()
@@ -287,7 +293,7 @@ class BucketPanel(ImagePanel):
         self._slider = w.IntSlider(value=self.max_bs, min=1, max=self.slider_max,
                                    description="max_bs", style=style,
                                    layout=w.Layout(width="420px"))
-        self._dropdown = w.Dropdown(options=list(SCHEMES), value=self.scheme,
+        self._dropdown = w.Dropdown(options=list(DECODE_SCHEMES), value=self.scheme,
                                     description="buckets", style=style)
         self._live([self._slider, self._dropdown])
         return column([w.HBox([self._slider, self._dropdown]), self._label, self._image])

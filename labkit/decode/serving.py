@@ -328,8 +328,8 @@ def serve(model, workload: list[Request], runner=None, max_running: int | None =
 
 def _check_serve_args(model, workload, runner, max_running, max_steps) -> None:
     """serve()'s arguments, each against what the loop needs."""
-    from .batch import _check_model
-    _check_model(model, "serve")
+    from .batch import check_model
+    check_model(model, "serve")
     if not hasattr(runner, "forward"):
         raise TypeError(f"serve: runner must be a DecodeGraphRunner or EagerRunner (or None), "
                         f"got {type(runner).__name__}")
@@ -398,8 +398,8 @@ def _check_prefill_runner(model, prefill) -> None:
 def _check_overlap(model, runner, max_running) -> None:
     """overlap=True stages every decode step into the runner's graphs: it needs a captured
     DecodeGraphRunner of DECODE graphs whose largest bucket holds every running request."""
-    from .batch import _check_model
-    _check_model(model, "serve")
+    from .batch import check_model
+    check_model(model, "serve")
     if not isinstance(runner, DecodeGraphRunner):
         given = "runner=None" if runner is None else type(runner).__name__
         raise ValueError("serve: overlap=True needs a captured DecodeGraphRunner (it stages "

@@ -1,34 +1,53 @@
-"""The decode runner's argument checks and the option values it accepts: each error names
-what was given, what was expected and what to do (:class:`labkit.decode.runner.DecodeGraphRunner`,
-its staged path, and :mod:`labkit.piecewise`, which checks the same)."""
+"""The graph runners' argument checks and the option values they accept: each error names
+what was given, what was expected and what to do. Lesson 06's
+:class:`~labkit.decode.runner.DecodeGraphRunner` (its options:
+:class:`~labkit.decode.options.DecodeRunnerOptions`; its staged path), the shared
+:mod:`labkit.decode.graph_runner_base` and lesson 09's :mod:`labkit.piecewise` check with
+these."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from labkit.core.validate import check_int
+from .batch import _int_list, check_slots, check_tokens
+from .buffers import Pad
 
-from .batch import ForwardMode
+__all__ = ["FALLBACKS", "COMPILE_MODES", "WARMUP_WHY", "check_fallback", "check_device",
+           "check_same_caches", "check_staged", "check_padding_override"]
 
-_FALLBACKS = ("error", "eager")
+#: What a runner does with a batch above its largest graph: ``"error"`` raises
+#: :class:`~labkit.decode.buckets.BatchTooLargeError`, ``"eager"`` runs it eagerly (warned
+#: once, counted). Each runner has its own default (decode: "error", a decode batch that
+#: outgrows the graphs is a sizing mistake; piecewise: "eager", a long prompt is normal) and
+#: :func:`check_fallback` lists that default first.
+FALLBACKS = ("error", "eager")
 # torch.compile modes that leave the capturing to the runner: "default" fuses without
 # autotuning (seconds per bucket), SGLang's "max-autotune-no-cudagraphs" also tunes the GEMMs
 # (minutes). "reduce-overhead" would record torch's own graphs inside ours.
-_COMPILE_MODES = ("max-autotune-no-cudagraphs", "default")
-_SCHEMES = ("sglang", "every", "pow2")
+COMPILE_MODES = ("max-autotune-no-cudagraphs", "default")
+
+WARMUP_WHY = "first-call work (lazy init, autotuning) must happen before capture"
 
 
-_WARMUP_WHY = "first-call work (lazy init, autotuning) must happen before capture"
+def check_fallback(fallback, default: str) -> str:
+    """``fallback`` is one of :data:`FALLBACKS`, or a ValueError listing them with the
+    runner's ``default`` first. Returns ``fallback``."""
+    if fallback not in FALLBACKS:
+        choices = (default,) + tuple(f for f in FALLBACKS if f != default)
+        raise ValueError(f"fallback must be one of {', '.join(map(repr, choices))}, got "
+                         f"{fallback!r}")
+    return fallback
 
 
-def _check_device(model, B) -> None:
+def check_device(model, B) -> None:
+    """The model lives on the backend's device type, or a ValueError saying how to build it."""
     if model.device.type != torch.device(B.device).type:
         raise ValueError(f"model is on {model.device} but backend {B.name!r} runs on "
                          f"{B.device}: build the model with device=B.device")
 
 
-def _check_same_caches(attn, model, fn: str) -> None:
+def check_same_caches(attn, model, fn: str) -> None:
     """The KV cache this runner was built over is still the model's: setup_caches() again
     allocates new pools, and graphs (and page tables) would keep reading the old ones."""
     if getattr(attn, "cache_generation", 0) != getattr(model, "cache_generation", 0):
@@ -37,11 +56,10 @@ def _check_same_caches(attn, model, fn: str) -> None:
                            "build (and capture) a new runner after setup_caches")
 
 
-def _check_staged(runner, slots, positions, tokens, fn: str):
+def check_staged(runner, slots, positions, tokens, fn: str):
     """stage()'s host values, checked on the host with numpy (cheap: this runs every step):
     a bad slot, position or token id would otherwise reach the graph as an out-of-range
     index. Returns slots and positions as int64 arrays."""
-    from .batch import _check_slots, _check_tokens, _int_list
     model = runner.model
     num_rows, width = model.req_to_token.shape
 
@@ -71,7 +89,7 @@ def _check_staged(runner, slots, positions, tokens, fn: str):
     if len(positions) != len(slots):
         raise ValueError(f"{fn}: {len(slots)} slots but {len(positions)} positions: one each")
     if slots.min() < 1 or slots.max() >= num_rows or len(np.unique(slots)) != len(slots):
-        _check_slots(slots.tolist(), num_rows, fn)       # raises, saying which and why
+        check_slots(slots.tolist(), num_rows, fn)       # raises, saying which and why
     if positions.min() < 0 or positions.max() >= width:
         bad = positions[(positions < 0) | (positions >= width)][0]
         raise ValueError(f"{fn}: position {bad} is outside 0..{width - 1} "
@@ -88,51 +106,24 @@ def _check_staged(runner, slots, positions, tokens, fn: str):
         if len(toks) != len(slots):
             raise ValueError(f"{fn}: {len(slots)} slots but {len(toks)} tokens: one each")
         if toks.min() < 0 or toks.max() >= model.args.vocab_size:
-            _check_tokens(toks.tolist(), model.args.vocab_size, fn, "tokens")
+            check_tokens(toks.tolist(), model.args.vocab_size, fn, "tokens")
     return slots, positions
 
 
-def _check_options(model, *, max_bs, buckets, disable_padding, num_tokens_per_bs, forward_mode,
-                   fallback, num_warmups, compile_bs, progress, compile_mode):
-    """DecodeGraphRunner's options, each against its type and range (or fixed set).
-    Returns ``buckets`` as given, or as a list when it was another iterable (read once)."""
-    slots = model.num_slots - 1
-    check_int("max_bs", max_bs, 1, slots,
-              fix=f"the model has {slots} request slots (build_model(max_requests=...)), so "
-              "no batch is larger; leave max_bs=None for all of them")
-    if isinstance(buckets, str):
-        if buckets not in _SCHEMES:
-            raise ValueError(f"unknown bucket scheme {buckets!r}: choose one of "
-                             f"{', '.join(_SCHEMES)} or pass a list of batch sizes")
-    elif buckets is not None:
-        if not hasattr(buckets, "__iter__"):
-            raise TypeError(f"buckets must be a scheme name ({', '.join(_SCHEMES)}) or a list "
-                            f"of batch sizes, got {type(buckets).__name__}")
-        sizes = buckets = list(buckets)
-        if not sizes:
-            raise ValueError("buckets is an empty list: give at least one batch size")
-        for b in sizes:
-            check_int("every bucket size", b, 1, max_bs, fix=f"max_bs is {max_bs}")
-    for name, flag in (("disable_padding", disable_padding), ("progress", progress)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, got {flag!r}")
-    check_int("num_tokens_per_bs", num_tokens_per_bs, 1, model.args.max_seq_len,
-              fix="the tokens each request feeds per step (1 for decode)")
-    graphable = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY)
-    if forward_mode is not None:
-        if forward_mode not in graphable:
-            raise ValueError(f"forward_mode must be ForwardMode.DECODE or "
-                             f"ForwardMode.TARGET_VERIFY (or None), got {forward_mode!r}")
-        if forward_mode is ForwardMode.DECODE and num_tokens_per_bs != 1:
-            raise ValueError(f"forward_mode=DECODE feeds one token per request, but "
-                             f"num_tokens_per_bs={num_tokens_per_bs}: use TARGET_VERIFY")
-    if fallback not in _FALLBACKS:
-        raise ValueError(f"fallback must be one of {', '.join(map(repr, _FALLBACKS))}, got "
-                         f"{fallback!r}")
-    check_int("num_warmups", num_warmups, 1, fix=_WARMUP_WHY)
-    check_int("compile_bs", compile_bs, 0, fix="buckets up to this size are compiled; 0: none")
-    if compile_mode not in _COMPILE_MODES:
-        raise ValueError(f"compile_mode must be one of {', '.join(map(repr, _COMPILE_MODES))} "
-                         f"(modes without CUDA graphs of their own: the runner captures), got "
-                         f"{compile_mode!r}")
-    return buckets
+def check_padding_override(override, slots, fn: str) -> dict:
+    """A ``{buffer: policy}`` dict naming buffers among ``slots`` (a runner's
+    :attr:`StaticBuffers.slots <labkit.decode.buffers.StaticBuffers.slots>`) and policies
+    among :class:`~labkit.decode.buffers.Pad`'s, or an error naming the first bad entry.
+    Returns it."""
+    if not isinstance(override, dict):
+        raise TypeError(f"{fn}: padding_override must be a dict {{buffer: policy}}, got "
+                        f"{type(override).__name__}")
+    pads = [p.value for p in Pad]
+    for name, pad in override.items():
+        if name not in slots:
+            raise ValueError(f"{fn}: padding_override names buffer {name!r}; the buffers "
+                             f"are {', '.join(slots)}")
+        if pad not in pads and not isinstance(pad, Pad):
+            raise ValueError(f"{fn}: padding_override[{name!r}] = {pad!r}; choose one of "
+                             f"{', '.join(pads)}")
+    return override

@@ -8,11 +8,9 @@
   :func:`error_text`, for showing errors in a notebook the same way on every backend.
 """
 
-from labkit.core.signature import (  # noqa: F401  (old private names)
+from labkit.core.signature import (  # noqa: F401
     ArgMetadata,
     GraphArgumentError,
-    _short,
-    _type_name,
     get_mismatch_errors,
     leaf_pairs,
     metadata_tree,

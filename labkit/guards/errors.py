@@ -8,10 +8,9 @@ import sysconfig
 import traceback
 import warnings
 
-import torch
-
 from labkit.backend import ensure as _ensure
 from labkit.backend import recover as _recover
+from labkit.core.errors import TORCH_DIR
 from labkit.core.errors import exception_chain as _chain
 from labkit.core.validate import check_int
 
@@ -120,7 +119,6 @@ class expect_error:
 
 # ---- where the user's code is -----------------------------------------------------------
 
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _INTERNAL_LABKIT = tuple(os.path.join(_LABKIT_DIR, p) for p in
                          ("guards", "capture.py", "backend.py", "emulator", "core"))
@@ -134,7 +132,7 @@ def is_internal(filename: str) -> bool:
     if filename.startswith("<"):
         return False
     path = os.path.abspath(filename)
-    if path.startswith(_TORCH_DIR) or path.startswith(_INTERNAL_LABKIT):
+    if path.startswith(TORCH_DIR) or path.startswith(_INTERNAL_LABKIT):
         return True
     return any(path.startswith(s + os.sep) for s in _STDLIB) and "site-packages" not in path
 

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 from torch.utils._pytree import tree_map
 
-from labkit.capture import StaticGraph, _same_memory, _static_copy
+from labkit.capture import StaticGraph, same_memory, static_copy
 from labkit.core.signature import (
     GraphArgumentError,
     get_mismatch_errors,
@@ -68,8 +68,8 @@ class GuardedGraph(StaticGraph):
                 f"shapes or values create another GuardedGraph (or call reset() first).")
         self._check_devices(sample_args, "args")
         self._check_devices(sample_kwargs, "kwargs")
-        args = tree_map(_static_copy, tuple(sample_args))
-        kwargs = tree_map(_static_copy, dict(sample_kwargs))
+        args = tree_map(static_copy, tuple(sample_args))
+        kwargs = tree_map(static_copy, dict(sample_kwargs))
         self.static_outputs = self._record(args, kwargs)
         self.static_inputs, self.static_kwargs = args, kwargs
         self.arg_metadata = tuple(metadata_tree(a) for a in args)
@@ -90,7 +90,7 @@ class GuardedGraph(StaticGraph):
         with torch.no_grad():
             for static, val in leaf_pairs((self.static_inputs, self.static_kwargs),
                                           (tuple(args), kwargs)):
-                if isinstance(val, torch.Tensor) and not _same_memory(val, static):
+                if isinstance(val, torch.Tensor) and not same_memory(val, static):
                     static.copy_(val)
                     self.copies += 1
         self.replay()

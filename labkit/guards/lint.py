@@ -13,7 +13,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from labkit.capture import _check_callable
+from labkit.capture import check_callable
 from labkit.core.rules import (
     GENERATOR_RULE,
     HAZARDS,
@@ -24,7 +24,7 @@ from labkit.core.rules import (
     sets_from_host_number,
     unregistered_generators,
 )
-from labkit.core.signature import _short
+from labkit.core.signature import short_repr
 from labkit.core.signature import values_equal as _values_equal
 from labkit.core.staging import host_side_is_staged
 from labkit.core.validate import check_int
@@ -295,8 +295,8 @@ class _Linter:
         for i, v in rec.values.items():
             if i in ref.values and not _values_equal(ref.values[i], v):
                 self.add("changed_value", rec.name,
-                         f"{rec.name} got the Python value {_short(ref.values[i])} on the "
-                         f"first call and {_short(v)} on the second: the graph keeps the "
+                         f"{rec.name} got the Python value {short_repr(ref.values[i])} on the "
+                         f"first call and {short_repr(v)} on the second: the graph keeps the "
                          f"value from capture")
                 break
 
@@ -368,7 +368,7 @@ def _patched_synchronize(lint: _Linter, B):
 
 
 def _check_lint_args(fn, kwargs, calls, generators) -> None:
-    _check_callable(fn, "lint_capture(fn, ...)")
+    check_callable(fn, "lint_capture(fn, ...)")
     for gen in generators:
         if not isinstance(gen, torch.Generator):
             raise TypeError(f"lint_capture(generators=...) takes the torch.Generator objects "
@@ -423,14 +423,14 @@ def lint_capture(fn: Callable, *args, kwargs: dict | None = None, B=None,
     def_frame = _def_frame(fn)
     for i, a in enumerate(args):
         if isinstance(a, _VALUE_TYPES):
-            lint.add("baked_argument", f"args[{i}] = {_short(a)}",
+            lint.add("baked_argument", f"args[{i}] = {short_repr(a)}",
                      f"a Python {type(a).__name__} argument: capture runs the function once "
-                     f"with {_short(a)}, and every replay uses that value", frame=def_frame)
+                     f"with {short_repr(a)}, and every replay uses that value", frame=def_frame)
     for k, a in kwargs.items():
         if isinstance(a, _VALUE_TYPES):
-            lint.add("baked_argument", f"{k}={_short(a)}",
+            lint.add("baked_argument", f"{k}={short_repr(a)}",
                      f"a Python {type(a).__name__} argument: capture runs the function once "
-                     f"with {_short(a)}, and every replay uses that value", frame=def_frame)
+                     f"with {short_repr(a)}, and every replay uses that value", frame=def_frame)
     saved = _patched_synchronize(lint, B)
     try:
         for _ in range(calls):

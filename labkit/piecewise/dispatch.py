@@ -22,9 +22,10 @@ from typing import Mapping, Sequence
 import torch
 
 from labkit.core.validate import check_int
-from labkit.decode.batch import ForwardBatch, ForwardMode, _check_model, make_extend_batch
+from labkit.decode.batch import ForwardBatch, ForwardMode, check_model, make_extend_batch
 from labkit.decode.capture_utils import warn_fallback_once
-from labkit.decode.runner import DecodeGraphRunner, EagerRunner
+from labkit.decode.graph_runner_base import EagerRunner
+from labkit.decode.runner import DecodeGraphRunner
 
 from .runner import PiecewiseGraphRunner
 
@@ -89,7 +90,7 @@ class Dispatcher:
 
     def __init__(self, model, full: DecodeGraphRunner | None = None,
                  piecewise: PiecewiseGraphRunner | None = None):
-        _check_model(model, "Dispatcher")
+        check_model(model, "Dispatcher")
         for name, runner, cls in (("full", full, DecodeGraphRunner),
                                   ("piecewise", piecewise, PiecewiseGraphRunner)):
             if runner is None:

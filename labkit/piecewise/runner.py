@@ -40,20 +40,18 @@ from labkit.backend import ensure as ensure_backend
 from labkit.capture import own_cublas_workspace
 from labkit.core.validate import check_int
 from labkit.decode.attention import make_attn_backend
-from labkit.decode.batch import ForwardBatch, ForwardMode, _check_model, check_batch
+from labkit.decode.batch import ForwardBatch, ForwardMode, check_batch, check_model
 from labkit.decode.buckets import pad_to_bucket
 from labkit.decode.capture_utils import warn_fallback_once
+from labkit.decode.graph_runner_base import BaseGraphRunner, EagerRunner, FullGraphBackend
 from labkit.decode.model import DUMMY_SLOT, attend
-from labkit.decode.runner import BaseGraphRunner, EagerRunner, FullGraphBackend
-from labkit.decode.validation import _check_device, _check_same_caches
+from labkit.decode.validation import check_device, check_fallback, check_same_caches
 
 from .buckets import token_buckets
 from .split import SplitModel, split_at_attention
 
 __all__ = ["PiecewiseBackend", "PiecewiseGraphRunner", "GraphedPiece", "EagerAttention",
            "capture_batch"]
-
-_FALLBACKS = ("eager", "error")
 
 
 class PiecewiseBackend(FullGraphBackend):
@@ -198,7 +196,7 @@ def capture_batch(model, num_tokens: int) -> ForwardBatch:
         (slot 0, which no request owns, as SGLang's padded rows do): a capture in slot 1
         would overwrite a live request's cache. The tokens are split into requests of at
         most ``max_seq_len`` each, all in slot 0."""
-    _check_model(model, "capture_batch")
+    check_model(model, "capture_batch")
     num_tokens = check_int("capture_batch: num_tokens", num_tokens, 1,
                            fix="the token count of the bucket to capture")
     L = model.args.max_seq_len
@@ -245,12 +243,10 @@ class PiecewiseGraphRunner(BaseGraphRunner):
                  buckets: str | Iterable[int] = "vllm", fallback: str = "eager",
                  num_warmups: int = 2, progress: bool = True, splitting_ops=(attend,),
                  attention: str = "torch_native"):
-        _check_model(model, "PiecewiseGraphRunner")
+        check_model(model, "PiecewiseGraphRunner")
         B = ensure_backend(B, "PiecewiseGraphRunner(model, B)")
-        _check_device(model, B)
-        if fallback not in _FALLBACKS:
-            raise ValueError(f"fallback must be one of {', '.join(map(repr, _FALLBACKS))}, "
-                             f"got {fallback!r}")
+        check_device(model, B)
+        check_fallback(fallback, default="eager")
         if not isinstance(progress, bool):
             raise TypeError(f"progress must be True or False, got {progress!r}")
         super().__init__(B, token_buckets(max_num_tokens, buckets),
@@ -367,4 +363,4 @@ class PiecewiseGraphRunner(BaseGraphRunner):
         if not self.captured:
             raise RuntimeError(f"{fn}: nothing captured yet: call runner.capture() first")
         check_batch(batch, self.model, fn)
-        _check_same_caches(self.attn, self.model, fn)
+        check_same_caches(self.attn, self.model, fn)

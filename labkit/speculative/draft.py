@@ -33,14 +33,14 @@ import torch
 
 from labkit.core.validate import check_int
 from labkit.decode import build_model
-from labkit.decode.batch import _check_model
+from labkit.decode.batch import check_model
 
 __all__ = ["make_draft", "check_pair", "draft_layers", "damp_blocks"]
 
 
 def draft_layers(draft) -> int:
     """How many transformer blocks a draft runs (its cost per step, roughly)."""
-    _check_model(draft, "draft_layers(draft)")
+    check_model(draft, "draft_layers(draft)")
     return len(draft.layers)
 
 
@@ -61,7 +61,7 @@ def make_draft(target, n_layer: int | None = None, noise: float = 0.0, seed: int
         a Transformer on the target's device and dtype, with ``max_requests`` equal to
         the target's and its own KV cache.
     """
-    _check_model(target, "make_draft(target)")
+    check_model(target, "make_draft(target)")
     full = target.args.n_layer
     n_layer = full if n_layer is None else check_int(
         "make_draft: n_layer", n_layer, 1, full,
@@ -102,7 +102,7 @@ def damp_blocks(model, first: int, scale: float) -> None:
     cheap draft agree more often, so the measurement can show a range of acceptance
     rates at one draft cost. The acceptance rate is still measured, never set.
     """
-    _check_model(model, "damp_blocks(model)")
+    check_model(model, "damp_blocks(model)")
     n = len(model.layers)
     first = check_int("damp_blocks: first", first, 0, n,
                       fix=f"the first block to damp (the model has {n})")
@@ -118,8 +118,8 @@ def damp_blocks(model, first: int, scale: float) -> None:
 
 def check_pair(target, draft, fn: str = "speculative decoding") -> None:
     """Raise if ``draft`` cannot propose tokens for ``target``, saying what to change."""
-    _check_model(target, f"{fn}: target")
-    _check_model(draft, f"{fn}: draft")
+    check_model(target, f"{fn}: target")
+    check_model(draft, f"{fn}: draft")
     if draft is target:
         raise ValueError(f"{fn}: draft is the target itself; they must be two models (each "
                          "writes its own KV cache at the same slots). For a draft that "

@@ -61,7 +61,7 @@ from labkit.decode import (
     make_buckets,
     pad_to_bucket,
 )
-from labkit.decode.batch import _check_model, _check_slots, _check_tokens
+from labkit.decode.batch import check_model, check_slots, check_tokens
 
 __all__ = ["DraftGraphRunner"]
 
@@ -87,7 +87,7 @@ class DraftGraphRunner(BaseGraphRunner):
     def __init__(self, draft, B, num_steps: int, max_bs: int | None = None,
                  buckets: str | Iterable[int] = "sglang_spec", num_warmups: int = 2,
                  progress: bool = False):
-        _check_model(draft, "DraftGraphRunner(draft)")
+        check_model(draft, "DraftGraphRunner(draft)")
         B = ensure_backend(B, "DraftGraphRunner(draft, B)")
         if draft.device.type != torch.device(B.device).type:
             raise ValueError(f"DraftGraphRunner: the draft is on {draft.device} but backend "
@@ -230,8 +230,8 @@ class DraftGraphRunner(BaseGraphRunner):
             raise ValueError(f"{fn}: {bs} requests, but this runner's static buffers hold "
                              f"1..{self.max_bs} (max_bs): build it with max_bs >= {bs} or "
                              "draft for fewer requests at a time")
-        _check_slots(lists["slots"], num_rows, fn)
-        _check_tokens(lists["prev_tokens"] + lists["tokens"], m.args.vocab_size, fn,
+        check_slots(lists["slots"], num_rows, fn)
+        check_tokens(lists["prev_tokens"] + lists["tokens"], m.args.vocab_size, fn,
                       "prev_tokens/tokens")
         for i, p in enumerate(lists["positions"]):
             if not 1 <= p <= width - k:
