@@ -8,6 +8,11 @@ replaces it later. This runs the notebook's code cells in order in a fresh kerne
 notebook's folder) up to the last cell named, then writes back the outputs and execution
 counts of the named cells only. Nothing is written if any cell run raises, or if a named
 cell writes to stderr (the lessons store no error and no stderr: tests/test_stored_outputs.py).
+
+``--store-in-source`` is for the GPU-only cells whose CPU branch prints the GPU's stored
+output (``print(\"\"\"[GPU only: the output of this cell on ..., stored]`` and the text up
+to the closing quotes): run on the GPU, it also puts the cell's new printed output there,
+so that a machine without a GPU prints what the GPU printed.
 """
 
 from __future__ import annotations
@@ -26,10 +31,39 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("cells", nargs="+", metavar="CELL_ID", help="ids of the cells to re-run")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
     ap.add_argument("--kernel", default="python3", help="kernel name (default python3)")
+    ap.add_argument("--store-in-source", action="store_true",
+                    help="also copy each named GPU-only cell's printed output into its CPU "
+                         "branch's stored text (run on the GPU)")
     return ap
 
 
-def rerun(path: Path, ids: list[str], *, timeout: int = 600, kernel: str = "python3") -> dict:
+STORED_HEAD = '    print("""[GPU only: the output of this cell on '
+STORED_TAIL = '""")'
+
+
+def store_in_source(source: str, printed: str, device: str) -> str:
+    """``source`` with the stored GPU output of its CPU branch replaced by ``printed``
+    (the header names ``device``). Raises ValueError when the cell has no such branch or
+    the text cannot sit inside triple quotes."""
+    start = source.find(STORED_HEAD)
+    end = source.find(STORED_TAIL, start + len(STORED_HEAD)) if start >= 0 else -1
+    if start < 0 or end < 0:
+        raise ValueError("no stored GPU output to replace (a line starting "
+                         f"{STORED_HEAD.strip()!r} and closed by {STORED_TAIL!r})")
+    if '"""' in printed or "\\" in printed:
+        raise ValueError('the printed output holds """ or a backslash: store it by hand')
+    article = "an " if device[:1].upper() in "AEIOUN" else "a "     # "an NVIDIA H200"
+    head = f'{STORED_HEAD}{article}{device}, torch {torch_version()}, stored]\n'
+    return source[:start] + head + printed.rstrip("\n") + source[end:]
+
+
+def torch_version() -> str:
+    import torch
+    return torch.__version__.split("+")[0].rsplit(".", 1)[0]
+
+
+def rerun(path: Path, ids: list[str], *, timeout: int = 600, kernel: str = "python3",
+          in_source: bool = False) -> dict:
     """Run ``path``'s code cells up to the last of ``ids``; store the outputs of ``ids``.
 
     Returns ``{cell id: outputs}`` of the named cells. Raises ValueError (an unknown id,
@@ -65,6 +99,19 @@ def rerun(path: Path, ids: list[str], *, timeout: int = 600, kernel: str = "pyth
             raise ValueError(f"{path}: cell {cid} wrote to stderr: {stderr[0].text[:300]!r}; "
                              "nothing written (a lesson stores no stderr)")
         got[cid] = c.outputs
+    if in_source:
+        import torch
+        if not torch.cuda.is_available():
+            raise ValueError("--store-in-source stores a GPU's output: run it on the GPU")
+        device = torch.cuda.get_device_name()
+        for cid, outputs in got.items():
+            printed = "".join(o.text for o in outputs
+                              if o.output_type == "stream" and o.name == "stdout")
+            try:
+                nb.cells[index[cid]].source = store_in_source(nb.cells[index[cid]].source,
+                                                              printed, device)
+            except ValueError as e:
+                raise ValueError(f"{path}: cell {cid}: {e}") from None
     for cid, outputs in got.items():
         cell = nb.cells[index[cid]]
         cell.outputs = outputs
@@ -79,7 +126,8 @@ def main(argv=None) -> int:
     if not args.notebook.is_file():
         _parser().error(f"{args.notebook}: no such notebook")
     try:
-        got = rerun(args.notebook, args.cells, timeout=args.timeout, kernel=args.kernel)
+        got = rerun(args.notebook, args.cells, timeout=args.timeout, kernel=args.kernel,
+                    in_source=args.store_in_source)
     except ValueError as e:
         print(f"rerun_cells: {e}", file=sys.stderr)
         return 2
