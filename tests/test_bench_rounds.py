@@ -304,3 +304,19 @@ def test_serve_sample_times_a_whole_run_per_round():
     assert step.winner == "overlapped" and whole.winner == "synced"
     with pytest.raises(ValueError, match="no step"):
         serve_sample(lambda: FakeServe([], 1.0))
+
+
+def test_a_lesson_may_quote_a_pair_outside_the_suites_list():
+    rows = [_row("labkit_graph", [5, 5, 5, 5, 5], [3, 3, 3, 3, 3], bs=1),
+            _row("reference_eager", [6, 4, 6, 4, 6], [50, 50, 50, 50, 50], bs=1),
+            _row("eager", [60, 60, 60, 60, 60], [50, 50, 50, 50, 50], bs=1)]
+    for r in rows:
+        r["device"] = "NVIDIA H200"
+    assert ("eager", "reference_eager") not in V.PAIRS["decode"]
+    lines = report.quote("decode", [("eager", "reference_eager")], rows=rows)
+    assert lines == [
+        "batch 1   synced:       reference_eager faster than eager: 5/5 rounds, 0.10× its time",
+        "batch 1   back to back: eager ≈ reference_eager: level, 0/5 rounds to eager "
+        "(50–50 µs vs 50–50 µs)"]
+    with pytest.raises(ValueError, match="pass suite= too"):
+        V.comparisons(rows, pairs=[("eager", "reference_eager")])
