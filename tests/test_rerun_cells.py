@@ -40,6 +40,13 @@ def test_only_the_named_cells_get_new_outputs(tmp_path):
     assert not (tmp_path / "ran.txt").exists(), "c2, after the last named cell, did not run"
 
 
+def test_setup_runs_only_the_cells_named_before(tmp_path):
+    path = _notebook(tmp_path, ["x = 6", "open('ran.txt', 'w').close()", "print(x * 7)"])
+    assert RC.main([str(path), "c2", "--setup", "c0"]) == 0
+    assert _texts(path) == ["stored\n", "stored\n", "42\n"]
+    assert not (tmp_path / "ran.txt").exists(), "c1 is not a setup cell: not run"
+
+
 @pytest.mark.parametrize("sources, cells, words", [
     (["print(1)"], ["c9"], "no cell with id 'c9'; its code cells are c0"),
     (["import sys; print('oops', file=sys.stderr)"], ["c0"], "cell c0 wrote to stderr"),

@@ -31,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("cells", nargs="+", metavar="CELL_ID", help="ids of the cells to re-run")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
     ap.add_argument("--kernel", default="python3", help="kernel name (default python3)")
+    ap.add_argument("--setup", nargs="+", default=None, metavar="CELL_ID",
+                    help="run only these cells (in notebook order) before the named ones, "
+                         "instead of every code cell above them (their outputs are kept)")
     ap.add_argument("--store-in-source", action="store_true",
                     help="also copy each named GPU-only cell's printed output into its CPU "
                          "branch's stored text (run on the GPU)")
@@ -63,9 +66,10 @@ def torch_version() -> str:
 
 
 def rerun(path: Path, ids: list[str], *, timeout: int = 600, kernel: str = "python3",
-          in_source: bool = False) -> dict:
+          in_source: bool = False, setup: list[str] | None = None) -> dict:
     """Run ``path``'s code cells up to the last of ``ids``; store the outputs of ``ids``.
 
+    ``setup``: the only cells run before the named ones (else every code cell above).
     Returns ``{cell id: outputs}`` of the named cells. Raises ValueError (an unknown id,
     a named cell that is not code, a named cell that wrote to stderr) or nbclient's
     CellExecutionError; the file is written only when every cell ran cleanly.
@@ -74,20 +78,22 @@ def rerun(path: Path, ids: list[str], *, timeout: int = 600, kernel: str = "pyth
 
     nb = nbformat.read(path, as_version=4)
     index = {c.get("id"): i for i, c in enumerate(nb.cells)}
-    unknown = [i for i in ids if i not in index]
+    unknown = [i for i in [*ids, *(setup or [])] if i not in index]
     if unknown:
         code = ", ".join(c.get("id") for c in nb.cells if c.cell_type == "code")
         raise ValueError(f"{path}: no cell with id {', '.join(map(repr, unknown))}; its code "
                          f"cells are {code}")
-    not_code = [i for i in ids if nb.cells[index[i]].cell_type != "code"]
+    not_code = [i for i in [*ids, *(setup or [])] if nb.cells[index[i]].cell_type != "code"]
     if not_code:
         raise ValueError(f"{path}: {', '.join(map(repr, not_code))} not a code cell: only code "
                          "cells have outputs to re-run")
     last = max(index[i] for i in ids)
     run = nbformat.v4.new_notebook(metadata=nb.metadata)
-    run.cells = [nbformat.v4.new_code_cell(c.source) for c in nb.cells[:last + 1]
-                 if c.cell_type == "code"]
-    where = [c.get("id") for c in nb.cells[:last + 1] if c.cell_type == "code"]
+    chosen = None if setup is None else {*ids, *setup}
+    cells = [c for c in nb.cells[:last + 1] if c.cell_type == "code"
+             and (chosen is None or c.get("id") in chosen)]
+    run.cells = [nbformat.v4.new_code_cell(c.source) for c in cells]
+    where = [c.get("id") for c in cells]
     NotebookClient(run, timeout=timeout, kernel_name=kernel,
                    resources={"metadata": {"path": str(path.parent.resolve())}}).execute()
     got = {}
@@ -127,7 +133,7 @@ def main(argv=None) -> int:
         _parser().error(f"{args.notebook}: no such notebook")
     try:
         got = rerun(args.notebook, args.cells, timeout=args.timeout, kernel=args.kernel,
-                    in_source=args.store_in_source)
+                    in_source=args.store_in_source, setup=args.setup)
     except ValueError as e:
         print(f"rerun_cells: {e}", file=sys.stderr)
         return 2
