@@ -253,3 +253,70 @@ def test_quote_reads_the_pairs_a_lesson_names():
         "batch 1   back to back: reduce-overhead faster than labkit_graph: 5/5 rounds, "
         "0.67× its time"]
     assert report.quote("decode", [("labkit_graph", "eager")], rows=rows, device="other") == []
+
+
+def test_a_lesson_prints_the_median_and_the_range_of_its_rounds():
+    timer = FakeTimer({"graphed": [802.4, 853.2, 781.0, 790.0, 810.0]})
+    out = R.interleave(contenders(["graphed"]), timer, rounds=5)
+    assert R.median_range(out["graphed"]["median_us"]) == "802.4 µs (781.0 µs–853.2 µs)"
+    assert R.median_range([1.5, 0.25, 0.3], "wall_s") == "0.30 s (0.25 s–1.50 s)"
+    assert R.median_range([15057.3, 14210.0, 15310.9], "decode_tokens_per_s") == \
+        "15057/s (14210/s–15311/s)"
+    assert R.median_range([2400.0, 1200.0, 1300.0]) == "1.30 ms (1.20 ms–2.40 ms)"
+
+
+@pytest.mark.parametrize("bad, err", [([], ValueError), (5.0, TypeError), ("12", TypeError)])
+def test_median_range_needs_rounds(bad, err):
+    with pytest.raises(err, match="median_range"):
+        R.median_range(bad)
+
+
+def test_a_rate_is_not_judged_as_a_time():
+    # tokens/s: higher is faster; read as a time, the slower side would be called faster
+    with pytest.raises(ValueError, match="lower is faster.*rate 'decode_tokens_per_s'"):
+        R.verdict("graphed", [9.0] * 5, "eager", [3.0] * 5, method="decode_tokens_per_s")
+
+
+class FakeServe:
+    """What serve() returns, as far as serve_sample reads it."""
+
+    def __init__(self, latencies, wall):
+        self.decode_latency_s, self.wall_s = latencies, wall
+
+    def summary(self):
+        n = len(self.decode_latency_s)
+        return {"decode_tokens_per_s": n / sum(self.decode_latency_s) if n else 0.0,
+                "tokens_per_s": n / self.wall_s}
+
+
+def test_serve_sample_times_a_whole_run_per_round():
+    from labkit.bench.serve import serve_sample
+
+    runs = {"synced": lambda: FakeServe([0.003, 0.001, 0.002], 1.0),
+            "overlapped": lambda: FakeServe([0.001, 0.0005, 0.002], 2.0)}
+    out = R.interleave(runs, serve_sample, rounds=5)
+    assert out["synced"]["median_us"] == [2000.0] * 5
+    assert out["overlapped"]["wall_s"] == [2.0] * 5
+    step = R.verdict("overlapped", out["overlapped"]["median_us"], "synced",
+                     out["synced"]["median_us"])
+    whole = R.verdict("overlapped", out["overlapped"]["wall_s"], "synced",
+                      out["synced"]["wall_s"], method="wall_s")
+    assert step.winner == "overlapped" and whole.winner == "synced"
+    with pytest.raises(ValueError, match="no step"):
+        serve_sample(lambda: FakeServe([], 1.0))
+
+
+def test_a_lesson_may_quote_a_pair_outside_the_suites_list():
+    rows = [_row("labkit_graph", [5, 5, 5, 5, 5], [3, 3, 3, 3, 3], bs=1),
+            _row("reference_eager", [6, 4, 6, 4, 6], [50, 50, 50, 50, 50], bs=1),
+            _row("eager", [60, 60, 60, 60, 60], [50, 50, 50, 50, 50], bs=1)]
+    for r in rows:
+        r["device"] = "NVIDIA H200"
+    assert ("eager", "reference_eager") not in V.PAIRS["decode"]
+    lines = report.quote("decode", [("eager", "reference_eager")], rows=rows)
+    assert lines == [
+        "batch 1   synced:       reference_eager faster than eager: 5/5 rounds, 0.10× its time",
+        "batch 1   back to back: eager ≈ reference_eager: level, 0/5 rounds to eager "
+        "(50–50 µs vs 50–50 µs)"]
+    with pytest.raises(ValueError, match="pass suite= too"):
+        V.comparisons(rows, pairs=[("eager", "reference_eager")])

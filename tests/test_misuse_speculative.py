@@ -106,7 +106,7 @@ def test_draft_runner_can_run_takes_a_count(E, bs, err, words):
 
 # ---- measure: checked before anything runs ---------------------------------------------------
 
-_FAST = {"batch_size": 1, "num_steps": 2, "max_new_tokens": 4, "noises": (0.0,), "repeats": 1}
+_FAST = {"batch_size": 1, "num_steps": 2, "max_new_tokens": 4, "noises": (0.0,), "rounds": 1}
 
 
 @pytest.mark.parametrize("kw, err, words", [
@@ -131,6 +131,7 @@ _FAST = {"batch_size": 1, "num_steps": 2, "max_new_tokens": 4, "noises": (0.0,),
      "measure: a request needs prompt_len + max_new_tokens - 1 + num_steps = 40 + 32 - 1 + 2 = "
      "73 positions, more than the target's max_seq_len=64: lower one of them"),
     ({"max_new_tokens": 0}, ValueError, "measure: max_new_tokens must be >= 1, got 0"),
+    ({"rounds": 0}, ValueError, "measure: rounds must be >= 1, got 0: a verdict wants at least 5"),
 ])
 def test_measure_checks_before_it_runs(E, kw, err, words, monkeypatch):
     """Before: num_steps=70 failed in the verify runner ("num_tokens_per_bs must be in 1..64")
@@ -197,7 +198,7 @@ def test_cli_refuses_what_does_not_fit(argv, words, capsys):
 def test_cli_largest_k_that_fits_runs(capsys):
     from labkit.speculative.__main__ import main
     rows = main(["--backend", "emulated", "--batch-size", "1", "--num-steps", "62",
-                 "--prompt-len", "1", "--max-new-tokens", "2", "--noises", "0", "--repeats", "1"])
+                 "--prompt-len", "1", "--max-new-tokens", "2", "--noises", "0", "--rounds", "1"])
     assert all(r["same_tokens"] for r in rows)
     capsys.readouterr()
 

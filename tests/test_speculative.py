@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
+import sys
 
 import pytest
 import torch
@@ -231,7 +233,7 @@ def test_requests_finish_at_different_rounds_and_the_batch_shrinks(E):
 
 def test_measure_rows_on_the_emulator(E):
     rows = measure(E, "tiny", batch_size=2, num_steps=2, max_new_tokens=8, prompt_len=4,
-                   noises=(0.0, 1.0), repeats=1)
+                   noises=(0.0, 1.0), rounds=1)
     assert [(r["method"], r["mode"]) for r in rows] == (
         [("greedy", "eager"), ("greedy", "graphed")]
         + [("speculative", "eager"), ("speculative", "graphed")] * 2)
@@ -251,10 +253,45 @@ def test_measure_rows_on_the_emulator(E):
     assert len(table.splitlines()) == 2 + len(rows) and "| greedy | eager | - |" in table
 
 
+def test_measure_times_every_way_in_interleaved_rounds(E, monkeypatch):
+    """Every way is warmed up once, then decoded once per round in a shuffled order; a row
+    keeps one value per round, its figures are the medians, and verdicts() pairs each
+    speculative row with plain greedy of its mode round by round."""
+    M = sys.modules["labkit.speculative.measure"]
+    orders = []
+    real = M.interleave
+
+    def spy(ways, time_one, **kw):
+        def note(run):
+            orders.append(run)
+            return time_one(run)
+        return real(ways, note, **kw)
+    monkeypatch.setattr(M, "interleave", spy)
+    rows = measure(E, "tiny", batch_size=2, num_steps=2, max_new_tokens=6, prompt_len=4,
+                   noises=(0.0,), rounds=3)
+    assert len(orders) == 3 * len(rows), "each way once per round"
+    first_round = orders[:len(rows)]
+    assert len(set(map(id, first_round))) == len(rows)
+    for r in rows:
+        per = r["rounds"]
+        assert len(per["token_us"]) == len(per["tokens_per_s"]) == 3
+        assert r["tokens_per_s"] == statistics.median(per["tokens_per_s"])
+        for us, rate in zip(per["token_us"], per["tokens_per_s"]):
+            assert us == pytest.approx(1e6 / rate)
+    judged = M.verdicts(rows)
+    assert [(r["method"], r["mode"]) for r, _ in judged] == [("speculative", "eager"),
+                                                             ("speculative", "graphed")]
+    for r, v in judged:
+        plain = next(p for p in rows if p["method"] == "greedy" and p["mode"] == r["mode"])
+        assert v.a_rounds == tuple(r["rounds"]["token_us"])
+        assert v.b_rounds == tuple(plain["rounds"]["token_us"])
+        assert v.wins[0] + v.wins[1] <= 3 and ("faster" in v.text() or "level" in v.text())
+
+
 def test_cli_prints_both_tables(capsys):
     from labkit.speculative.__main__ import main
     rows = main(["--backend", "emulated", "--batch-size", "1", "--num-steps", "2",
-                 "--max-new-tokens", "6", "--noises", "0", "--repeats", "1",
+                 "--max-new-tokens", "6", "--noises", "0", "--rounds", "1",
                  "--tail-scale", "0.5"])
     out = capsys.readouterr().out
     assert len(rows) == 4 and "what the graphs save per round" in out
@@ -412,6 +449,6 @@ def test_measure_small_on_cuda():
     """The lead's H200 command in miniature: the "small" target, graphs on a GPU."""
     from labkit import backend
     rows = measure(backend.get("cuda"), "small", batch_size=2, num_steps=3, max_new_tokens=16,
-                   noises=(0.0,), tail_scale=0.3, repeats=1)
+                   noises=(0.0,), tail_scale=0.3, rounds=1)
     assert all(r["same_tokens"] for r in rows)
     assert [r["mode"] for r in rows] == ["eager", "graphed"] * 2

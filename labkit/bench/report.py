@@ -561,8 +561,9 @@ def quote(suite: str, pairs: Sequence[tuple[str, str]] | None = None, *,
 
     Args:
         suite: the benchmark suite (``"decode"``, ``"train"``, ...).
-        pairs: which ``(a, b)`` variant pairs (default: the suite's :data:`PAIRS`);
-            ``"labkit_best"`` stands for labkit's quickest row per method.
+        pairs: which ``(a, b)`` variant pairs (default: the suite's :data:`PAIRS`; any
+            two variants of the suite may be paired); ``"labkit_best"`` stands for
+            labkit's quickest row per method.
         labels: short names for variants in the lines.
         device: whose rows.
         rows: the rows to read (default: the newest of the committed results file).
@@ -573,7 +574,7 @@ def quote(suite: str, pairs: Sequence[tuple[str, str]] | None = None, *,
     wanted = list(pairs) if pairs is not None else list(PAIRS.get(suite, ()))
     lines = []
     for a_name, b_name in wanted:
-        for c in comparisons(rows, suite):
+        for c in comparisons(rows, suite, pairs=[(a_name, b_name)]):
             v = c.verdict
             if v.b != b_name or (a_name != BEST_LABKIT and v.a != a_name):
                 continue

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Hashable, Mapping, Sequence
 
 __all__ = ["DEFAULT_ROUNDS", "WIN_SHARE", "METHODS", "interleave", "summary", "Verdict",
-           "verdict", "format_us"]
+           "verdict", "format_us", "median_range"]
 
 DEFAULT_ROUNDS = 5
 WIN_SHARE = 0.8          # 4 of 5 rounds
@@ -90,9 +90,38 @@ def format_us(us: float | None) -> str:
     return f"{us:.1f} µs"
 
 
+def _is_rate(method: str) -> bool:
+    """``*_per_s`` methods (tokens/s) are rates: higher is faster."""
+    return method.endswith("per_s")
+
+
 def _fmt(value: float, method: str = "median_us") -> str:
-    """A figure of ``method``: seconds for ``*_s`` methods, else :func:`format_us`."""
+    """A figure of ``method``: a count per second for ``*_per_s`` methods, seconds for
+    other ``*_s`` methods, else :func:`format_us`."""
+    if _is_rate(method):
+        return f"{value:.0f}/s" if value >= 100 else f"{value:.3g}/s"
     return f"{value:.2f} s" if method.endswith("_s") else format_us(value)
+
+
+def median_range(values: Sequence[float], method: str = "median_us") -> str:
+    """One contender's rounds as a lesson prints them: ``'802.4 µs (781.0–853.2 µs)'``,
+    the median over rounds and, in brackets, the min–max.
+
+    Args:
+        values: one value per round (an entry of :func:`interleave`'s result).
+        method: what the values are, by the suffix of its name: ``*_us`` microseconds,
+            ``*_per_s`` a rate (``'15057/s (14210/s–15310/s)'``), other ``*_s`` seconds.
+    """
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"median_range: values must be one figure per round (a list), got "
+                        f"{values!r:.40} ({type(values).__name__})")
+    values = list(values)
+    if not values:
+        raise ValueError("median_range: no rounds given; pass one value per round, e.g. "
+                         "interleave(...)[key]['median_us']")
+    s = summary(values)
+    return (f"{_fmt(s['median'], method)} ({_fmt(s['min'], method)}–"
+            f"{_fmt(s['max'], method)})")
 
 
 def _span(values: Sequence[float], method: str = "median_us") -> str:
@@ -173,8 +202,13 @@ def verdict(a: str, a_rounds: Sequence[float], b: str, b_rounds: Sequence[float]
 
     Raises:
         ValueError: the two rows have different numbers of rounds (they were not timed
-            in the same rounds), or none.
+            in the same rounds), or none; or ``method`` is a rate (``*_per_s``: higher is
+            faster, which this rule would read backwards).
     """
+    if _is_rate(method):
+        raise ValueError(f"verdict compares times (lower is faster), got the rate {method!r}: "
+                         "pass a time per round instead (e.g. a step's median_us, a run's "
+                         "wall_s)")
     if len(a_rounds) != len(b_rounds) or not a_rounds:
         raise ValueError(f"{a!r} has {len(a_rounds)} rounds and {b!r} {len(b_rounds)}: a "
                          "verdict pairs rows timed in the same rounds (same run, same "

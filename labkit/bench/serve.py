@@ -58,6 +58,27 @@ WORKLOAD = dict(num_requests=192, arrival_rate=8.0, prompt_len=(16, 64), output_
 CPU_WORKLOAD = dict(num_requests=24, arrival_rate=2.0, prompt_len=(4, 12), output_len=(4, 16))
 
 
+def serve_sample(run_once) -> dict[str, float]:
+    """The ``time_one`` of :func:`labkit.bench.rounds.interleave` for a serving loop: run
+    ``run_once()`` (one whole workload, returning a :class:`labkit.decode.ServeResult`)
+    and return its figures for this round: ``median_us`` (the median decode step, µs),
+    ``wall_s`` (the whole run), ``decode_tokens_per_s`` and ``tokens_per_s``.
+
+    .. warning::
+        Only ``median_us`` and ``wall_s`` are times that a verdict may compare; the
+        ``*_per_s`` rates are for printing (:func:`labkit.bench.rounds.median_range`).
+    """
+    res = run_once()
+    s = res.summary()
+    lat = sorted(res.decode_latency_s)
+    if not lat:
+        raise ValueError("serve_sample: the run decoded no step; give the workload requests "
+                         "with output_len >= 2")
+    return {"median_us": 1e6 * lat[len(lat) // 2],
+            "decode_tokens_per_s": s["decode_tokens_per_s"],
+            "tokens_per_s": s["tokens_per_s"], "wall_s": res.wall_s}
+
+
 def run(B, quick: bool = False, log=print, model_args: dict | None = None,
         workload: dict | None = None, max_running: int | None = None,
         variants=VARIANTS, rounds: int = DEFAULT_ROUNDS, seed: int = 0) -> list[dict]:
@@ -136,17 +157,9 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
         except Exception as e:              # SuiteSkip too: a row saying why, never none
             rows += unmeasured_rows(B, "serve", name, config, [None], variant, e, log)
 
-    def time_one(fn):
-        res = fn()
-        s = res.summary()
-        lat = sorted(res.decode_latency_s)
-        return {"median_us": 1e6 * lat[len(lat) // 2],
-                "decode_tokens_per_s": s["decode_tokens_per_s"],
-                "tokens_per_s": s["tokens_per_s"], "wall_s": res.wall_s}
-
     if runs:
         log(f"  running the workload {rounds} times per variant, interleaved")
-        timed = interleave(runs, time_one, rounds=rounds, seed=seed, log=log)
+        timed = interleave(runs, serve_sample, rounds=rounds, seed=seed, log=log)
     reference = {}
     for variant in runs:
         res = results[variant]

@@ -98,15 +98,20 @@ def _groups(rows: Iterable[dict]) -> dict[tuple, list[dict]]:
 
 
 def comparisons(rows: Iterable[dict], suite: str | None = None,
-                methods: Sequence[str] = tuple(METHODS)) -> list[Comparison]:
+                methods: Sequence[str] = tuple(METHODS),
+                pairs: Sequence[tuple[str, str]] | None = None) -> list[Comparison]:
     """The verdicts of :data:`PAIRS` among ``rows`` (pass :func:`report.latest` rows),
-    one per pair, group and timing method that both rows were timed in, in rounds."""
+    one per pair, group and timing method that both rows were timed in, in rounds.
+    ``pairs`` (with ``suite``) judges those ``(a, b)`` pairs instead of the suite's."""
+    if pairs is not None and suite is None:
+        raise ValueError("comparisons: pairs= names variants of one suite; pass suite= too")
     out = []
     for (s, config, bs, device, run), group in _groups(rows).items():
-        if (suite is not None and s != suite) or s not in PAIRS or run is None:
+        if (suite is not None and s != suite) or run is None:
             continue
+        wanted = PAIRS.get(s, ()) if pairs is None else pairs
         by_variant = {r["variant"]: r for r in group}
-        for a_name, b_name in PAIRS[s]:
+        for a_name, b_name in wanted:
             for method in methods:
                 a = (_best_labkit(group, method) if a_name == BEST_LABKIT
                      else by_variant.get(a_name))

@@ -2,7 +2,9 @@
 
 For each batch size and target damping it prints :func:`~labkit.speculative.measure.measure`'s
 rows (plain greedy and speculative decoding, eager and graphed, one draft per noise level,
-with the measured acceptance rate) and :func:`~labkit.speculative.measure.graph_savings`
+medians over ``--rounds`` interleaved rounds), the verdict of each speculative row against
+plain greedy decoding (:func:`~labkit.speculative.measure.verdicts`) and
+:func:`~labkit.speculative.measure.graph_savings`
 (what the graphs save in each part of a round). ``--json PATH`` writes every row. On a GPU::
 
     python -m labkit.speculative --backend cuda --config small --batch-size 1 8 \\
@@ -20,11 +22,12 @@ import os
 import torch
 
 from labkit import backend
+from labkit.bench.rounds import DEFAULT_ROUNDS
 from labkit.core.timing import device_name
 from labkit.core.validate import int_at_least
 from labkit.decode import CONFIGS
 
-from .measure import PARTS, format_table, graph_savings, measure
+from .measure import PARTS, format_table, graph_savings, measure, verdicts
 
 COLUMNS = ["batch", "tail_scale", "method", "mode", "draft", "acceptance_%", "tokens_per_round",
            "tokens_per_s", "vs_greedy", "round_ms", *(f"{p}_ms" for p in PARTS), "same_tokens"]
@@ -60,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="relative weight noise of each draft")
     ap.add_argument("--tail-scale", type=_non_negative, nargs="+", default=[1.0],
                     help="damping of the target's blocks after the draft's (1: none)")
-    ap.add_argument("--repeats", type=int_at_least(1), default=3)
+    ap.add_argument("--rounds", type=int_at_least(1), default=DEFAULT_ROUNDS,
+                    help=f"interleaved rounds (default {DEFAULT_ROUNDS}; a verdict wants 5)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     ap.add_argument("--seed", type=int_at_least(0), default=0)
     ap.add_argument("--json", default=None, help="write every row here")
@@ -99,9 +103,11 @@ def main(argv=None) -> list[dict]:
             part = measure(B, a.config, batch_size=bs, num_steps=a.num_steps,
                            max_new_tokens=a.max_new_tokens, prompt_len=a.prompt_len,
                            draft_layers=a.draft_layers, noises=a.noises, tail_scale=tail,
-                           repeats=a.repeats, dtype=getattr(torch, a.dtype), seed=a.seed)
+                           rounds=a.rounds, dtype=getattr(torch, a.dtype), seed=a.seed)
             # Printed now: a run cut short (a time limit) still shows what it measured.
             print(format_table(part, COLUMNS), flush=True)
+            for r, v in verdicts(part):
+                print(f"{r['mode']} {r['draft']}: {v.text()}", flush=True)
             rows += part
     print()
     print("what the graphs save per round (ms):")

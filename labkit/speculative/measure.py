@@ -5,9 +5,15 @@ for each draft noise level a draft (the target's first ``draft_layers`` blocks, 
 with its draft graphs, and decodes the same prompts four ways: plain greedy eager and
 graphed (lesson 06's ``serve``), speculative eager and graphed. Each row is one way, with
 the measured acceptance rate, decode tokens per second, and the time of a round split by
-part (draft, verify, accept, host). :func:`graph_savings` pairs the eager and graphed rows
-of each draft: what the graphs save in each part. On the CPU emulator the same code runs
-(the "tiny" model, in seconds); its times are the CPU's, not a GPU's.
+part (draft, verify, accept, host). Every way is built (and warmed up) first, then they
+are timed in interleaved rounds (:func:`labkit.bench.rounds.interleave`: each round
+decodes the prompts once per way, in an order shuffled per round), and a row's figures are
+medians over the rounds, its ``rounds`` the per-round values. :func:`verdicts` judges
+each speculative row against plain greedy decoding of the same mode, round by round
+("faster" only when ahead in at least 4 of 5 rounds). :func:`graph_savings` pairs the
+eager and graphed rows of each draft: what the graphs save in each part. On the CPU
+emulator the same code runs (the "tiny" model, in seconds); its times are the CPU's, not
+a GPU's.
 
 .. warning::
     Decode tokens per second count only the decode phase (the prefill is excluded) of a
@@ -26,6 +32,7 @@ import statistics
 import torch
 
 from labkit.backend import ensure as ensure_backend
+from labkit.bench.rounds import DEFAULT_ROUNDS, interleave, verdict
 from labkit.core.timing import device_name
 from labkit.core.validate import check_int
 from labkit.decode import DecodeGraphRunner, ModelArgs, build_model, make_buckets
@@ -34,17 +41,28 @@ from .draft import damp_blocks, make_draft
 from .loop import greedy_generate, speculative_generate
 from .runner import DraftGraphRunner
 
-__all__ = ["measure", "graph_savings", "format_table", "PARTS"]
+__all__ = ["measure", "verdicts", "graph_savings", "format_table", "PARTS"]
 
 PARTS = ("draft", "verify", "accept", "host")
 _MODES = ("eager", "graphed")
 
 
-def _median_run(run, repeats: int, rate):
-    """One warm-up call, then ``repeats`` calls; the call with the median ``rate``."""
-    run()
-    results = sorted((run() for _ in range(repeats)), key=rate)
-    return results[len(results) // 2]
+def _sample(run) -> dict[str, float]:
+    """The ``time_one`` of :func:`interleave`: one decode of the prompts, its figures.
+    ``token_us`` (decode time per new token, µs) is the time a verdict compares: the
+    ways decode the same tokens, so it ranks them as tokens per second does."""
+    res = run()
+    rate = res.decode_tokens_per_s
+    if not rate:
+        raise ValueError("measure: a run decoded no token after the prefill; ask for "
+                         "max_new_tokens >= 2")
+    out = {"token_us": 1e6 / rate, "tokens_per_s": rate}
+    if hasattr(res, "round_s"):                     # speculative: each part of a round
+        s = res.summary()
+        out.update({"round_ms": s["round_ms"], **{f"{p}_ms": s[f"{p}_ms"] for p in PARTS}})
+    else:
+        out["round_ms"] = 1e3 * statistics.fmean(res.decode_latency_s)
+    return out
 
 
 def _prompts(vocab: int, batch_size: int, prompt_len: int, seed: int) -> list[list[int]]:
@@ -95,7 +113,7 @@ def _check_fit(args: ModelArgs, num_steps: int, prompt_len: int, max_new_tokens:
 
 def measure(B=None, config: str | ModelArgs = "tiny", batch_size: int = 4, num_steps: int = 4,
             max_new_tokens: int = 32, prompt_len: int = 8, draft_layers: int = 1,
-            noises=(0.0, 0.1, 0.3), tail_scale: float = 1.0, repeats: int = 3,
+            noises=(0.0, 0.1, 0.3), tail_scale: float = 1.0, rounds: int = DEFAULT_ROUNDS,
             modes=_MODES, dtype: torch.dtype | None = torch.float32,
             seed: int = 0) -> list[dict]:
     """Rows of decode tokens/s: plain greedy vs speculative, eager vs graphed.
@@ -111,17 +129,21 @@ def measure(B=None, config: str | ModelArgs = "tiny", batch_size: int = 4, num_s
             :func:`~labkit.speculative.draft.make_draft`): the acceptance rate follows.
         tail_scale: the target's blocks after the draft's are damped by it
             (:func:`~labkit.speculative.draft.damp_blocks`; 1: lesson 06's model as is).
-        repeats: timed runs per row after one warm-up; the row is the median run.
+        rounds: interleaved rounds after one warm-up run of every way; each round
+            decodes the prompts once per way, in a shuffled order. A row's figures are
+            medians over the rounds (a verdict wants at least 5).
         modes: "eager" and/or "graphed".
         dtype: the models' dtype (float32 by default: see the module's warning).
         seed: the models' and prompts' seed.
 
     Returns:
-        one dict per (method, draft, mode); ``format_table(rows)`` prints them.
+        one dict per (method, draft, mode); ``rounds`` holds its per-round ``token_us``
+        and ``tokens_per_s``; ``format_table(rows)`` prints them, ``verdicts(rows)``
+        compares them.
     """
     B = ensure_backend(B, "measure(B=...)")
     check_int("measure: batch_size", batch_size, 1)
-    check_int("measure: repeats", repeats, 1)
+    check_int("measure: rounds", rounds, 1, fix="a verdict wants at least 5")
     check_int("measure: prompt_len", prompt_len, 1)
     check_int("measure: max_new_tokens", max_new_tokens, 1)
     check_int("measure: num_steps", num_steps, 1, fix="k, the draft tokens per round")
@@ -138,24 +160,15 @@ def measure(B=None, config: str | ModelArgs = "tiny", batch_size: int = 4, num_s
 
     plain = DecodeGraphRunner(target, B, max_bs=batch_size, progress=False)
     plain.capture()
-    rows, reference = [], None
-    for mode in modes:
-        runner = plain if mode == "graphed" else None
-        res = _median_run(lambda: greedy_generate(target, prompts, max_new_tokens, runner),
-                          repeats, lambda r: r.decode_tokens_per_s)
-        tokens = [res.tokens[i] for i in range(batch_size)]
-        reference = reference or tokens
-        step_ms = 1e3 * statistics.fmean(res.decode_latency_s)
-        rows.append({**common, "method": "greedy", "mode": mode, "draft": "-",
-                     "acceptance_%": None, "tokens_per_round": 1.0,
-                     "tokens_per_s": res.decode_tokens_per_s, "round_ms": step_ms,
-                     **{f"{p}_ms": None for p in PARTS}, "same_tokens": tokens == reference})
-    greedy_rate = {r["mode"]: r["tokens_per_s"] for r in rows}
-
     verify = DecodeGraphRunner(target, B, max_bs=batch_size, num_tokens_per_bs=num_steps + 1,
                                buckets=make_buckets(batch_size, "sglang_spec"), progress=False)
     verify.capture()
-    for noise in noises:
+    ways = {}                # (method, draft, mode) -> one decode of the prompts
+    for mode in modes:
+        runner = plain if mode == "graphed" else None
+        ways[("greedy", "-", mode)] = (
+            lambda runner=runner: greedy_generate(target, prompts, max_new_tokens, runner))
+    for noise in noises:                    # every draft and its runners are built up front
         draft = make_draft(target, n_layer=draft_layers, noise=noise, seed=seed)
         label = f"{draft_layers}/{target.args.n_layer} blocks, noise {noise:g}"
         for mode in modes:
@@ -164,20 +177,49 @@ def measure(B=None, config: str | ModelArgs = "tiny", batch_size: int = 4, num_s
             if graphed:
                 dr.capture()
             kw = {"draft_runner": dr, "verify_runner": verify if graphed else None, "B": B}
-            res = _median_run(
-                lambda kw=kw: speculative_generate(target, draft, prompts, max_new_tokens, **kw),
-                repeats, lambda r: r.decode_tokens_per_s)
-            s = res.summary()
-            rows.append({**common, "method": "speculative", "mode": mode, "draft": label,
-                         "acceptance_%": 100 * res.acceptance_rate,
-                         "tokens_per_round": res.tokens_per_round,
-                         "tokens_per_s": res.decode_tokens_per_s, "round_ms": s["round_ms"],
-                         **{f"{p}_ms": s[f"{p}_ms"] for p in PARTS},
-                         "same_tokens": res.tokens == reference})
-            del dr, kw              # its graphs (and their pool) go before the next
+            ways[("speculative", label, mode)] = (
+                lambda draft=draft, kw=kw: speculative_generate(target, draft, prompts,
+                                                                max_new_tokens, **kw))
+    first = {key: run() for key, run in ways.items()}   # warm-up; tokens and acceptance
+    timed = interleave(ways, _sample, rounds=rounds, seed=seed)
+    tokens = {k: [res.tokens[i] for i in range(batch_size)] for k, res in first.items()}
+    reference = next((tokens[k] for k in ways if k[0] == "greedy"), None)
+    rows = []
+    for key, res in first.items():
+        method, label, mode = key
+        t = timed[key]
+        med = {m: statistics.median(v) for m, v in t.items()}
+        spec = method == "speculative"
+        rows.append({**common, "method": method, "mode": mode, "draft": label,
+                     "acceptance_%": 100 * res.acceptance_rate if spec else None,
+                     "tokens_per_round": res.tokens_per_round if spec else 1.0,
+                     "tokens_per_s": med["tokens_per_s"], "round_ms": med["round_ms"],
+                     **{f"{p}_ms": med[f"{p}_ms"] if spec else None for p in PARTS},
+                     "same_tokens": reference is None or tokens[key] == reference,
+                     "rounds": {m: t[m] for m in ("token_us", "tokens_per_s")}})
+    greedy_rate = {r["mode"]: r["tokens_per_s"] for r in rows if r["method"] == "greedy"}
     for r in rows:
-        r["vs_greedy"] = r["tokens_per_s"] / greedy_rate[r["mode"]]
+        r["vs_greedy"] = (r["tokens_per_s"] / greedy_rate[r["mode"]]
+                          if r["mode"] in greedy_rate else None)
     return rows
+
+
+def verdicts(rows: list[dict]) -> list[tuple[dict, object]]:
+    """``[(row, Verdict)]``: each speculative row against plain greedy decoding of the same
+    mode, round by round on the decode time per token (:func:`labkit.bench.rounds.verdict`:
+    "faster" only when ahead in at least 4 of 5 rounds, else level). Rows of one
+    :func:`measure` call only: they were timed in the same rounds."""
+    _check_rows(rows, "verdicts", ("method", "mode", "draft", "rounds"))
+    plain = {r["mode"]: r for r in rows if r["method"] == "greedy"}
+    out = []
+    for r in rows:
+        p = plain.get(r["mode"])
+        if r["method"] != "speculative" or p is None:
+            continue
+        out.append((r, verdict("speculative", r["rounds"]["token_us"], "plain",
+                               p["rounds"]["token_us"], method="token_us",
+                               label="time per token")))
+    return out
 
 
 def graph_savings(rows: list[dict]) -> list[dict]:
