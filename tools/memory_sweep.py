@@ -31,7 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))        # this checkout's labkit, not another one installed
-OUTS = (ROOT / "docs" / "benchmarks" / "memory.json", ROOT / "labkit" / "bench" / "data" / "memory.json")
+OUTS = (ROOT / "docs" / "benchmarks" / "memory.json",
+        ROOT / "labkit" / "bench" / "data" / "memory.json")
 
 #: the two model sizes on a GPU (fp16) and on the emulator (fp32, small enough for a CPU)
 MODELS = {
@@ -114,7 +115,8 @@ def _child_expandable(args, log) -> dict | None:
         out = Path(tmp) / "expandable.json"
         env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
         cmd = [sys.executable, __file__, "--child-expandable", "--out", str(out),
-               "--backend", args.backend, "--models", *args.models] + (["--quick"] if args.quick else [])
+               "--backend", args.backend, "--models", *args.models]
+        cmd += ["--quick"] if args.quick else []
         log("[expandable_segments:True, in a child process]")
         p = subprocess.run(cmd, env=env)
         if p.returncode or not out.exists():

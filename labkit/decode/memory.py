@@ -252,7 +252,8 @@ def stored_sweep(path=None) -> dict | None:
     import json
     from pathlib import Path
 
-    p = Path(path) if path is not None else Path(__file__).parents[1] / "bench" / "data" / "memory.json"
+    default = Path(__file__).parents[1] / "bench" / "data" / "memory.json"
+    p = Path(path) if path is not None else default
     if not p.exists():
         return None
     return json.loads(p.read_text())
