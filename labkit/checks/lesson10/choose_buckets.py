@@ -118,10 +118,10 @@ def judge(sc: Scenario, raw) -> tuple[bool, str]:
                         "may need it)")
     if mem > sc.budget_bytes:
         costly = sorted(set(got) & set(sc.graph_bytes), key=lambda b: -sc.graph_bytes[b])[:3]
+        big = ", ".join(f"{b}: {sc.graph_bytes[b] / MIB:.0f}" for b in costly)
         problems.append(f"over budget: {mem / MIB:.0f} MiB of graphs (the sum of graph_bytes "
                         f"over your buckets) > {sc.budget_bytes / MIB:.0f} MiB "
-                        f"(largest: {', '.join(f'{b}: {sc.graph_bytes[b] / MIB:.0f}' for b in costly)}"
-                        " MiB)")
+                        f"(largest: {big} MiB)")
     if problems:
         return False, "; ".join(problems)
     mine, best = score(sc, buckets), score(sc, best_buckets(sc))
