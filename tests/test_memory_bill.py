@@ -69,8 +69,10 @@ def test_largest_first_reuses_the_first_graphs_blocks(B, wide_models):
     m = _model(B, wide_models)
     bill = measure_bill(m, B, [4, 16, 64], pools="shared", order="largest_first")
     assert [r.bs for r in bill.rows] == [64, 16, 4]
-    assert bill.rows[0].reserved_delta_bytes > 0
-    assert all(r.reserved_delta_bytes == 0 for r in bill.rows[1:])
+    first = bill.rows[0].reserved_delta_bytes
+    assert first > 0
+    # the smaller graphs live in the blocks the first one freed (a small segment at most)
+    assert sum(r.reserved_delta_bytes for r in bill.rows[1:]) <= first / 4
     small_first = measure_bill(m, B, [4, 16, 64], pools="shared", order="smallest_first")
     assert [r.bs for r in small_first.rows] == [4, 16, 64]
     assert small_first.reserved_bytes >= bill.reserved_bytes
@@ -155,3 +157,13 @@ def test_sweep_tool_misuse(tmp_path):
     p = subprocess.run([sys.executable, tool, "--backend", "emulated", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "is a folder" in p.stderr
+
+
+def test_stored_sweep_copies_agree():
+    docs = ROOT / "docs" / "benchmarks" / "memory.json"
+    pkg = ROOT / "labkit" / "bench" / "data" / "memory.json"
+    assert docs.exists() == pkg.exists(), "tools/memory_sweep.py writes both files"
+    if docs.exists():
+        assert docs.read_bytes() == pkg.read_bytes()
+        data = stored_sweep()
+        assert data["info"]["backend"] == "cuda" and data["bills"]
