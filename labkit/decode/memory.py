@@ -131,6 +131,12 @@ def _check_choice(name: str, value, choices: tuple) -> str:
 
 
 def _pool_totals(B, pools: list) -> tuple[int, int]:
+    """Reserved and allocated bytes summed over ``pools`` (on a GPU: one snapshot read)."""
+    if B.name == "cuda":
+        keys = {tuple(p) for p in pools}
+        segs = [s for s in torch.cuda.memory_snapshot()
+                if tuple(s.get("segment_pool_id", (0, 0))) in keys]
+        return (sum(s["total_size"] for s in segs), sum(s["allocated_size"] for s in segs))
     reserved = allocated = 0
     for p in pools:
         st = B.pool_stats(p)
