@@ -158,7 +158,7 @@ def test_optimum_matches_brute_force_on_small_servers(seed):
     traffic = {s: int(n) for s, n in zip(range(1, m + 1),
                                           torch.randint(0, 20, (m,), generator=gen)) if n}
     graph_bytes = {b: int(1 + b % 3 + b // 2) * MIB for b in range(1, m + 1)}
-    budget = (graph_bytes[m] + int(torch.randint(0, 12, (1,), generator=gen))) * MIB
+    budget = graph_bytes[m] + int(torch.randint(0, 12, (1,), generator=gen)) * MIB
     sc = Scenario(traffic, m, graph_bytes, budget)
     best = score(sc, best_buckets(sc)).computed_rows
     brute = min(score(sc, sorted(set(c) | {m})).computed_rows
