@@ -74,6 +74,9 @@ def _bills(B, name, args, max_bs_values, extras: bool, expandable: bool, log) ->
                                     alias_outputs=alias, model_name=name)
                 row = bill.as_row() | {"max_bs": max_bs, "scheme": scheme,
                                        "model_args": args, "expandable_segments": expandable}
+                if B.name == "cuda":     # did the allocator really use expandable segments?
+                    row["segments_expandable"] = any(
+                        s.get("is_expandable") for s in torch.cuda.memory_snapshot())
                 rows.append(row)
                 log(f"  {name:5s} max_bs {max_bs:3d} {scheme:6s} {bill.label:44s} "
                     f"{len(buckets):3d} graphs  reserved {bill.reserved_bytes / 2**20:8.2f} MiB"
@@ -103,8 +106,6 @@ def measure(backend: str, quick: bool, models: list[str], expandable: bool, log=
             "quick": quick}
     if B.name == "cuda":
         info["allocator_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-        segs = torch.cuda.memory_snapshot()
-        info["expandable_segments_seen"] = any(s.get("is_expandable") for s in segs)
     return {"info": info, "bills": rows}
 
 
