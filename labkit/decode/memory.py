@@ -77,6 +77,10 @@ class Bill:
     rows: list[BucketRow] = field(default_factory=list)
     num_pools: int = 0
     outside_bytes: int = 0         # the shared output buffer of alias_outputs (not in a pool)
+    # GPU: torch.cuda.memory_reserved() after the captures minus before (None: emulator).
+    # Device-wide: memory other pools gave back meanwhile (each capture empties the cache)
+    # counts too, so it is a cross-check of the pools' figures, not a bound.
+    device_reserved_delta_bytes: int | None = None
 
     @property
     def reserved_bytes(self) -> int:
@@ -102,6 +106,7 @@ class Bill:
                 "pools": self.pools, "order": self.order, "alias_outputs": self.alias_outputs,
                 "num_pools": self.num_pools, "reserved_bytes": self.reserved_bytes,
                 "outside_bytes": self.outside_bytes,
+                "device_reserved_delta_bytes": self.device_reserved_delta_bytes,
                 "allocated_bytes": self.allocated_bytes,
                 "capture_seconds": round(self.capture_seconds, 4),
                 "per_bucket": [vars(r) | {"seconds": round(r.seconds, 4)} for r in self.rows]}
@@ -206,6 +211,7 @@ def measure_bill(model, B, buckets, *, pools: str = "shared", order: str = "larg
     shared = B.graph_pool_handle() if pools == "shared" else None
     stream = B.Stream()
     before = (0, 0)
+    device_before = torch.cuda.memory_reserved(B.device) if B.name == "cuda" else None
     try:
         with torch.no_grad():
             for bs in sorted(blist, reverse=order == "largest_first"):
@@ -233,6 +239,8 @@ def measure_bill(model, B, buckets, *, pools: str = "shared", order: str = "larg
                                            out.numel() * out.element_size()))
                 before = now
         bill.num_pools = len(used)
+        if device_before is not None:
+            bill.device_reserved_delta_bytes = torch.cuda.memory_reserved(B.device) - device_before
     finally:
         for g, _ in keep:
             g.reset()
