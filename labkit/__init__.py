@@ -9,12 +9,13 @@ of a shared layer; imports only go down (``tests/test_layers.py``):
     emulator   a CPU stand-in for CUDA graphs with the same observable behaviour
     timeline   01: launch cost, CPU/GPU lane timelines (measured or simulated), traces
     capture    02: the capture/replay template and StaticGraph
-    inspect    02, 05, 10: a captured graph read as a DAG (CUDA's debug_dump or the
+    inspect    02, 05, 06, 10: a captured graph read as a DAG (CUDA's debug_dump or the
                emulator's record) and drawn; DOT in and out
     guards     03: guarded graphs (Megatron's ArgMetadata) and a capture-hazard linter
     bridge     04: forward and backward graphs joined by an autograd.Function
     pipeline   05: 1F1B schedules and capture in the recorded order
-    decode     06: SGLang-style decode bucketing, static buffers, the graph runner
+    decode     06: SGLang-style decode bucketing, static buffers, the graph runner;
+               10: the memory bill of many buckets (decode.memory)
     full_step  07: the whole training step as graphs
     compiled   08: torch.compile's CUDA graph trees, by hand (ReduceOverhead) and observed
     piecewise  09: the model cut at attention, pieces per token bucket, FULL/PIECEWISE dispatch

@@ -85,7 +85,7 @@ def test_build_renders_stored_pictures_without_a_kernel(tmp_path, monkeypatch):
 def test_the_decks_are_the_lessons_then_the_walkthrough():
     names = [p.name for p in sl.lessons(ROOT)]
     assert names[-1] == "walkthrough.ipynb"
-    assert names[:-1] == sorted(p.name for p in (ROOT / "notebooks").glob("0*.ipynb"))
+    assert names[:-1] == sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 def _tagged(cell):

@@ -5,7 +5,7 @@ An authoring tool, not part of ``labkit``. Two commands:
     python tools/slides.py tag [--check]   set metadata.slideshow.slide_type in the notebooks
     python tools/slides.py build [--cdn]   render build/slides/NAME.slides.html (make slides)
 
-The notebooks with a deck: ``notebooks/0*.ipynb`` (the lessons), then
+The notebooks with a deck: ``notebooks/NN_*.ipynb`` (the lessons), then
 ``notebooks/walkthrough.ipynb``.
 
 **Tagging** (idempotent: the tags follow from the cells, so a second run changes nothing):
@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # slide_layout.py, bes
 from slide_layout import HEIGHT, HIDE, WIDTH, _heading_type, _is_picture, paginate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-LESSONS = "notebooks/0*.ipynb"
+LESSONS = "notebooks/[0-9][0-9]_*.ipynb"
 WALKTHROUGH = "notebooks/walkthrough.ipynb"
 OUT = Path("build/slides")
 LONG = 15                      # lines of code above which the code folds away
@@ -372,7 +372,7 @@ def build(root: Path = ROOT, out: Path | None = None, cdn: bool = False) -> list
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tools/slides.py",
-                                     description="Slide tags for notebooks/0*.ipynb and "
+                                     description="Slide tags for notebooks/NN_*.ipynb and "
                                                  "the walkthrough, and reveal.js slides "
                                                  "of them.")
     sub = parser.add_subparsers(dest="cmd", required=True)

@@ -1,6 +1,6 @@
 """Seeing what was captured: a graph's kernels, copies and dependencies, drawn as a DAG.
 
-The engine of lesson 10's "what did capture record?", used in lessons 02 and 05::
+The engine of lesson 10's "what did capture record?", used in lessons 02, 05 and 06::
 
     from labkit.inspect import captured_dag, draw, inspectable_graph, to_dot
 
