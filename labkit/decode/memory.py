@@ -38,7 +38,7 @@ from labkit.backend import ensure as ensure_backend
 from labkit.capture import own_cublas_workspace
 from labkit.core.validate import check_int
 
-from .batch import _check_model
+from .batch import check_model
 from .buckets import default_buckets, make_buckets, pow2_buckets
 
 __all__ = ["POOLS", "ORDERS", "BucketRow", "Bill", "measure_bill", "bucket_lists",
@@ -190,7 +190,7 @@ def measure_bill(model, B, buckets, *, pools: str = "shared", order: str = "larg
     """
     from .runner import DecodeGraphRunner
 
-    _check_model(model, "measure_bill")
+    check_model(model, "measure_bill")
     B = ensure_backend(B, "measure_bill(model, B, ...)")
     _check_choice("pools", pools, POOLS)
     _check_choice("order", order, ORDERS)

@@ -22,7 +22,7 @@ import os
 import torch
 
 from labkit import backend
-from labkit.bench.rounds import DEFAULT_ROUNDS
+from labkit.core.rounds import DEFAULT_ROUNDS
 from labkit.core.timing import device_name
 from labkit.core.validate import int_at_least
 from labkit.decode import CONFIGS

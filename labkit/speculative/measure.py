@@ -6,7 +6,7 @@ with its draft graphs, and decodes the same prompts four ways: plain greedy eage
 graphed (lesson 06's ``serve``), speculative eager and graphed. Each row is one way, with
 the measured acceptance rate, decode tokens per second, and the time of a round split by
 part (draft, verify, accept, host). Every way is built (and warmed up) first, then they
-are timed in interleaved rounds (:func:`labkit.bench.rounds.interleave`: each round
+are timed in interleaved rounds (:func:`labkit.core.rounds.interleave`: each round
 decodes the prompts once per way, in an order shuffled per round), and a row's figures are
 medians over the rounds, its ``rounds`` the per-round values. :func:`verdicts` judges
 each speculative row against plain greedy decoding of the same mode, round by round
@@ -32,7 +32,7 @@ import statistics
 import torch
 
 from labkit.backend import ensure as ensure_backend
-from labkit.bench.rounds import DEFAULT_ROUNDS, interleave, verdict
+from labkit.core.rounds import DEFAULT_ROUNDS, interleave, verdict
 from labkit.core.timing import device_name
 from labkit.core.validate import check_int
 from labkit.decode import DecodeGraphRunner, ModelArgs, build_model, make_buckets
@@ -206,7 +206,7 @@ def measure(B=None, config: str | ModelArgs = "tiny", batch_size: int = 4, num_s
 
 def verdicts(rows: list[dict]) -> list[tuple[dict, object]]:
     """``[(row, Verdict)]``: each speculative row against plain greedy decoding of the same
-    mode, round by round on the decode time per token (:func:`labkit.bench.rounds.verdict`:
+    mode, round by round on the decode time per token (:func:`labkit.core.rounds.verdict`:
     "faster" only when ahead in at least 4 of 5 rounds, else level). Rows of one
     :func:`measure` call only: they were timed in the same rounds."""
     _check_rows(rows, "verdicts", ("method", "mode", "draft", "rounds"))
