@@ -61,12 +61,9 @@ def test_private_pools_cost_more_than_one_shared_pool(B, wide_models):
     else:
         assert shared.device_reserved_delta_bytes is None
     assert private.reserved_bytes > shared.reserved_bytes
-    # the same graphs keep the same live tensors either way; on a GPU each private pool
-    # also keeps its own cuBLAS workspace (labkit.capture.own_cublas_workspace)
-    if B.name == "cuda":
-        assert private.allocated_bytes > shared.allocated_bytes
-    else:
-        assert private.allocated_bytes == shared.allocated_bytes
+    # the same graphs keep the same live tensors either way (the H200, torch 2.11, measured
+    # the two equal: 36975616 bytes each for this model)
+    assert private.allocated_bytes == shared.allocated_bytes
 
 
 def test_largest_first_reuses_the_first_graphs_blocks(B, wide_models):
