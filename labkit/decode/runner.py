@@ -62,13 +62,20 @@ __all__ = ["FullGraphBackend", "BaseGraphRunner", "DecodeGraphRunner", "EagerRun
 
 logger = logging.getLogger("labkit.decode")
 
+_CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
+
 
 class FullGraphBackend:
     """One full CUDA graph per shape key, all in one memory pool, one capture stream."""
 
-    def __init__(self, B, num_warmups: int = 2):
+    def __init__(self, B, num_warmups: int = 2, capture_error_mode: str = "global"):
         self.B = ensure_backend(B, "FullGraphBackend(B)")
         self.num_warmups = check_int("num_warmups", num_warmups, 1, fix=_WARMUP_WHY)
+        if capture_error_mode not in _CAPTURE_ERROR_MODES:
+            raise ValueError(f"capture_error_mode must be one of "
+                             f"{', '.join(map(repr, _CAPTURE_ERROR_MODES))}, got "
+                             f"{capture_error_mode!r}")
+        self.capture_error_mode = capture_error_mode  # B.graph's: whose unsafe calls fail
         self.graphs: dict = {}
         self.outputs: dict = {}
         self.pool = None
@@ -93,8 +100,9 @@ class FullGraphBackend:
                 post_warmup_hook()
         B.synchronize()
         g = B.CUDAGraph()
-        with own_cublas_workspace(B, g, self.pool), B.graph(g, pool=self.pool,
-                                                             stream=self.stream):
+        with own_cublas_workspace(B, g, self.pool), B.graph(
+                g, pool=self.pool, stream=self.stream,
+                capture_error_mode=self.capture_error_mode):
             out = forward_fn()
         B.synchronize()
         self.graphs[key] = g
@@ -276,7 +284,7 @@ class DecodeGraphRunner(BaseGraphRunner):
         bucket_list = make_buckets(max_bs, scheme)
         if bucket_list[-1] > max_bs:
             raise ValueError(f"bucket {bucket_list[-1]} exceeds max_bs={max_bs}")
-        super().__init__(B, bucket_list, FullGraphBackend(B, num_warmups), progress)
+        super().__init__(B, bucket_list, self.make_graph_backend(B, num_warmups), progress)
         self.model = model
         self.max_bs = max_bs
         self.num_tokens_per_bs = num_tokens_per_bs
@@ -306,6 +314,12 @@ class DecodeGraphRunner(BaseGraphRunner):
         self.last_replay: tuple[int, int] | None = None  # (raw_bs, bucket) of the last replay
 
     # ---- capture -----------------------------------------------------------------------
+    def make_graph_backend(self, B, num_warmups: int) -> FullGraphBackend:
+        """The graph backend this runner captures with: a hook for subclasses
+        (:class:`labkit.tp.TPDecodeGraphRunner` returns one that checks, after each
+        capture, that every rank captured the same collectives)."""
+        return FullGraphBackend(B, num_warmups)
+
     def _buffer_batch(self, bs: int, seq_lens_cpu: list[int]) -> ForwardBatch:
         """A ForwardBatch whose tensors are views of the static buffers (first ``bs`` rows)."""
         v = self.buffers.view(bs)
