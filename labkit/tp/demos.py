@@ -13,7 +13,6 @@ import torch
 
 from labkit import backend as _backend
 from labkit.decode import (
-    DecodeGraphRunner,
     EagerRunner,
     build_model,
     make_decode_batch,
@@ -26,7 +25,8 @@ from .model import build_tp_model
 from .runner import TPDecodeGraphRunner
 
 __all__ = ["TOLERANCE", "tolerance", "compare_with_one_rank", "mismatched_capture",
-           "unwaited_capture", "demo_batch"]
+           "unwaited_capture", "rank_dependent_buckets", "capture_while_thread_allocates",
+           "demo_batch"]
 
 #: (atol, rtol) of the split model's logits against the 1-rank model's, per dtype: the
 #: split sums the same products in another order (per-rank partial sums, then the
@@ -105,6 +105,17 @@ def compare_with_one_rank(group: TPGroup, backend: str = "emulated", config="tin
             "buckets": list(runner.buckets), "max_abs_diff": diffs, "allclose": close,
             "tokens_equal": got == want, "graph_replays": runner.stats["graph"],
             "collectives": {bs: list(sig) for bs, sig in runner.signatures.items()}}
+
+
+def rank_dependent_buckets(group: TPGroup, backend: str = "emulated") -> list[int]:
+    """Each rank picks its own ``max_bs`` (as a server that sizes its graphs from the free
+    memory of its GPU would): the runner's check refuses before any warmup runs a
+    collective, on every rank, naming each rank's list."""
+    B = _backend.get(backend)
+    part = build_tp_model("tiny", group, max_requests=8, device=B.device)
+    runner = TPDecodeGraphRunner(part, B, max_bs=2 + 2 * group.rank, progress=False)
+    runner.capture()
+    return list(runner.buckets)
 
 
 def _capture(B, fn):
