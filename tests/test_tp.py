@@ -217,3 +217,38 @@ def test_more_nccl_ranks_than_gpus_is_refused_cuda():
     n = torch.cuda.device_count()
     with pytest.raises(RuntimeError, match=f"{n + 1} NCCL ranks need {n + 1} GPUs"):
         launch(demos.compare_with_one_rank, n + 1, "nccl", args=("cuda",))
+
+
+# ---- the bench suite ------------------------------------------------------------------------
+
+def test_bench_suite_times_every_variant_on_two_gloo_ranks():
+    from labkit.bench import tp
+    rows = tp.run(backend.get("emulated"), quick=True, rounds=1, batch_sizes=(2,),
+                  log=lambda *a: None)
+    assert [(r["variant"], r["config"]["ranks"]) for r in rows] == [
+        ("eager", 1), ("labkit_graph", 1), ("tp2_eager", 2), ("tp2_graph", 2)]
+    assert all(r["suite"] == "tp" and r["batch_size"] == 2 and r["median_us"] > 0
+               for r in rows)
+    assert rows[3]["extra"]["max_abs_diff_vs_1_rank"] < 1e-4
+
+
+def test_bench_preflight_names_a_rank_count_the_heads_cannot_take():
+    from labkit.bench import tp
+    with pytest.raises(ValueError, match="n_head \\(query heads\\) = 4 is not a multiple of 3"):
+        tp.preflight(3, on_gpu=False)
+
+
+def test_bench_command_refuses_tp_ranks_without_the_tp_suite(capsys):
+    from labkit.bench.__main__ import main
+    with pytest.raises(SystemExit) as info:
+        main(["decode", "--tp-ranks", "2"])
+    assert info.value.code == 2
+    assert "the tp suite is not among the suites to run (decode)" in capsys.readouterr().err
+
+
+def test_bench_command_tp_preflight_error_is_one_line(monkeypatch):
+    from labkit.bench import __main__ as cli
+    args = cli.parse(["tp", "--tp-ranks", "3"])
+    monkeypatch.setattr("labkit.bench.tp.default_world_size", lambda: 1)
+    err = cli._tp_preflight(args)
+    assert err.startswith("--tp-ranks 3: ") and "\n" not in err
