@@ -69,8 +69,10 @@ def _shard_caches(full, part, group: TPGroup) -> None:
 
 def compare_with_one_rank(group: TPGroup, backend: str = "emulated", config="tiny",
                           max_bs: int = 4, batch_sizes=(1, 3), num_requests: int = 6,
-                          max_new_tokens: int = 6) -> dict:
+                          max_new_tokens: int = 6, dtype: str | None = None) -> dict:
     """Run on every rank: the split model, captured per bucket, against the 1-rank model.
+    ``dtype``: ``"float32"``, ``"float16"``, ``"bfloat16"`` or None (build_model's
+    default: fp16 on a GPU, fp32 on the emulator).
 
     Returns (for this rank): ``max_abs_diff`` per batch size (graph replay of the split
     model vs the 1-rank model run eagerly), ``allclose`` under :data:`TOLERANCE`,
@@ -78,8 +80,12 @@ def compare_with_one_rank(group: TPGroup, backend: str = "emulated", config="tin
     ``buckets``, and ``collectives``: bucket → what this rank captured into its graph.
     """
     B = _backend.get(backend)
-    full = build_model(config, max_requests=max_bs, device=B.device)
-    part = build_tp_model(config, group, max_requests=max_bs, device=B.device)
+    if dtype not in (None, "float32", "float16", "bfloat16"):
+        raise ValueError(f"dtype must be 'float32', 'float16', 'bfloat16' or None, got "
+                         f"{dtype!r}")
+    dt = getattr(torch, dtype) if dtype else None
+    full = build_model(config, max_requests=max_bs, device=B.device, dtype=dt)
+    part = build_tp_model(config, group, max_requests=max_bs, device=B.device, dtype=dt)
     _fill_caches(full)
     _shard_caches(full, part, group)
     runner = TPDecodeGraphRunner(part, B, max_bs=max_bs, progress=False)

@@ -95,6 +95,10 @@ def launch(fn, world_size: int = 2, backend: str = "gloo", args: tuple = (),
     """
     check_world(world_size, backend)
     method = "fork" if backend == "gloo" and sys.platform.startswith("linux") else "spawn"
+    if method == "fork":
+        # The first capture imports torch._dynamo (and sympy) lazily, seconds of work:
+        # done once here, every forked rank inherits it instead of repeating it.
+        import torch._dynamo  # noqa: F401
     ctx = mp.get_context(method)
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="labkit_tp_") as tmp:
