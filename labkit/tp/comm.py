@@ -75,8 +75,8 @@ def capturing(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_current_stream_capturing()
     if device.type == "emu":
-        from labkit.emulator import is_current_stream_capturing
-        return is_current_stream_capturing()
+        from labkit.backend import get
+        return get("emulated").is_current_stream_capturing()
     return False
 
 

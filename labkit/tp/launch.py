@@ -70,6 +70,11 @@ def _worker(rank, world_size, backend, init_file, pg_timeout, fn, args, results)
         try:
             out = fn(TPGroup.from_world(), *args)
         finally:
+            # graphs that hold NCCL kernels go before their communicator does
+            import gc
+            gc.collect()
+            if backend == "nccl":
+                torch.cuda.synchronize()
             dist.destroy_process_group()
         results.put((rank, True, out))
     except BaseException as exc:  # report every failure, with its rank, to the parent
