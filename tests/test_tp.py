@@ -81,6 +81,27 @@ def test_split_model_holds_its_share_of_heads_and_cache():
                                                                        a.n_head * d])
 
 
+def _replay_reads_new_inputs(group):
+    from labkit.tp import all_reduce
+    B = backend.get("emulated")
+    x = torch.full((3,), float(group.rank), device=B.device)
+    g = B.CUDAGraph()
+    with B.graph(g, stream=B.Stream()):
+        y = all_reduce(x * 2, group)
+    before = y.cpu().tolist()                 # capture computed nothing: poison
+    x.fill_(group.rank + 10.0)                # new inputs, in place
+    g.replay()
+    return before, y.cpu().tolist(), g.recorded_ops()
+
+
+def test_emulated_replay_runs_the_collective_again_on_the_captured_memory():
+    results = launch(_replay_reads_new_inputs, 2, "gloo", timeout=60)
+    for before, after, ops in results:
+        assert all(v != v for v in before)                 # NaN until the first replay
+        assert after == [2 * (10 + 11)] * 3                # both ranks' new values, summed
+        assert ops == ["aten.mul.Tensor", "_c10d_functional.all_reduce.default"]
+
+
 # ---- the rules ------------------------------------------------------------------------------
 
 def test_ranks_capturing_different_collectives_are_stopped_after_capture():
