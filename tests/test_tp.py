@@ -273,3 +273,10 @@ def test_bench_command_tp_preflight_error_is_one_line(monkeypatch):
     monkeypatch.setattr("labkit.bench.tp.default_world_size", lambda: 1)
     err = cli._tp_preflight(args)
     assert err.startswith("--tp-ranks 3: ") and "\n" not in err
+
+
+def test_graph_backend_refuses_an_unknown_capture_error_mode():
+    from labkit.decode import FullGraphBackend
+    with pytest.raises(ValueError, match="capture_error_mode must be one of 'global', "
+                       "'thread_local', 'relaxed', got 'local'"):
+        FullGraphBackend(backend.get("emulated"), capture_error_mode="local")
