@@ -55,6 +55,8 @@ def synthetic_rows():
             extra={"tokens": 64}),
         row("piecewise", "piecewise", 900.0, config_name="gpt · prefill 8x8", bs=8,
             extra={"tokens": 64, "bucket": 64}),
+        row("tp", "labkit_graph", 300.0, config_name="gpt", bs=8),
+        row("tp", "tp2_graph", 250.0, config_name="gpt", bs=8),
     ]
 
 
@@ -90,7 +92,8 @@ def test_render_tables_and_plots_in_a_tmp_dir(tmp_path):
     names = sorted(p.name for p in written)
     assert names == sorted(["README.md", "launch-synthetic-gpu.png", "train-synthetic-gpu.png",
                             "decode-synthetic-gpu.png", "capture-synthetic-gpu.png",
-                            "serve-synthetic-gpu.png", "piecewise-synthetic-gpu.png"])
+                            "serve-synthetic-gpu.png", "piecewise-synthetic-gpu.png",
+                            "tp-synthetic-gpu.png"])
     for p in written:
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000

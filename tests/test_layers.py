@@ -23,7 +23,7 @@ LAYERS = [
     (4, ["labkit.guards"]),
     (5, ["labkit.timeline", "labkit.bridge"]),
     (6, ["labkit.pipeline", "labkit.full_step", "labkit.decode", "labkit.compiled"]),
-    (7, ["labkit.piecewise", "labkit.speculative"]),
+    (7, ["labkit.piecewise", "labkit.speculative", "labkit.tp"]),
     (8, ["labkit.checks", "labkit.bench", "labkit.doctor", "labkit.exercises", "labkit.demo",
          "labkit.colab"]),
     (9, ["labkit.__main__"]),

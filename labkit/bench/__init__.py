@@ -4,7 +4,7 @@
     python -m labkit.bench train decode        some of them
     python -m labkit.bench --render            re-render docs/benchmarks/ from results.json
 
-Six suites, one module each, each the measured counterpart of a lesson:
+Seven suites, one module each, each the measured counterpart of a lesson:
 
     launch    per-kernel cost, eager vs graph: a chain of 100 tiny adds      (lesson 01)
     decode    labkit.decode's runner vs eager vs torch.compile, bs 1/8/64    (lesson 06)
@@ -12,6 +12,7 @@ Six suites, one module each, each the measured counterpart of a lesson:
     train     eager vs per-layer graphs vs the whole step as one graph       (04, 05, 07)
     capture   time and pool memory per captured graph, shared vs separate    (lesson 05)
     piecewise prefill/mixed batches: eager vs piecewise graphs vs compile      (lesson 09)
+    tp        decode split over 2 GPUs (NCCL all-reduces in the graph) vs 1   (lesson 10)
 
 Every suite builds all its variants first and then times them in interleaved rounds
 (:mod:`labkit.bench.rounds`, ``--rounds N``, 5 by default), so that a drifting host hits
@@ -41,7 +42,7 @@ import statistics
 __all__ = ["SUITES", "make_row", "skipped_row", "unmeasured_rows", "run_suite", "SuiteSkip",
            "round_timer", "cudagraph_skips"]
 
-SUITES = ("launch", "decode", "serve", "train", "capture", "piecewise")
+SUITES = ("launch", "decode", "serve", "train", "capture", "piecewise", "tp")
 
 
 class SuiteSkip(Exception):

@@ -1,5 +1,5 @@
 """``python -m labkit.bench [suite ...] [--rounds N] [--render] [--quick] [--results PATH]
-[--out DIR]``"""
+[--out DIR] [--tp-ranks N]``"""
 
 from __future__ import annotations
 
@@ -22,14 +22,20 @@ do, not how fast a GPU runs them, so it has nothing to benchmark.
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # the runner captures: no cudagraphs
 
 
-def _rounds(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"--rounds takes a whole number >= 1, got {text!r}")
-    return n
+def _whole(option: str):
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{option} takes a whole number >= 1, got "
+                                             f"{text!r}")
+        return n
+    return parse
+
+
+_rounds = _whole("--rounds")
 
 
 def print_verdicts(rows, log=print) -> None:
@@ -68,6 +74,9 @@ def parser() -> argparse.ArgumentParser:
                    help="torch.compile mode for the decode suite's labkit_graph_compiled "
                         "row (default: 'default', fusion only; the runner's own default is "
                         "'max-autotune-no-cudagraphs', minutes of GEMM autotuning)")
+    p.add_argument("--tp-ranks", type=_whole("--tp-ranks"), default=None, metavar="N",
+                   help="ranks (one GPU and one process each) of the tp suite (default: 2 "
+                        "where two GPUs are visible, else 1)")
     return p
 
 
@@ -78,7 +87,23 @@ def parse(argv):
     if unknown:
         p.error(f"unknown suite(s) {', '.join(map(repr, unknown))}: choose from "
                 f"{', '.join(SUITES)}")
+    if args.tp_ranks is not None and args.suites and "tp" not in args.suites:
+        p.error("--tp-ranks sets the tp suite's rank count, and the tp suite is not among "
+                f"the suites to run ({', '.join(args.suites)}): add `tp`")
     return args
+
+
+def _tp_preflight(args) -> str | None:
+    """The tp suite's rank count checked against this machine and the model: the error
+    line, or None. (Run before any suite, so that a bad count costs no measurements.)"""
+    from labkit.bench import tp
+
+    ranks = args.tp_ranks if args.tp_ranks is not None else tp.default_world_size()
+    try:
+        tp.preflight(ranks)
+    except (ValueError, RuntimeError) as exc:
+        return f"--tp-ranks {ranks}: {exc}"
+    return None
 
 
 def main(argv=None) -> int:
@@ -103,6 +128,12 @@ def main(argv=None) -> int:
                             suites=" ".join(args.suites) or "[suite ...]"))
         return 0
 
+    if "tp" in suites:
+        err = _tp_preflight(args)
+        if err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+
     from labkit import backend
 
     B = backend.get("cuda")
@@ -112,6 +143,8 @@ def main(argv=None) -> int:
         for name in suites:
             print(f"[{name}]")
             kw = {"compile_mode": args.decode_compile_mode} if name == "decode" else {}
+            if name == "tp":
+                kw = {"world_size": args.tp_ranks}
             suite_rows = run_suite(name, B, quick=args.quick, rounds=args.rounds, **kw)
             rows += suite_rows
             print_verdicts(suite_rows)

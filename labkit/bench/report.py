@@ -55,7 +55,7 @@ __all__ = ["REQUIRED_KEYS", "SUITE_ORDER", "ResultsError", "default_results_path
 REQUIRED_KEYS = ("suite", "config_name", "config", "batch_size", "variant", "median_us",
                  "device", "torch", "date")
 
-SUITE_ORDER = ("launch", "decode", "serve", "train", "capture", "piecewise")
+SUITE_ORDER = ("launch", "decode", "serve", "train", "capture", "piecewise", "tp")
 VARIANT_ORDER = {
     "launch": ("eager", "graph"),
     "decode": ("eager", "eager_triton", "reference_eager", "labkit_graph",
@@ -72,6 +72,7 @@ VARIANT_ORDER = {
     "capture": ("separate_pools", "shared_pool", "decode_runner_torch_native",
                 "decode_runner_triton"),
     "piecewise": ("eager", "piecewise", "compile_dynamic", "full_graph"),
+    "tp": ("eager", "labkit_graph", "tp1_eager", "tp1_graph", "tp2_eager", "tp2_graph"),
 }
 
 SUITE_TEXT = {
@@ -148,6 +149,14 @@ SUITE_TEXT = {
         "under `torch.compile(dynamic=True)`; `full_graph` = lesson 06's "
         "`DecodeGraphRunner`, for the pure decode batch only. GPU busy = the union of the "
         "call's kernel intervals. Lesson 09."),
+    "tp": (
+        "A decode step of the decode suite's model split tensor-parallel over N GPUs "
+        "(`labkit.tp`: column-parallel QKV and MLP-up, row-parallel output and MLP-down, two "
+        "NCCL all-reduces per layer), one process per GPU: `eager` / `labkit_graph` = the "
+        "1-rank model (lesson 06's runner); `tpN_eager` / `tpN_graph` = the split model, "
+        "eager or replayed with its all-reduces inside the graph (config `ranks`). Rank 0's "
+        "times, all ranks timing the same variants in the same rounds. `tp1_*`: one NCCL "
+        "rank, the cost of the collective alone. Lesson 10."),
 }
 
 TARGETS = {

@@ -49,6 +49,10 @@ PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
     "piecewise": (("piecewise", "compile_dynamic"),
                   ("piecewise", "eager"),
                   ("full_graph", "piecewise")),
+    "tp": (("tp2_graph", "tp2_eager"),
+           ("tp2_graph", "labkit_graph"),
+           ("tp1_graph", "labkit_graph"),
+           ("labkit_graph", "eager")),
 }
 
 

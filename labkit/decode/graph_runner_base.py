@@ -42,12 +42,19 @@ __all__ = ["FullGraphBackend", "BaseGraphRunner", "EagerRunner"]
 logger = logging.getLogger("labkit.decode")
 
 
+CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
+
 class FullGraphBackend:
     """One full CUDA graph per shape key, all in one memory pool, one capture stream."""
 
-    def __init__(self, B, num_warmups: int = 2):
+    def __init__(self, B, num_warmups: int = 2, capture_error_mode: str = "global"):
         self.B = ensure_backend(B, "FullGraphBackend(B)")
         self.num_warmups = check_int("num_warmups", num_warmups, 1, fix=WARMUP_WHY)
+        if capture_error_mode not in CAPTURE_ERROR_MODES:
+            raise ValueError(f"capture_error_mode must be one of "
+                             f"{', '.join(map(repr, CAPTURE_ERROR_MODES))}, got "
+                             f"{capture_error_mode!r}")
+        self.capture_error_mode = capture_error_mode  # B.graph's: whose unsafe calls fail
         self.graphs: dict = {}
         self.outputs: dict = {}
         self.pool = None
@@ -86,8 +93,9 @@ class FullGraphBackend:
         B = self.B
         self.warm_up(forward_fn, post_warmup_hook)
         g = B.CUDAGraph()
-        with own_cublas_workspace(B, g, self.pool), B.graph(g, pool=self.pool,
-                                                             stream=self.stream):
+        with own_cublas_workspace(B, g, self.pool), B.graph(
+                g, pool=self.pool, stream=self.stream,
+                capture_error_mode=self.capture_error_mode):
             out = forward_fn()
         B.synchronize()
         self.graphs[key] = g

@@ -122,7 +122,8 @@ class DecodeGraphRunner(BaseGraphRunner):
         B = ensure_backend(B, "DecodeGraphRunner(model, B)")
         check_device(model, B)
         opts = DecodeRunnerOptions.from_call(options, kw).checked(model)
-        super().__init__(B, opts.buckets, FullGraphBackend(B, opts.num_warmups), opts.progress)
+        super().__init__(B, opts.buckets, self.make_graph_backend(B, opts.num_warmups),
+                         opts.progress)
         self.options = opts
         self.model = model
         self.attn = make_attn_backend(opts.attention, model)
@@ -149,6 +150,12 @@ class DecodeGraphRunner(BaseGraphRunner):
     compile_mode = _option("compile_mode")
 
     # ---- capture -----------------------------------------------------------------------
+    def make_graph_backend(self, B, num_warmups: int) -> FullGraphBackend:
+        """The graph backend this runner captures with: a hook for subclasses
+        (:class:`labkit.tp.TPDecodeGraphRunner` returns one that checks, after each
+        capture, that every rank captured the same collectives)."""
+        return FullGraphBackend(B, num_warmups)
+
     def _static_batch(self, bs: int) -> ForwardBatch:
         """A ForwardBatch whose tensors are views of the static buffers (first ``bs`` rows)."""
         v = self.buffers.view(bs)

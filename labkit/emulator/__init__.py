@@ -12,7 +12,9 @@ caching allocator carves them (:mod:`~labkit.emulator.pool`), and an allocation 
 the capture that would need ``cudaMalloc`` is refused as ``capture_error_mode`` says
 (:mod:`~labkit.emulator.allocator`); streams decide what capture records and whether
 every fork is joined back (:mod:`~labkit.emulator.streams`); autocast casts as CUDA's
-does (:mod:`~labkit.emulator.autocast`). ``tests/test_backend_behaviour.py`` runs each
+does (:mod:`~labkit.emulator.autocast`); ``torch.distributed``'s functional collectives are
+recorded in capture and run again, over the process group, on every replay
+(:mod:`~labkit.emulator.collectives`). ``tests/test_backend_behaviour.py`` runs each
 behaviour on both backends.
 
 .. warning::

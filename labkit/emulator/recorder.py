@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 import labkit.core.staging as staging
+import labkit.emulator.collectives as _collectives
 import labkit.emulator.device as _dev
 import labkit.emulator.pool as _pool
 from labkit.core import rules
@@ -183,6 +184,7 @@ class Capture:
         # streams in this capture -> the recorded nodes their next op depends on
         self.members: dict = {stream: ()}
         self.parents: list[tuple] = []       # node -> the nodes it depends on
+        self.pending_collectives: dict = {}  # collectives not yet waited for (collectives.py)
         self._aliases: dict[tuple, torch.Tensor] = {}
         self._modes = (_CaptureFunctionMode(self), _CaptureDispatchMode(self))
 
@@ -287,6 +289,8 @@ class Capture:
         on_device, hosts = _operands(args, kwargs)
         if not on_device:                   # host work: the CPU runs it now, as on a GPU
             return func(*args, **kwargs)
+        if func.namespace in _collectives.NAMESPACES:   # all_reduce, wait_tensor, ...
+            return _collectives.record(self, func, args, kwargs)
         kind = _kind(func)
         name = func.overloadpacket.__name__
         rule = rules.aten_rule(name, args, kwargs, host_value=self.host_value)
