@@ -18,7 +18,6 @@ step to step, and leave. Variants:
                               a :class:`~labkit.piecewise.PiecewiseGraphRunner`
                               (``serve(..., prefill=...)``, one Triton attention kernel
                               per layer on a GPU), their first tokens read back lazily
-``labkit_graph_compiled_overlap_piecewise``  the same with the compiled decode graphs
 
 ``median_us`` is the median time of one decode step of the loop (wall clock on the host,
 so it includes everything the loop does around the replay); ``extra`` holds decode
@@ -51,8 +50,7 @@ from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
 from labkit.core.timing import profile_gpu_busy_us
 
 VARIANTS = ("eager", "labkit_graph", "labkit_graph_overlap", "labkit_graph_overlap_piecewise",
-            "labkit_graph_compiled", "labkit_graph_compiled_overlap",
-            "labkit_graph_compiled_overlap_piecewise")
+            "labkit_graph_compiled", "labkit_graph_compiled_overlap")
 PIECEWISE_TOKENS = 256      # the prefill runner's largest token bucket (GPU)
 WORKLOAD = dict(num_requests=192, arrival_rate=8.0, prompt_len=(16, 64), output_len=(48, 128))
 CPU_WORKLOAD = dict(num_requests=24, arrival_rate=2.0, prompt_len=(4, 12), output_len=(4, 16))

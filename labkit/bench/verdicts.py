@@ -37,8 +37,7 @@ PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
     "serve": (("labkit_graph_overlap", "labkit_graph"),        # step and whole run
               ("labkit_graph", "eager"),
               ("labkit_graph_compiled_overlap", "labkit_graph_overlap"),
-              ("labkit_graph_overlap_piecewise", "labkit_graph_overlap"),
-              ("labkit_graph_compiled_overlap_piecewise", "labkit_graph_compiled_overlap")),
+              ("labkit_graph_overlap_piecewise", "labkit_graph_overlap")),
     "train": (("labkit_bridge", "torch_make_graphed_callables"),
               ("labkit_bridge_no_clone", "torch_make_graphed_callables"),
               ("labkit_full_step", "eager"),
