@@ -1,11 +1,8 @@
 """Collectives in an emulated capture: ``torch.distributed``'s functional collectives,
 recorded at capture and run again, over the process group, on every replay.
 
-On a GPU, ``ProcessGroupNCCL`` launches a collective on a stream of its own after making
-that stream wait for the caller's (``ProcessGroupNCCL::collective``), and a wait on the
-result makes the caller's stream wait for it in turn (``WorkNCCL::synchronizeStream``).
-Inside a capture both waits become edges of the graph: the NCCL kernel is one node, and
-every replay runs it again, on the same buffers, with whichever peers replay their graphs.
+On a GPU the NCCL kernel of a captured collective is a node of the graph, and every
+replay runs it again, on the same buffers, with whichever peers replay their graphs.
 The functional collectives of :mod:`torch.distributed._functional_collectives` dispatch
 to ``torch.ops._c10d_functional.all_reduce`` (and its siblings), which return a new
 tensor, and ``torch.ops._c10d_functional.wait_tensor``, the wait.
@@ -14,9 +11,10 @@ The emulator records them the same way: at capture a collective allocates its ou
 from the graph's pool and records one step; at replay that step runs the collective on
 the captured memory over the process group (gloo between CPU processes) and waits for
 it, so every rank's replay meets the other ranks' replays, in recorded order. The wait
-records nothing (on a GPU it is an edge, not a kernel), but a collective whose result is
-never waited for inside the capture leaves its stream unjoined, and ``capture_end``
-raises CUDA's ``cudaErrorStreamCaptureUnjoined``, as on a GPU.
+records nothing. A collective whose result is never waited for inside the capture is
+recorded and replayed like the others: on an H200 (torch 2.11, one NCCL rank) such a
+capture did not fail either; torch only warned, when the work was destroyed, that it had
+never been waited for. labkit's own collectives always wait (``labkit.tp.all_reduce``).
 
 .. warning::
     What the emulator cannot show: NCCL's kernels, their timing and their overlap with

@@ -135,17 +135,6 @@ class CUDAGraph:
             raise RuntimeError("capture_end() called without a capture in progress")
         cap.stop()
         self._capture = None
-        unwaited = _collectives.pending(cap) if cap.invalid is None else []
-        if unwaited:
-            _pool.release_pool(self._pool)
-            self._pool = None
-            _stuck_generator(True)
-            raise capture_error(CAPTURE_UNJOINED, "cudaErrorStreamCaptureUnjoined",
-                                f"{unwaited[0]} was never waited for inside the capture "
-                                f"({len(unwaited)} collective(s) unwaited). The collective "
-                                "runs on the process group's own stream; wait for its "
-                                "result (torch.ops._c10d_functional.wait_tensor, or use "
-                                "labkit.tp.all_reduce, which waits) before capture ends.")
         unjoined = cap.unjoined() if cap.invalid is None else []
         if unjoined:
             _pool.release_pool(self._pool)

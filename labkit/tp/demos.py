@@ -156,8 +156,9 @@ def mismatched_capture(group: TPGroup, backend: str = "emulated", check: bool = 
 
 
 def unwaited_capture(group: TPGroup, backend: str = "emulated"):
-    """Capture a functional all-reduce whose result is never waited for: capture_end
-    raises (the process group's stream never joins the capturing stream)."""
+    """Capture a functional all-reduce whose result is never waited for, replay it, and
+    return the result. The capture does not fail, on the emulator or (one NCCL rank, an
+    H200, torch 2.11) on a GPU."""
     B = _backend.get(backend)
     x = torch.ones(4, device=B.device)
 
@@ -165,7 +166,9 @@ def unwaited_capture(group: TPGroup, backend: str = "emulated"):
         return torch.ops._c10d_functional.all_reduce(x * 2, "sum", group.group_name)
 
     g, out, _ = _capture(B, step)
-    return out
+    g.replay()
+    B.synchronize()
+    return out.cpu().tolist()
 
 
 def capture_while_thread_allocates(group: TPGroup, backend: str = "emulated",
