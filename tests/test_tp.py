@@ -126,8 +126,8 @@ def test_ranks_with_different_bucket_lists_are_stopped_before_any_collective():
 
 
 def test_a_collective_never_waited_for_is_captured_and_replayed():
-    """The H200 (torch 2.11, one NCCL rank) captured it without an error; so does the
-    emulator, and the replay reduces over every rank."""
+    """The emulator records it like any collective, and the replay reduces over every
+    rank (on the H200 the capture did not raise the unjoined-work error either)."""
     assert launch(demos.unwaited_capture, 2, "gloo", timeout=60) == [[4.0] * 4] * 2
 
 
@@ -214,8 +214,14 @@ def test_two_nccl_ranks_equal_one_rank_cuda():
 
 @pytest.mark.cuda
 @needs_gpu
-def test_a_collective_never_waited_for_is_captured_and_replayed_cuda():
-    assert launch(demos.unwaited_capture, 1, "nccl", args=("cuda",), timeout=300) == [[2.0] * 4]
+def test_a_collective_never_waited_for_is_not_an_unjoined_capture_cuda():
+    """What the H200 (torch 2.11, one NCCL rank) showed: no cudaErrorStreamCaptureUnjoined
+    (torch warned that the work was never waited for). Whether the capture succeeds is
+    not asserted: that run did not show it."""
+    try:
+        launch(demos.unwaited_capture, 1, "nccl", args=("cuda",), timeout=300)
+    except Exception as e:          # any failure but the unjoined one
+        assert "njoined" not in str(e), str(e)[:500]
 
 
 @pytest.mark.cuda

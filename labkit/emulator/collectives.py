@@ -12,9 +12,10 @@ from the graph's pool and records one step; at replay that step runs the collect
 the captured memory over the process group (gloo between CPU processes) and waits for
 it, so every rank's replay meets the other ranks' replays, in recorded order. The wait
 records nothing. A collective whose result is never waited for inside the capture is
-recorded and replayed like the others: on an H200 (torch 2.11, one NCCL rank) such a
-capture did not fail either; torch only warned, when the work was destroyed, that it had
-never been waited for. labkit's own collectives always wait (``labkit.tp.all_reduce``).
+recorded and replayed like the others. What a GPU does with it is not settled here: on an
+H200 (torch 2.11, one NCCL rank) the capture did not raise CUDA's unjoined-work error, and
+torch warned that the work was never waited for. labkit's own collectives always wait
+(``labkit.tp.all_reduce``).
 
 .. warning::
     What the emulator cannot show: NCCL's kernels, their timing and their overlap with

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 import labkit.emulator.allocator as _allocator
-import labkit.emulator.collectives as _collectives
 import labkit.emulator.pool as _pool
 import labkit.emulator.streams as _streams
 from labkit.emulator.recorder import Capture, StuckGeneratorMode, run_steps

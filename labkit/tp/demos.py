@@ -157,8 +157,8 @@ def mismatched_capture(group: TPGroup, backend: str = "emulated", check: bool = 
 
 def unwaited_capture(group: TPGroup, backend: str = "emulated"):
     """Capture a functional all-reduce whose result is never waited for, replay it, and
-    return the result. The capture does not fail, on the emulator or (one NCCL rank, an
-    H200, torch 2.11) on a GPU."""
+    return the result (the emulator records it like any collective; on an H200, one NCCL
+    rank, the capture did not raise CUDA's unjoined-work error)."""
     B = _backend.get(backend)
     x = torch.ones(4, device=B.device)
 
