@@ -1,57 +1,79 @@
-"""Checkers for the exercises: run the learner's function against the reference.
+"""Checkers for the exercises: this module owns the whole loop, the exercise modules declare.
 
 Each lesson has a module ``labkit.checks.lessonNN`` with one ``check_<exercise>(fn)`` per
-exercise; they are thin wrappers around :func:`check`::
+exercise::
 
     from labkit.checks.lesson00 import check_scale_and_shift
     check_scale_and_shift(scale_and_shift)
     # ✅ scale_and_shift: passed 3 random trials
 
-:func:`check` builds fresh random inputs for every trial (seeded, so a failure can be
-reproduced), calls the reference and the learner's function on separate copies, compares
-the results and prints ONE line when all trials pass, or a short report of the first
-failure: which trial, what differs (type, shape, dtype, device, values with the largest
-absolute difference) and a hint. An exception raised by the learner's code is never shown
-as a bare traceback: the report names the exception, its message and the learner's line.
+An exercise module declares what is its own, as :mod:`labkit.core.rules` declares the
+rules of capture in one table:
 
-It returns a :class:`CheckResult`, truthy when the check passed, for tests and scripts.
+* an :class:`Exercise`: its name and its hints;
+* its trials: ``make_inputs(gen)`` and the reference (or, for an exercise that builds and
+  probes an object step by step, a ``body`` that returns the pass message);
+* its judges: small predicates ``judge(expected, actual)`` that return a reason (a
+  string, or a :class:`Reason` with the hints for that mistake) or None.
+
+This module does the rest, the same way for every exercise:
+
+* :func:`attempt` calls the learner's code: under a time budget (:func:`call_learner`:
+  an endless loop gets "did not finish within 10 s" instead of a cell that never
+  returns), the untouched stub (``NotImplementedError``) reported as :data:`NOT_DONE`,
+  a timeout or an exception reported with the learner's line (never a bare traceback),
+  a half-open capture recovered (:func:`labkit.backend.recover`). Nothing below
+  ``labkit.checks`` wraps the learner's code in a ``try``: a failure travels as
+  :class:`Rejected` (also what :func:`reject` raises for a judge's reason);
+* :func:`check` runs the trials: fresh random inputs for every trial (seeded, so a
+  failure can be reproduced), the reference and the learner on separate copies, the
+  judges in order; :func:`run_check` runs a ``body`` once;
+* the report: ONE line when all trials pass, or a short report of the first failure
+  (which trial, what differs: type, shape, dtype, device, values with the largest
+  absolute difference, and a hint). Both return a :class:`CheckResult`, truthy when the
+  check passed, for tests and scripts.
 
 Hints come in steps. A failure report names what is wrong and where to look; it never
 starts with the answer. A checker may attach ``more_hints`` (each more specific than the
-last); :func:`hint` prints the next one for the most recent failed check. A ``compare``
-function may return a :class:`Reason` instead of a plain string: its ``hints`` then replace
+last); :func:`hint` prints the next one for the most recent failed check. A judge may
+return a :class:`Reason` instead of a plain string: its ``hints`` then replace
 ``more_hints`` for that failure, so that the first hint is about the mistake seen. After a
 "not done yet" report, :func:`hint` names the exercise and gives its first hint; a printed
 ✅ forgets that exercise's failure (a quiet pass, in a test or script, forgets nothing).
 
-Learner code runs under a time budget (:func:`call_learner`): an endless loop gets a
-verdict ("did not finish within 10 s") instead of a cell that never returns.
+:func:`fail`, :func:`passed`, :func:`learner_raised` and :func:`verdict` are the older
+hand-written form of the same reports, used by the checkers not yet declared this way
+(issue #31 moves them one lesson at a time).
 """
 
 from __future__ import annotations
 
-import linecache
-import math
-import os
-import signal
-import sys
-import threading
-import time
-import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from labkit.core.errors import in_library
-from labkit.core.signature import fmt_shape
+from labkit.checks.budget import DEFAULT_TIME_LIMIT, LearnerTimeout, call_learner
+from labkit.checks.outputs import (  # noqa: F401 - re-exported, private ones: host_reads, lesson02
+    _is_learner_frame,
+    _is_notebook_frame,
+    _type_name,
+    compare_outputs,
+    describe_exception,
+    short_description,
+)
+from labkit.core.errors import capture_cause
 
 __all__ = [
     "DEFAULT_TIME_LIMIT",
+    "NOT_DONE",
     "CheckResult",
+    "Exercise",
     "LearnerTimeout",
     "Reason",
+    "Rejected",
+    "attempt",
     "call_learner",
     "check",
     "compare_outputs",
@@ -61,14 +83,14 @@ __all__ = [
     "fail",
     "hint",
     "passed",
+    "reject",
+    "run_check",
     "verdict",
 ]
 
 PASS = "✅"
 FAIL = "❌"
 NOT_DONE = "not done yet: fill in the cell marked YOUR CODE HERE"
-DEFAULT_TIME_LIMIT = 10.0  # seconds a learner's function may run in one trial
-_ALARM_REPEAT_S = 0.25     # after the budget, the timeout is raised again this often
 
 
 @dataclass
@@ -225,230 +247,127 @@ def passed(name: str, message: str, *, quiet: bool = False, **fields: Any) -> Ch
     return _report(CheckResult(name, True, f"{PASS} {name}: {message}", **fields), quiet)
 
 
-# --- the time budget -----------------------------------------------------------------------
+# --- calling the learner's code ----------------------------------------------------------
 
 
-class _Deadline(BaseException):
-    """Raised into the learner's code when its budget is spent. A ``BaseException``, like
-    ``KeyboardInterrupt``, so that library ``except Exception`` blocks do not swallow it;
-    :func:`call_learner` turns it into :class:`LearnerTimeout` for the checkers."""
+class Rejected(Exception):
+    """Ends a check with a failure: raised by :func:`reject` (a judge's reason) and by
+    :func:`attempt` (the learner's code raised, timed out or is the untouched stub).
+
+    Only this module catches it (:func:`check`, :func:`run_check`), so that no checker
+    below ``labkit.checks`` needs a ``try`` around the learner's code.
+
+    Args:
+        reason: the report's text after ``name:`` (and, in :func:`check`, the trial).
+        kind: ``mismatch``, ``exception``, ``timeout`` or ``not_implemented``
+            (:attr:`CheckResult.kind`).
+        hints: the hints for THIS failure (replace the exercise's ``more_hints``).
+        details: kept in :attr:`CheckResult.details` (``exception`` for a raise).
+    """
+
+    def __init__(self, reason: str, *, kind: str = "mismatch",
+                 hints: Sequence[str] | None = None, details: dict | None = None):
+        super().__init__(reason)
+        self.reason, self.kind, self.details = reason, kind, dict(details or {})
+        self.hints = list(hints) if hints is not None else getattr(reason, "hints", None)
 
 
-class LearnerTimeout(Exception):
-    """The learner's code did not finish within its time budget."""
-
-    def __init__(self, seconds: float, fn_name: str = "your function"):
-        self.seconds = seconds
-        super().__init__(
-            f"{fn_name} did not finish within {seconds:g} s: look for a loop that never ends "
-            f"(a `while` whose condition never changes, or a loop over a list you keep "
-            f"appending to)"
-        )
+def reject(reason: str, *, hints: Sequence[str] | None = None) -> None:
+    """Fail the running check with ``reason`` (a judge's finding, or a :class:`Reason`)."""
+    raise Rejected(reason, hints=hints)
 
 
-def call_learner(fn: Callable, *args: Any, time_limit: float | None = DEFAULT_TIME_LIMIT,
-                 **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``, stopped with :class:`LearnerTimeout` after ``time_limit`` s.
+def _raised(exc: BaseException) -> str:
+    return f"your code raised {describe_exception(exc)}"
 
-    On the main thread (where a notebook cell runs) the budget is a ``SIGALRM`` timer; on
-    other threads a trace function checks the clock. ``None`` or ``0`` means no limit.
+
+def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
+            time_limit: float | None = None, B=None, always_recover: bool = False,
+            reason: Callable[[BaseException], str] = _raised, kind: str = "exception",
+            not_done: bool = True) -> Any:
+    """``fn(*args, **kwargs)``: the learner's code, called the one way checkers call it.
+
+    Whatever goes wrong ends the check as a :class:`Rejected`: the untouched stub (a
+    ``NotImplementedError``, also when a failed capture wraps it) is ``NOT_DONE``; a
+    :class:`LearnerTimeout` (``time_limit``, :func:`call_learner`) says how long it ran;
+    any other ``Exception`` is ``reason(exc)`` (default: "your code raised" and
+    :func:`describe_exception`) with ``kind``.
+
+    Args:
+        B: a backend to :func:`labkit.backend.recover` after an error other than the stub
+            (a capture left half-open), or after every call with ``always_recover``.
+        not_done: False when ``fn`` is not the exercise's own function (a stub raised
+            there is an ordinary error).
 
     .. warning::
-        A loop inside one long torch call is interrupted only when it returns to Python.
-        If the budget runs out inside a capture, the capture is abandoned like any other
-        failed capture: call :func:`labkit.backend.recover` afterwards (the checkers do).
+        A ``BaseException`` (``KeyboardInterrupt``, an outer time budget running out)
+        passes through: only the outermost budget turns into a timeout.
     """
-    name = getattr(fn, "__name__", "your function")
-    if not time_limit:
-        return fn(*args, **kwargs)
-    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
-        active = [True]
-
-        def _alarm(signum, frame):
-            if active[0]:
-                raise _Deadline
-
-        old = signal.signal(signal.SIGALRM, _alarm)
-        # the timer repeats: code that catches even a BaseException cannot keep an
-        # endless loop alive for long
-        signal.setitimer(signal.ITIMER_REAL, time_limit, _ALARM_REPEAT_S)
-        try:
-            return fn(*args, **kwargs)
-        except _Deadline:
-            raise LearnerTimeout(time_limit, name) from None
-        finally:
-            while True:         # an alarm landing in here must not skip the clean-up
-                try:
-                    active[0] = False
-                    signal.setitimer(signal.ITIMER_REAL, 0)
-                    signal.signal(signal.SIGALRM, old)
-                    break
-                except _Deadline:
-                    continue
-    deadline = time.monotonic() + time_limit
-
-    def _trace(frame, event, arg):
-        if time.monotonic() > deadline:
-            raise _Deadline
-        return _trace
-
-    old_trace = sys.gettrace()
-    sys.settrace(_trace)
+    failed = True
     try:
-        return fn(*args, **kwargs)
-    except _Deadline:
-        raise LearnerTimeout(time_limit, name) from None
+        value = call_learner(fn, *args, time_limit=time_limit, **(kwargs or {}))
+        failed = False
+        return value
+    except Rejected:
+        raise
+    except Exception as exc:
+        root = capture_cause(exc)
+        if not_done and isinstance(root, NotImplementedError):
+            failed = always_recover
+            raise Rejected(NOT_DONE, kind="not_implemented") from None
+        if isinstance(root, LearnerTimeout):
+            raise Rejected(str(root), kind="timeout") from None
+        raise Rejected(reason(exc), kind=kind, details={"exception": exc}) from None
     finally:
-        sys.settrace(old_trace)
+        if B is not None and (failed or always_recover):
+            from labkit import backend
+            backend.recover(B)
 
 
-# --- comparing outputs -----------------------------------------------------------------
+# --- the two loops: one run, or trials against a reference ----------------------------
 
 
-def _type_name(x: Any) -> str:
-    if isinstance(x, torch.Tensor):
-        return "a torch.Tensor"
-    if x is None:
-        return "None"
-    return f"a {type(x).__name__}"
+def run_check(name: str, body: Callable[[], str], *, more_hints: Sequence[str] | None = None,
+              quiet: bool = False) -> CheckResult:
+    """Run a checker's ``body()``: it returns the pass message, or ends in a :class:`Rejected`.
 
-
-def _compare_tensors(expected: torch.Tensor, actual: torch.Tensor, where: str,
-                     rtol: float, atol: float) -> str | None:
-    if tuple(actual.shape) != tuple(expected.shape):
-        return f"{where}shape: expected {fmt_shape(expected.shape)}, got {fmt_shape(actual.shape)}"
-    if actual.dtype != expected.dtype:
-        return f"{where}dtype: expected {expected.dtype}, got {actual.dtype}"
-    if actual.device != expected.device:
-        return f"{where}device: expected {expected.device}, got {actual.device}"
-    e = expected.detach().cpu()
-    a = actual.detach().cpu()
-    if e.numel() == 0:
-        return None
-    if e.is_floating_point() or e.is_complex():
-        close = torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
-    else:
-        close = a == e
-    if bool(close.all()):
-        return None
-    bad = ~close
-    n_bad = int(bad.sum())
-    if e.dtype == torch.bool:
-        diff = (a != e).to(torch.float64)
-    else:
-        diff = (a.to(torch.float64) - e.to(torch.float64)).abs()
-        diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
-    diff = torch.where(bad, diff, torch.zeros_like(diff))
-    flat = int(diff.reshape(-1).argmax())
-    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), e.shape)) if e.dim() else ()
-    ev, av = e.reshape(-1)[flat].item(), a.reshape(-1)[flat].item()
-    at = f" at index {idx}" if idx else ""
-    return (
-        f"{where}values differ: max abs diff {diff.reshape(-1)[flat].item():.4g}{at} "
-        f"(expected {ev:.6g}, got {av:.6g}); {n_bad} of {e.numel()} elements differ"
-    )
-
-
-def compare_outputs(expected: Any, actual: Any, *, rtol: float = 1e-5, atol: float = 1e-6,
-                    where: str = "") -> str | None:
-    """``None`` when ``actual`` matches ``expected``, else one line saying what differs.
-
-    Tensors are compared by shape, dtype, device, then values (``torch.isclose``); tuples,
-    lists and dicts element by element; other values with ``==`` (floats with tolerance).
+    The shape of the checkers that build, run and probe the learner's object step by step
+    (lessons 03-09): ``body`` calls the learner's code through :func:`attempt` and its
+    judges through :func:`reject`. A timeout's report carries no hints (it names the loop);
+    any other failure carries its own hints or, without, ``more_hints``.
     """
-    if isinstance(expected, torch.Tensor):
-        if not isinstance(actual, torch.Tensor):
-            hint = " (did you forget `return`?)" if actual is None else ""
-            return f"{where}expected a torch.Tensor, got {_type_name(actual)}{hint}"
-        return _compare_tensors(expected, actual, where, rtol, atol)
-    if isinstance(expected, Mapping):
-        if not isinstance(actual, Mapping):
-            return f"{where}expected a dict, got {_type_name(actual)}"
-        if set(expected) != set(actual):
-            want, got = sorted(map(str, expected)), sorted(map(str, actual))
-            return f"{where}keys: expected {want}, got {got}"
-        for k in expected:
-            msg = compare_outputs(expected[k], actual[k], rtol=rtol, atol=atol,
-                                  where=f"{where}[{k!r}] ")
-            if msg:
-                return msg
-        return None
-    if isinstance(expected, Sequence) and not isinstance(expected, str):
-        if not isinstance(actual, Sequence) or isinstance(actual, str):
-            return f"{where}expected {_type_name(expected)}, got {_type_name(actual)}"
-        if len(actual) != len(expected):
-            return f"{where}length: expected {len(expected)}, got {len(actual)}"
-        for i, (e, a) in enumerate(zip(expected, actual)):
-            msg = compare_outputs(e, a, rtol=rtol, atol=atol, where=f"{where}[{i}] ")
-            if msg:
-                return msg
-        return None
-    if isinstance(expected, float) and isinstance(actual, (int, float)):
-        if math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol) or (
-            math.isnan(expected) and math.isnan(actual)
-        ):
-            return None
-        return f"{where}value: expected {expected!r}, got {actual!r}"
-    if actual != expected:
-        if type(actual) is not type(expected):
-            return (f"{where}expected {_type_name(expected)} {expected!r}, "
-                    f"got {_type_name(actual)} {actual!r}")
-        return f"{where}value: expected {expected!r}, got {actual!r}"
-    return None
+    try:
+        message = body()
+    except Rejected as r:
+        hints = [] if r.kind == "timeout" else (r.hints or list(more_hints or []))
+        return fail(name, r.reason, kind=r.kind, more_hints=hints, details=r.details,
+                    quiet=quiet)
+    return passed(name, message, quiet=quiet)
 
 
-# --- exceptions --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Exercise:
+    """An exercise as its checker declares it, once, at the top of its module.
 
+    Args:
+        name: what every report of it starts with (``❌ name: ...``).
+        hint: the line under a failed trial (:meth:`check` only).
+        more_hints: what :func:`hint` gives, one step at a time, most general first.
+    """
 
-def _is_learner_frame(filename: str) -> bool:
-    """Not labkit's own code (checkers, engines, the emulator) and not torch's."""
-    return not in_library(filename)
+    name: str
+    hint: str | None = None
+    more_hints: tuple[str, ...] = ()
 
+    def check(self, learner_fn: Callable, reference_fn: Callable,
+              make_inputs: Callable[[torch.Generator], Any], **options: Any) -> CheckResult:
+        """:func:`check` with this exercise's name and hints."""
+        return check(learner_fn, reference_fn, make_inputs, name=self.name, hint=self.hint,
+                     more_hints=self.more_hints, **options)
 
-def _is_notebook_frame(filename: str) -> bool:
-    return filename.startswith(("<ipython-input", "<cell")) or "ipykernel_" in filename
-
-
-def describe_exception(exc: BaseException) -> str:
-    """``TypeError: message`` plus the learner's line that raised it, for a report."""
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    frames = traceback.extract_tb(exc.__traceback__)
-    # Prefer the deepest frame in a notebook cell; else the deepest frame outside
-    # labkit.checks and torch.
-    pick = None
-    for fr in frames:
-        if _is_notebook_frame(fr.filename):
-            pick = fr
-    if pick is None:
-        for fr in frames:
-            if _is_learner_frame(fr.filename):
-                pick = fr
-    if pick is None:
-        return text
-    line = (pick.line or linecache.getline(pick.filename, pick.lineno)).strip()
-    where = "your cell" if _is_notebook_frame(pick.filename) else os.path.basename(pick.filename)
-    loc = f"line {pick.lineno} of {where}"
-    if pick.name != "<module>":
-        loc += f" (in {pick.name})"
-    return f"{text}\n   at {loc}: {line}" if line else f"{text}\n   at {loc}"
-
-
-_CUDA_BOILERPLATE = ("Search for `cuda", "CUDA kernel errors might be asynchronously",
-                     "For debugging consider passing CUDA_LAUNCH_BLOCKING",
-                     "Compile with `TORCH_USE_CUDA_DSA`")
-
-
-def short_description(exc: BaseException) -> str:
-    """:func:`describe_exception` of the error a failed capture started with, without
-    CUDA's boilerplate lines (where to search, how to debug)."""
-    from labkit.core.errors import capture_cause
-
-    text = describe_exception(capture_cause(exc))
-    return "\n".join(ln for ln in text.split("\n")
-                     if ln.strip() and not ln.startswith(_CUDA_BOILERPLATE))
-
-
-# --- the checker ---------------------------------------------------------------------------
+    def run(self, body: Callable[[], str], *, quiet: bool = False) -> CheckResult:
+        """:func:`run_check` with this exercise's name and hints."""
+        return run_check(self.name, body, more_hints=self.more_hints, quiet=quiet)
 
 
 def _as_call(inputs: Any) -> tuple[tuple, dict]:
@@ -472,6 +391,28 @@ def _report(result: CheckResult, quiet: bool) -> CheckResult:
     return result
 
 
+def first_reason(judges: Sequence[Callable[[Any, Any], str | None]], expected: Any,
+                 actual: Any) -> str | None:
+    """The first judge's reason that is not None: judges run in order, most basic first."""
+    for judge in judges:
+        reason = judge(expected, actual)
+        if reason:
+            return reason
+    return None
+
+
+def _trial_failure(name: str, r: Rejected, trial: int, trials: int, hint_line: str,
+                   hints: list[str]) -> CheckResult:
+    """The report of trial ``trial``'s :class:`Rejected`."""
+    fields = dict(trials=trial - 1, failed_trial=trial, kind=r.kind, details=r.details)
+    if r.kind == "not_implemented":
+        return CheckResult(name, False, f"{FAIL} {name}: {NOT_DONE}", more_hints=hints, **fields)
+    seen = list(r.hints or hints)
+    tail = "" if r.kind == "timeout" else hint_line
+    msg = f"{FAIL} {name}: trial {trial} of {trials}: {r.reason}{tail}"
+    return CheckResult(name, False, _with_hint_tail(msg, seen), more_hints=seen, **fields)
+
+
 def check(
     learner_fn: Callable,
     reference_fn: Callable,
@@ -482,6 +423,7 @@ def check(
     hint: str | None = None,
     more_hints: Sequence[str] | None = None,
     compare: Callable[[Any, Any], str | None] | None = None,
+    judges: Sequence[Callable[[Any, Any], str | None]] = (),
     seed: int = 0,
     rtol: float = 1e-5,
     atol: float = 1e-6,
@@ -496,9 +438,11 @@ def check(
     identical inputs (an in-place change by one cannot leak into the other); the global
     torch RNG is seeded the same way before each call.
 
-    ``compare(expected, actual)`` returns ``None`` when they match, else a one-line reason
-    (default: :func:`compare_outputs` with ``rtol``/``atol``); a :class:`Reason` brings
-    the hints for that mistake, used instead of ``more_hints``.
+    ``judges``: predicates ``judge(expected, actual)`` returning ``None`` when they see
+    nothing wrong, else a one-line reason (a :class:`Reason` brings the hints for that
+    mistake, used instead of ``more_hints``); the first reason wins. ``compare`` is one
+    judge; without either, :func:`compare_outputs` with ``rtol``/``atol``. The learner's
+    side may end a trial itself with :func:`reject` or :func:`attempt`.
 
     ``hint`` is shown with a failure; ``more_hints`` are kept for :func:`hint`, one step
     at a time. Each call of ``learner_fn`` runs under ``time_limit`` seconds
@@ -508,7 +452,8 @@ def check(
     :class:`CheckResult`.
     """
     name = name or getattr(reference_fn, "__name__", "check")
-    compare = compare or (lambda e, a: compare_outputs(e, a, rtol=rtol, atol=atol))
+    judges = (compare,) if compare else tuple(judges) or (
+        lambda e, a: compare_outputs(e, a, rtol=rtol, atol=atol),)
     hint_line = f"\n   hint: {hint}" if hint else ""
     hints = list(more_hints or [])
 
@@ -530,32 +475,17 @@ def check(
                                        kind="checker_error"), quiet)
 
         torch.manual_seed(trial_seed)
+        details = {"expected": expected, "actual": None, "inputs": (l_args, l_kwargs)}
         try:
-            actual = call_learner(learner_fn, *l_args, time_limit=time_limit, **l_kwargs)
-        except NotImplementedError:
-            msg = f"{FAIL} {name}: {NOT_DONE}"
-            return _report(CheckResult(name, False, msg, trials=trial - 1, failed_trial=trial,
-                                       kind="not_implemented", more_hints=hints), quiet)
-        except LearnerTimeout as exc:
-            msg = _with_hint_tail(f"{FAIL} {name}: trial {trial} of {trials}: {exc}", hints)
-            return _report(CheckResult(name, False, msg, trials=trial - 1, failed_trial=trial,
-                                       kind="timeout", more_hints=hints), quiet)
-        except Exception as exc:
-            desc = describe_exception(exc)
-            msg = f"{FAIL} {name}: trial {trial} of {trials}: your code raised {desc}{hint_line}"
-            return _report(CheckResult(name, False, _with_hint_tail(msg, hints),
-                                       trials=trial - 1, failed_trial=trial, kind="exception",
-                                       details={"exception": exc}, more_hints=hints), quiet)
-
-        reason = compare(expected, actual)
+            actual = attempt(learner_fn, l_args, l_kwargs, time_limit=time_limit)
+        except Rejected as r:
+            if r.kind == "mismatch":  # a reject() on the learner's side
+                r.details = details
+            return _report(_trial_failure(name, r, trial, trials, hint_line, hints), quiet)
+        reason = first_reason(judges, expected, actual)
         if reason:
-            seen = list(getattr(reason, "hints", None) or hints)
-            msg = f"{FAIL} {name}: trial {trial} of {trials}: {reason}{hint_line}"
-            return _report(CheckResult(name, False, _with_hint_tail(msg, seen),
-                                       trials=trial - 1, failed_trial=trial, kind="mismatch",
-                                       details={"expected": expected, "actual": actual,
-                                                "inputs": (l_args, l_kwargs)},
-                                       more_hints=seen), quiet)
+            r = Rejected(reason, details=dict(details, actual=actual))
+            return _report(_trial_failure(name, r, trial, trials, hint_line, hints), quiet)
 
     plural = "trial" if trials == 1 else "trials"
     msg = f"{PASS} {name}: passed {trials} random {plural}"

@@ -1,0 +1,119 @@
+"""The checkers' framework (issue #31): attempt, reject, run_check, Exercise, check's judges."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labkit import checks
+from labkit.checks import NOT_DONE, Exercise, Reason, Rejected, attempt, reject, run_check
+
+
+def _stub(*args):
+    raise NotImplementedError
+
+
+def _boom(x):
+    raise ValueError(f"bad {x}")
+
+
+def test_attempt_returns_the_learners_value():
+    assert attempt(lambda a, b=0: a + b, (2,), {"b": 3}) == 5
+
+
+def test_attempt_turns_the_stub_into_not_done():
+    with pytest.raises(Rejected) as info:
+        attempt(_stub, (1,))
+    assert info.value.kind == "not_implemented" and info.value.reason == NOT_DONE
+
+
+def test_attempt_reports_an_exception_with_the_learners_line():
+    with pytest.raises(Rejected) as info:
+        attempt(_boom, (7,))
+    r = info.value
+    assert r.kind == "exception" and r.reason.startswith("your code raised ValueError: bad 7")
+    assert "(in _boom)" in r.reason and isinstance(r.details["exception"], ValueError)
+
+
+def test_attempt_a_stub_that_is_not_the_exercise_is_an_error():
+    with pytest.raises(Rejected) as info:
+        attempt(_stub, not_done=False, reason=lambda e: f"probe failed: {type(e).__name__}")
+    r = info.value
+    assert r.kind == "exception" and r.reason == "probe failed: NotImplementedError"
+
+
+def test_attempt_a_timeout_says_how_long():
+    def endless():
+        while True:
+            pass
+
+    with pytest.raises(Rejected) as info:
+        attempt(endless, time_limit=0.2)
+    assert info.value.kind == "timeout" and "did not finish within 0.2 s" in info.value.reason
+
+
+def test_attempt_lets_a_rejection_from_inside_through():
+    def judged():
+        reject("wrong shape", hints=["look at the shape"])
+
+    with pytest.raises(Rejected) as info:
+        attempt(judged)
+    assert info.value.kind == "mismatch" and info.value.hints == ["look at the shape"]
+
+
+def test_run_check_passes_and_fails_with_the_exercises_hints(capsys):
+    ex = Exercise("thing", more_hints=("general", "specific"))
+    assert ex.run(lambda: "all good")
+    res = ex.run(lambda: reject("it is off by one"))
+    assert not res and res.kind == "mismatch" and res.more_hints == ["general", "specific"]
+    assert res.message.startswith("❌ thing: it is off by one")
+    out = capsys.readouterr().out
+    assert "✅ thing: all good" in out and "❌ thing: it is off by one" in out
+
+
+def test_run_check_a_reason_brings_its_own_hints_and_a_timeout_none():
+    res = run_check("thing", lambda: reject(Reason("wrong", ["about this"])),
+                    more_hints=["general"], quiet=True)
+    assert res.more_hints == ["about this"]
+    slow = run_check("thing", lambda: (_ for _ in ()).throw(Rejected("slow", kind="timeout")),
+                     more_hints=["general"], quiet=True)
+    assert slow.kind == "timeout" and slow.more_hints == []
+
+
+def test_run_check_the_stub_is_not_done():
+    res = run_check("thing", lambda: attempt(_stub), quiet=True)
+    assert res.kind == "not_implemented" and res.message == f"❌ thing: {NOT_DONE}"
+
+
+def test_check_runs_the_judges_in_order_first_reason_wins():
+    calls = []
+
+    def first(e, a):
+        calls.append("first")
+        return None
+
+    def second(e, a):
+        calls.append("second")
+        return "second saw it"
+
+    def third(e, a):  # never reached
+        calls.append("third")
+        return "third"
+
+    res = checks.check(lambda x: x, lambda x: x, lambda g: torch.randn(2, generator=g),
+                       judges=(first, second, third), name="judged", quiet=True)
+    assert not res and "trial 1 of 3: second saw it" in res.message
+    assert calls == ["first", "second"]
+
+
+def test_check_a_reject_on_the_learners_side_is_a_mismatch_of_that_trial():
+    def learner(x):
+        if x.sum() > -100:
+            reject("the learner's object is wrong")
+        return x
+
+    res = Exercise("judged", hint="look here").check(
+        learner, lambda x: x, lambda g: torch.randn(2, generator=g), quiet=True)
+    assert res.kind == "mismatch" and res.failed_trial == 1
+    assert res.message == ("❌ judged: trial 1 of 3: the learner's object is wrong"
+                           "\n   hint: look here")
