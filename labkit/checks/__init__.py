@@ -78,6 +78,7 @@ __all__ = [
     "check",
     "compare_outputs",
     "describe_exception",
+    "extra_probe",
     "short_description",
     "learner_raised",
     "fail",
@@ -322,6 +323,23 @@ def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
         if B is not None and (failed or always_recover):
             from labkit import backend
             backend.recover(B)
+
+
+def extra_probe(fn: Callable, args: Sequence = (), *, B=None, default: Any = None) -> Any:
+    """``fn(*args)``, a probe of the learner's object that decides nothing by itself: when
+    it raises, ``default`` (and ``B`` recovered), as if the probe had found nothing.
+
+    .. warning::
+        Only for a probe whose finding is extra (the probes before it decide); a probe
+        that can reject goes through :func:`attempt`.
+    """
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - extra: the probes that decide have run
+        if B is not None:
+            from labkit import backend
+            backend.recover(B)
+        return default
 
 
 # --- the two loops: one run, or trials against a reference ----------------------------
