@@ -117,3 +117,61 @@ def test_check_a_reject_on_the_learners_side_is_a_mismatch_of_that_trial():
     assert res.kind == "mismatch" and res.failed_trial == 1
     assert res.message == ("❌ judged: trial 1 of 3: the learner's object is wrong"
                            "\n   hint: look here")
+
+
+def test_attempt_explain_names_a_known_mistake_and_leaves_the_stub_alone():
+    def explain(exc):
+        return "you used cuda" if "CUDA" in str(exc) else None
+
+    def cuda(*args):
+        raise RuntimeError("Torch not compiled with CUDA enabled")
+
+    with pytest.raises(Rejected) as info:
+        attempt(cuda, explain=explain)
+    assert info.value.kind == "mismatch" and info.value.reason == "you used cuda"
+    with pytest.raises(Rejected) as info:
+        attempt(_stub, explain=explain)
+    assert info.value.kind == "not_implemented"
+
+
+def test_attempt_on_error_runs_after_any_failure_and_not_after_success():
+    ended = []
+    attempt(lambda: 1, on_error=lambda: ended.append("end"))
+    assert ended == []
+    with pytest.raises(Rejected):
+        attempt(_boom, (1,), on_error=lambda: ended.append("end"))
+    with pytest.raises(KeyboardInterrupt):
+        attempt(lambda: (_ for _ in ()).throw(KeyboardInterrupt()),
+                on_error=lambda: ended.append("end"))
+    assert ended == ["end", "end"]
+
+
+def test_extra_probe_gives_the_default_but_not_a_timeout():
+    assert checks.extra_probe(_boom, (1,), default="nothing") == "nothing"
+    assert checks.extra_probe(lambda: 3) == 3
+
+    def slow():
+        raise checks.LearnerTimeout(1.0, "slow")
+
+    with pytest.raises(checks.LearnerTimeout):
+        checks.extra_probe(slow)
+
+
+def test_recovering_recovers_the_backend_and_lets_the_error_go_on():
+    from labkit import backend
+
+    E = backend.get("emulated")
+    g = E.CUDAGraph()
+
+    def host_read():
+        with checks.recovering(E), E.graph(g):
+            x = torch.ones(2, device=E.device)
+            if x.sum() > 0:  # a host read inside a capture: refused
+                pass
+
+    with pytest.raises(Rejected) as info:
+        attempt(host_read)
+    assert info.value.kind == "exception"
+    assert E.current_stream() == E.default_stream()
+    y = torch.randn(3, device=E.device)  # the RNG is out of capture mode again
+    assert y.shape == (3,)

@@ -48,6 +48,7 @@ hand-written form of the same reports, used by the checkers not yet declared thi
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,7 @@ __all__ = [
     "fail",
     "hint",
     "passed",
+    "recovering",
     "reject",
     "run_check",
     "verdict",
@@ -284,25 +286,31 @@ def _raised(exc: BaseException) -> str:
 
 def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
             time_limit: float | None = None, B=None, always_recover: bool = False,
+            on_error: Callable[[], Any] | None = None,
+            explain: Callable[[BaseException], str | None] | None = None,
             reason: Callable[[BaseException], str] = _raised, kind: str = "exception",
             not_done: bool = True) -> Any:
     """``fn(*args, **kwargs)``: the learner's code, called the one way checkers call it.
 
-    Whatever goes wrong ends the check as a :class:`Rejected`: the untouched stub (a
-    ``NotImplementedError``, also when a failed capture wraps it) is ``NOT_DONE``; a
+    Whatever goes wrong ends the check as a :class:`Rejected`, in this order: a
     :class:`LearnerTimeout` (``time_limit``, :func:`call_learner`) says how long it ran;
-    any other ``Exception`` is ``reason(exc)`` (default: "your code raised" and
-    :func:`describe_exception`) with ``kind``.
+    an exception ``explain(exc)`` names is that mistake (``kind="mismatch"``); the
+    untouched stub (a ``NotImplementedError``, also when a failed capture wraps it) is
+    ``NOT_DONE``; any other ``Exception`` is ``reason(exc)`` (default: "your code raised"
+    and :func:`describe_exception`) with ``kind``.
 
     Args:
-        B: a backend to :func:`labkit.backend.recover` after an error other than the stub
-            (a capture left half-open), or after every call with ``always_recover``.
+        B: a backend to :func:`labkit.backend.recover` after a failure (a capture left
+            half-open), or after every call with ``always_recover``.
+        on_error: called after a failure (also a ``BaseException``), before ``B`` is
+            recovered: e.g. ending a capture the checker began.
         not_done: False when ``fn`` is not the exercise's own function (a stub raised
             there is an ordinary error).
 
     .. warning::
         A ``BaseException`` (``KeyboardInterrupt``, an outer time budget running out)
-        passes through: only the outermost budget turns into a timeout.
+        passes through, after ``on_error`` and the recovery: only the outermost budget
+        turns into a timeout.
     """
     failed = True
     try:
@@ -313,13 +321,17 @@ def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
         raise
     except Exception as exc:
         root = capture_cause(exc)
-        if not_done and isinstance(root, NotImplementedError):
-            failed = always_recover
-            raise Rejected(NOT_DONE, kind="not_implemented") from None
         if isinstance(root, LearnerTimeout):
             raise Rejected(str(root), kind="timeout") from None
+        named = explain(exc) if explain is not None else None
+        if named:
+            raise Rejected(named, kind="mismatch", details={"exception": exc}) from None
+        if not_done and isinstance(root, NotImplementedError):
+            raise Rejected(NOT_DONE, kind="not_implemented") from None
         raise Rejected(reason(exc), kind=kind, details={"exception": exc}) from None
     finally:
+        if failed and on_error is not None:
+            on_error()
         if B is not None and (failed or always_recover):
             from labkit import backend
             backend.recover(B)
@@ -327,7 +339,8 @@ def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
 
 def extra_probe(fn: Callable, args: Sequence = (), *, B=None, default: Any = None) -> Any:
     """``fn(*args)``, a probe of the learner's object that decides nothing by itself: when
-    it raises, ``default`` (and ``B`` recovered), as if the probe had found nothing.
+    it raises, ``default`` (and ``B`` recovered), as if the probe had found nothing; a
+    :class:`LearnerTimeout` still ends the check.
 
     .. warning::
         Only for a probe whose finding is extra (the probes before it decide); a probe
@@ -335,11 +348,30 @@ def extra_probe(fn: Callable, args: Sequence = (), *, B=None, default: Any = Non
     """
     try:
         return fn(*args)
+    except LearnerTimeout:
+        raise
     except Exception:  # noqa: BLE001 - extra: the probes that decide have run
         if B is not None:
             from labkit import backend
             backend.recover(B)
         return default
+
+
+@contextlib.contextmanager
+def recovering(B):
+    """A block of the learner's code that :func:`attempt` (further out) reports: when it
+    raises anything, ``B`` is recovered (:func:`labkit.backend.recover`) first.
+
+    For a capture the checker opens around the learner's code (``with recovering(E),
+    E.graph(g):``): the graph's own exit runs first, then the recovery, then the error
+    goes on to the ``attempt`` that names it.
+    """
+    try:
+        yield
+    except BaseException:
+        from labkit import backend
+        backend.recover(B)
+        raise
 
 
 # --- the two loops: one run, or trials against a reference ----------------------------
