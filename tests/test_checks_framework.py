@@ -175,3 +175,40 @@ def test_recovering_recovers_the_backend_and_lets_the_error_go_on():
     assert E.current_stream() == E.default_stream()
     y = torch.randn(3, device=E.device)  # the RNG is out of capture mode again
     assert y.shape == (3,)
+
+
+def test_run_trials_names_the_trial_and_seeds_each_one():
+    seen = []
+
+    def one_trial(trial, gen):
+        seen.append((trial, gen.initial_seed()))
+        if trial == 2:
+            reject(Reason("wrong in trial 2", ["look at trial 2"]))
+
+    res = checks.run_trials("thing", 3, one_trial, seed=lambda t: 10 * t, quiet=True)
+    assert seen == [(1, 10), (2, 20)]
+    assert res.message.startswith("❌ thing: trial 2 of 3: wrong in trial 2")
+    assert res.failed_trial == 2 and res.trials == 1 and res.more_hints == ["look at trial 2"]
+    ok = checks.run_trials("thing", 2, lambda t, g: None, quiet=True)
+    assert ok and ok.message == "✅ thing: passed 2 random trials"
+
+
+def test_run_trials_a_stub_predicate_tells_the_blank_from_torchs_own():
+    def torch_own(trial, gen):
+        raise NotImplementedError("aten::foo is not implemented for 'meta'")
+
+    bare = lambda e: not str(e)  # noqa: E731
+    res = checks.run_trials("thing", 1, torch_own, stub=bare, quiet=True)
+    assert res.kind == "exception" and "NotImplementedError: aten::foo" in res.message
+    res = checks.run_trials("thing", 1, lambda t, g: _stub(), stub=bare, quiet=True)
+    assert res.kind == "not_implemented" and res.message == f"❌ thing: {NOT_DONE}"
+
+
+def test_attempt_passthrough_leaves_an_error_to_the_attempt_further_out():
+    def inner():
+        attempt(_stub, not_done=False, passthrough=(NotImplementedError,),
+                reason=lambda e: "inner saw it")
+
+    with pytest.raises(Rejected) as info:
+        attempt(inner)
+    assert info.value.kind == "not_implemented"

@@ -88,6 +88,7 @@ __all__ = [
     "recovering",
     "reject",
     "run_check",
+    "run_trials",
     "verdict",
 ]
 
@@ -284,12 +285,17 @@ def _raised(exc: BaseException) -> str:
     return f"your code raised {describe_exception(exc)}"
 
 
+def _any_stub(exc: BaseException) -> bool:
+    return True
+
+
 def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
             time_limit: float | None = None, B=None, always_recover: bool = False,
             on_error: Callable[[], Any] | None = None,
             explain: Callable[[BaseException], str | None] | None = None,
             reason: Callable[[BaseException], str] = _raised, kind: str = "exception",
-            not_done: bool = True) -> Any:
+            not_done: bool = True, stub: Callable[[BaseException], bool] = _any_stub,
+            passthrough: tuple[type[BaseException], ...] = ()) -> Any:
     """``fn(*args, **kwargs)``: the learner's code, called the one way checkers call it.
 
     Whatever goes wrong ends the check as a :class:`Rejected`, in this order: a
@@ -306,6 +312,10 @@ def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
             recovered: e.g. ending a capture the checker began.
         not_done: False when ``fn`` is not the exercise's own function (a stub raised
             there is an ordinary error).
+        stub: which ``NotImplementedError`` is the exercise's stub (default: any; lesson
+            03: one without a message, torch's own has one).
+        passthrough: exceptions that go on as they are, to an :func:`attempt` further out
+            (a :class:`Rejected` always does).
 
     .. warning::
         A ``BaseException`` (``KeyboardInterrupt``, an outer time budget running out)
@@ -318,6 +328,9 @@ def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
         failed = False
         return value
     except Rejected:
+        failed = False              # the attempt that raised it has cleaned up
+        raise
+    except passthrough:
         raise
     except Exception as exc:
         root = capture_cause(exc)
@@ -326,7 +339,7 @@ def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
         named = explain(exc) if explain is not None else None
         if named:
             raise Rejected(named, kind="mismatch", details={"exception": exc}) from None
-        if not_done and isinstance(root, NotImplementedError):
+        if not_done and isinstance(root, NotImplementedError) and stub(root):
             raise Rejected(NOT_DONE, kind="not_implemented") from None
         raise Rejected(reason(exc), kind=kind, details={"exception": exc}) from None
     finally:
@@ -393,6 +406,38 @@ def run_check(name: str, body: Callable[[], str], *, more_hints: Sequence[str] |
         return fail(name, r.reason, kind=r.kind, more_hints=hints, details=r.details,
                     quiet=quiet)
     return passed(name, message, quiet=quiet)
+
+
+def run_trials(name: str, trials: int, one_trial: Callable[[int, torch.Generator], None], *,
+               seed: Callable[[int], int] = lambda trial: trial, B=None,
+               more_hints: Sequence[str] = (), quiet: bool = False,
+               reason: Callable[[BaseException], str] = _raised,
+               stub: Callable[[BaseException], bool] = _any_stub) -> CheckResult:
+    """Run ``one_trial(trial, gen)`` for each trial, through one :func:`attempt`.
+
+    The shape of the checkers that probe the learner's object step by step, trial by
+    trial (lesson 03): each trial gets ``gen`` seeded with ``seed(trial)`` and the global
+    torch RNG seeded with ``trial``; it returns nothing when it sees nothing wrong,
+    :func:`reject` s with a reason, or calls the learner through :func:`attempt`.
+    Anything else it raises is ``reason(exc)``, ``B`` recovered. The report names the
+    trial (``trial 2 of 3: ...``); a stub's is :data:`NOT_DONE`.
+    """
+    for trial in range(1, trials + 1):
+        gen = _generator(seed(trial))
+        torch.manual_seed(trial)
+        try:
+            attempt(one_trial, (trial, gen), B=B, reason=reason, stub=stub)
+        except Rejected as r:
+            fields = dict(trials=trial - 1, failed_trial=trial, quiet=quiet)
+            if r.kind == "not_implemented":
+                return fail(name, NOT_DONE, kind=r.kind, more_hints=list(more_hints),
+                            **fields)
+            hints = [] if r.kind == "timeout" else (r.hints or list(more_hints))
+            details = r.details if r.kind == "exception" else {}
+            return fail(name, f"trial {trial} of {trials}: {r.reason}", kind=r.kind,
+                        more_hints=hints, details=details, **fields)
+    plural = "trial" if trials == 1 else "trials"
+    return passed(name, f"passed {trials} random {plural}", quiet=quiet, trials=trials)
 
 
 @dataclass(frozen=True)
