@@ -285,6 +285,22 @@ def _raised(exc: BaseException) -> str:
     return f"your code raised {describe_exception(exc)}"
 
 
+def _rejected(text: str, kind: str, hints, exc: BaseException | None) -> Rejected:
+    """The :class:`Rejected` of an :func:`attempt`: ``hints`` a list, or a function of
+    the report's text."""
+    if callable(hints):
+        hints = hints(text)
+    return Rejected(text, kind=kind, hints=hints,
+                    details={"exception": exc} if exc is not None else None)
+
+
+def _labelled(at: str, reason: str) -> str:
+    """``at + reason``, a :class:`Reason`'s hints kept."""
+    if not at:
+        return reason
+    return Reason(at + reason, reason.hints) if isinstance(reason, Reason) else at + reason
+
+
 def _any_stub(exc: BaseException) -> bool:
     return True
 
@@ -295,7 +311,8 @@ def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
             explain: Callable[[BaseException], str | None] | None = None,
             reason: Callable[[BaseException], str] = _raised, kind: str = "exception",
             not_done: bool = True, stub: Callable[[BaseException], bool] = _any_stub,
-            passthrough: tuple[type[BaseException], ...] = ()) -> Any:
+            passthrough: tuple[type[BaseException], ...] = (), label: str = "",
+            hints: Sequence[str] | Callable[[str], list[str]] | None = None) -> Any:
     """``fn(*args, **kwargs)``: the learner's code, called the one way checkers call it.
 
     Whatever goes wrong ends the check as a :class:`Rejected`, in this order: a
@@ -316,6 +333,10 @@ def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
             03: one without a message, torch's own has one).
         passthrough: exceptions that go on as they are, to an :func:`attempt` further out
             (a :class:`Rejected` always does).
+        label: where in the check this call is (``"trial 2 of 5"``): it starts the
+            reason of a timeout or an error (``label: reason``), not ``NOT_DONE``.
+        hints: the hints of a timeout or an error here (default: the exercise's), or a
+            function of the report's text that returns them.
 
     .. warning::
         A ``BaseException`` (``KeyboardInterrupt``, an outer time budget running out)
@@ -334,14 +355,15 @@ def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
         raise
     except Exception as exc:
         root = capture_cause(exc)
+        at = f"{label}: " if label else ""
         if isinstance(root, LearnerTimeout):
-            raise Rejected(str(root), kind="timeout") from None
+            raise _rejected(f"{at}{root}", "timeout", hints, None) from None
         named = explain(exc) if explain is not None else None
         if named:
-            raise Rejected(named, kind="mismatch", details={"exception": exc}) from None
+            raise _rejected(_labelled(at, named), "mismatch", hints, exc) from None
         if not_done and isinstance(root, NotImplementedError) and stub(root):
             raise Rejected(NOT_DONE, kind="not_implemented") from None
-        raise Rejected(reason(exc), kind=kind, details={"exception": exc}) from None
+        raise _rejected(_labelled(at, reason(exc)), kind, hints, exc) from None
     finally:
         if failed and on_error is not None:
             on_error()
@@ -391,21 +413,21 @@ def recovering(B):
 
 
 def run_check(name: str, body: Callable[[], str], *, more_hints: Sequence[str] | None = None,
-              quiet: bool = False) -> CheckResult:
+              quiet: bool = False, trials: int = 0) -> CheckResult:
     """Run a checker's ``body()``: it returns the pass message, or ends in a :class:`Rejected`.
 
     The shape of the checkers that build, run and probe the learner's object step by step
     (lessons 03-09): ``body`` calls the learner's code through :func:`attempt` and its
-    judges through :func:`reject`. A timeout's report carries no hints (it names the loop);
-    any other failure carries its own hints or, without, ``more_hints``.
+    judges through :func:`reject`. A failure carries its own hints (:func:`reject`'s,
+    :func:`attempt`'s) or, without, ``more_hints``; a timeout without hints of its own
+    carries none (it names the loop). A pass records ``trials`` (those the body ran).
     """
     try:
         message = body()
     except Rejected as r:
-        hints = [] if r.kind == "timeout" else (r.hints or list(more_hints or []))
-        return fail(name, r.reason, kind=r.kind, more_hints=hints, details=r.details,
-                    quiet=quiet)
-    return passed(name, message, quiet=quiet)
+        hints = r.hints or ([] if r.kind == "timeout" else list(more_hints or []))
+        return fail(name, r.reason, kind=r.kind, more_hints=hints, quiet=quiet)
+    return passed(name, message, quiet=quiet, trials=trials)
 
 
 def run_trials(name: str, trials: int, one_trial: Callable[[int, torch.Generator], None], *,
