@@ -6,7 +6,10 @@ single message). Loaded with ``-p tools.checker_capture`` and the environment va
 
 * every public function of ``labkit.checks.lessonNN`` (its ``__all__``), in the package and
   in the module that defines it;
-* ``labkit.checks``' own entry points (``check``, ``hint``, ``fail``, ``passed``, ...).
+* ``labkit.checks``' own entry points (``check``, ``hint``, ``fail``, ``passed``, ...),
+  but not ``call_learner``: a checker calls it while the learner's code runs, so a
+  wrapper of it (a frame outside labkit) would sit in the traceback of every error and
+  could be named as "the learner's line".
 
 Each outermost call (a checker calling ``check`` is one call, not two) records its printed
 output (still printed: ``capsys`` sees it as before) and its return value, under the test's
@@ -28,7 +31,7 @@ _RECORDS: dict[str, list] = {}
 _STATE = {"test": None, "depth": 0}
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 _FRAMEWORK = ("check", "hint", "fail", "passed", "verdict", "learner_raised",
-              "compare_outputs", "describe_exception", "short_description", "call_learner")
+              "compare_outputs", "describe_exception", "short_description")
 
 
 def _norm(text: str) -> str:
