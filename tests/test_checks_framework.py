@@ -212,3 +212,24 @@ def test_attempt_passthrough_leaves_an_error_to_the_attempt_further_out():
     with pytest.raises(Rejected) as info:
         attempt(inner)
     assert info.value.kind == "not_implemented"
+
+
+def test_attempt_label_starts_a_timeouts_and_an_errors_reason_not_not_done():
+    with pytest.raises(Rejected) as info:
+        attempt(_boom, (3,), label="case 2")
+    assert info.value.reason.startswith("case 2: your code raised ValueError: bad 3")
+    with pytest.raises(Rejected) as info:
+        attempt(_stub, label="case 2")
+    assert info.value.reason == NOT_DONE
+    with pytest.raises(Rejected) as info:
+        attempt(_boom, (3,), label="case 2", label_errors=False,
+                reason=lambda e: "case 2 (x=3): it raised")
+    assert info.value.reason == "case 2 (x=3): it raised"
+
+
+def test_attempt_hints_may_be_chosen_from_the_report():
+    with pytest.raises(Rejected) as info:
+        attempt(_boom, (3,), label="step 5", hints=lambda text: [f"about: {text[:6]}"])
+    assert info.value.hints == ["about: step 5"]
+    res = run_check("thing", lambda: attempt(_boom, (3,), hints=["h1", "h2"]), quiet=True)
+    assert res.kind == "exception" and res.more_hints == ["h1", "h2"]

@@ -312,6 +312,7 @@ def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
             reason: Callable[[BaseException], str] = _raised, kind: str = "exception",
             not_done: bool = True, stub: Callable[[BaseException], bool] = _any_stub,
             passthrough: tuple[type[BaseException], ...] = (), label: str = "",
+            label_errors: bool = True,
             hints: Sequence[str] | Callable[[str], list[str]] | None = None) -> Any:
     """``fn(*args, **kwargs)``: the learner's code, called the one way checkers call it.
 
@@ -334,7 +335,8 @@ def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
         passthrough: exceptions that go on as they are, to an :func:`attempt` further out
             (a :class:`Rejected` always does).
         label: where in the check this call is (``"trial 2 of 5"``): it starts the
-            reason of a timeout or an error (``label: reason``), not ``NOT_DONE``.
+            reason of a timeout or an error (``label: reason``), not ``NOT_DONE``;
+            with ``label_errors=False`` a timeout's only (``reason`` names the place).
         hints: the hints of a timeout or an error here (default: the exercise's), or a
             function of the report's text that returns them.
 
@@ -358,6 +360,7 @@ def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
         at = f"{label}: " if label else ""
         if isinstance(root, LearnerTimeout):
             raise _rejected(f"{at}{root}", "timeout", hints, None) from None
+        at = at if label_errors else ""
         named = explain(exc) if explain is not None else None
         if named:
             raise _rejected(_labelled(at, named), "mismatch", hints, exc) from None
