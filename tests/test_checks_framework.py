@@ -233,3 +233,18 @@ def test_attempt_hints_may_be_chosen_from_the_report():
     assert info.value.hints == ["about: step 5"]
     res = run_check("thing", lambda: attempt(_boom, (3,), hints=["h1", "h2"]), quiet=True)
     assert res.kind == "exception" and res.more_hints == ["h1", "h2"]
+
+
+def test_outcome_takes_a_raise_as_an_answer_but_not_the_stub():
+    assert checks.outcome(lambda x: x + 1, (1,)) == ("value", 2)
+    kind, exc = checks.outcome(_boom, (4,))
+    assert kind == "raised" and isinstance(exc, ValueError)
+    with pytest.raises(Rejected) as info:
+        checks.outcome(_stub, (1,))
+    assert info.value.kind == "not_implemented"
+
+
+def test_reject_fields_reach_run_checks_result():
+    res = run_check("thing", lambda: reject("wrong", trials=2, failed_trial=3,
+                                            details={"seen": 1}), quiet=True)
+    assert res.trials == 2 and res.failed_trial == 3 and res.details == {"seen": 1}

@@ -82,6 +82,7 @@ __all__ = [
     "extra_probe",
     "short_description",
     "learner_raised",
+    "outcome",
     "fail",
     "hint",
     "passed",
@@ -266,7 +267,8 @@ class Rejected(Exception):
         kind: ``mismatch``, ``exception``, ``timeout`` or ``not_implemented``
             (:attr:`CheckResult.kind`).
         hints: the hints for THIS failure (replace the exercise's ``more_hints``).
-        details: kept in :attr:`CheckResult.details` (``exception`` for a raise).
+        details: kept in :attr:`CheckResult.details` by :func:`check` (``exception`` for
+            a raise); :func:`run_check` reports the ``fields`` of :func:`reject` instead.
     """
 
     def __init__(self, reason: str, *, kind: str = "mismatch",
@@ -274,11 +276,16 @@ class Rejected(Exception):
         super().__init__(reason)
         self.reason, self.kind, self.details = reason, kind, dict(details or {})
         self.hints = list(hints) if hints is not None else getattr(reason, "hints", None)
+        self.fields: dict = {}  # CheckResult fields a reject() sets for run_check
 
 
-def reject(reason: str, *, hints: Sequence[str] | None = None) -> None:
-    """Fail the running check with ``reason`` (a judge's finding, or a :class:`Reason`)."""
-    raise Rejected(reason, hints=hints)
+def reject(reason: str, *, hints: Sequence[str] | None = None, **fields: Any) -> None:
+    """Fail the running check with ``reason`` (a judge's finding, or a :class:`Reason`);
+    ``fields`` (``trials``, ``failed_trial``, ``details``) go to :func:`run_check`'s
+    :class:`CheckResult`."""
+    rejected = Rejected(reason, hints=hints)
+    rejected.fields = fields
+    raise rejected
 
 
 def _raised(exc: BaseException) -> str:
@@ -375,6 +382,26 @@ def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
             backend.recover(B)
 
 
+def outcome(fn: Callable, args: Sequence = (), *, time_limit: float | None = None,
+            label: str = "", hints: Sequence[str] | None = None,
+            **fields: Any) -> tuple[str, Any]:
+    """The learner's answer where raising is one of the answers (an oversize batch must
+    raise): ``("value", v)`` or ``("raised", exc)``, for the judges to weigh.
+
+    The stub (``NOT_DONE``) and a timeout (``label: ...``, with ``hints`` and ``fields``)
+    still end the check, as in :func:`attempt`.
+    """
+    try:
+        return "value", attempt(fn, args, time_limit=time_limit, label=label, hints=hints,
+                                kind="raised")
+    except Rejected as r:
+        if r.kind == "raised":
+            return "raised", r.details["exception"]
+        if r.kind == "timeout":
+            r.fields.update(fields)
+        raise
+
+
 def extra_probe(fn: Callable, args: Sequence = (), *, B=None, default: Any = None) -> Any:
     """``fn(*args)``, a probe of the learner's object that decides nothing by itself: when
     it raises, ``default`` (and ``B`` recovered), as if the probe had found nothing; a
@@ -429,7 +456,7 @@ def run_check(name: str, body: Callable[[], str], *, more_hints: Sequence[str] |
         message = body()
     except Rejected as r:
         hints = r.hints or ([] if r.kind == "timeout" else list(more_hints or []))
-        return fail(name, r.reason, kind=r.kind, more_hints=hints, quiet=quiet)
+        return fail(name, r.reason, kind=r.kind, more_hints=hints, quiet=quiet, **r.fields)
     return passed(name, message, quiet=quiet, trials=trials)
 
 
