@@ -405,7 +405,8 @@ def outcome(fn: Callable, args: Sequence = (), *, time_limit: float | None = Non
 def extra_probe(fn: Callable, args: Sequence = (), *, B=None, default: Any = None) -> Any:
     """``fn(*args)``, a probe of the learner's object that decides nothing by itself: when
     it raises, ``default`` (and ``B`` recovered), as if the probe had found nothing; a
-    :class:`LearnerTimeout` still ends the check.
+    :class:`LearnerTimeout` or a :class:`Rejected` (a judge's, a stub's) still ends the
+    check.
 
     .. warning::
         Only for a probe whose finding is extra (the probes before it decide); a probe
@@ -413,7 +414,7 @@ def extra_probe(fn: Callable, args: Sequence = (), *, B=None, default: Any = Non
     """
     try:
         return fn(*args)
-    except LearnerTimeout:
+    except (LearnerTimeout, Rejected):
         raise
     except Exception:  # noqa: BLE001 - extra: the probes that decide have run
         if B is not None:
