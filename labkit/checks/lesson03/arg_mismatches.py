@@ -107,6 +107,47 @@ def _other_shape(gen, shape):
     return tuple(shape)
 
 
+def _plant_5(gen, device, captured: list, received: list, t: int, c) -> None:
+    """Kind 5, in place: a device mismatch (meta exists everywhere), an int for an equal
+    float, a bool for an int, a Parameter against a plain tensor."""
+    received[t] = torch.empty(c.shape, dtype=c.dtype, device="meta")
+    v = float(_rand_int(gen, 1, 8))
+    captured.append(v)
+    received.append(int(v))
+    captured.append(1)         # bool is a subclass of int: isinstance(True, int) is True
+    received.append(True)      # (kind 7 has the other direction: True captured, 1 received)
+    # a Parameter against a plain tensor (a subclass: both are tensors), same metadata
+    # or another dtype
+    w = _rand_tensor(gen, device, dtype=torch.float32)
+    other = w.to(_other_dtype(gen, w.dtype)) if bool(_rand_int(gen, 0, 1)) else w.clone()
+    pair = [torch.nn.Parameter(w.clone()), other.detach()]
+    if bool(_rand_int(gen, 0, 1)):
+        pair.reverse()
+    pos = _rand_int(gen, 0, len(captured))
+    captured.insert(pos, pair[0])
+    received.insert(pos, pair[1])
+
+
+def _plant_7(gen, device, captured: list, received: list) -> None:
+    """Kind 7, in place: a random mix of mismatches."""
+    for i, x in enumerate(captured):
+        roll = _rand_int(gen, 0, 5)
+        if isinstance(x, torch.Tensor):
+            if roll == 0:
+                received[i] = x.to(_other_dtype(gen, x.dtype))
+            elif roll == 1:
+                received[i] = torch.zeros(_other_shape(gen, x.shape), dtype=x.dtype,
+                                          device=device)
+            elif roll == 2:
+                received[i] = None
+        elif roll <= 1:
+            received[i] = _other_value(gen, x)
+        elif roll == 2:
+            received[i] = _rand_tensor(gen, device)
+    captured.append(True)
+    received.append(1)
+
+
 def _arg_case(trial: int, gen: torch.Generator, device) -> tuple[list, list]:
     """(captured, received) for one trial; ``trial % 8`` picks the rule it is aimed at."""
     n = _rand_int(gen, 2, 4)
@@ -149,22 +190,7 @@ def _arg_case(trial: int, gen: torch.Generator, device) -> tuple[list, list]:
         captured.insert(pos, v)
         received.insert(pos, _same_value(v))       # equal, not the same object
     elif kind == 5:    # a device mismatch (meta exists everywhere), an int for an equal float,
-        received[t] = torch.empty(c.shape, dtype=c.dtype, device="meta")    # a Parameter
-        v = float(_rand_int(gen, 1, 8))
-        captured.append(v)
-        received.append(int(v))
-        captured.append(1)         # bool is a subclass of int: isinstance(True, int) is True
-        received.append(True)      # (kind 7 has the other direction: True captured, 1 received)
-        # a Parameter against a plain tensor (a subclass: both are tensors), same metadata
-        # or another dtype
-        w = _rand_tensor(gen, device, dtype=torch.float32)
-        other = w.to(_other_dtype(gen, w.dtype)) if bool(_rand_int(gen, 0, 1)) else w.clone()
-        pair = [torch.nn.Parameter(w.clone()), other.detach()]
-        if bool(_rand_int(gen, 0, 1)):
-            pair.reverse()
-        pos = _rand_int(gen, 0, len(captured))
-        captured.insert(pos, pair[0])
-        received.insert(pos, pair[1])
+        _plant_5(gen, device, captured, received, t, c)    # a Parameter
     elif kind == 6:    # changed Python values of several kinds
         for kind_ in ("float", "str", "bool"):
             v = _rand_value(gen, kind_)
@@ -172,22 +198,7 @@ def _arg_case(trial: int, gen: torch.Generator, device) -> tuple[list, list]:
             captured.insert(pos, v)
             received.insert(pos, _other_value(gen, v))
     elif kind == 7:    # a random mix
-        for i, x in enumerate(captured):
-            roll = _rand_int(gen, 0, 5)
-            if isinstance(x, torch.Tensor):
-                if roll == 0:
-                    received[i] = x.to(_other_dtype(gen, x.dtype))
-                elif roll == 1:
-                    received[i] = torch.zeros(_other_shape(gen, x.shape), dtype=x.dtype,
-                                              device=device)
-                elif roll == 2:
-                    received[i] = None
-            elif roll <= 1:
-                received[i] = _other_value(gen, x)
-            elif roll == 2:
-                received[i] = _rand_tensor(gen, device)
-        captured.append(True)
-        received.append(1)
+        _plant_7(gen, device, captured, received)
     else:              # kind 0: one missing argument, and a None where a tensor was
         received = received[:-1]
         if t < len(received):
