@@ -248,3 +248,12 @@ def test_reject_fields_reach_run_checks_result():
     res = run_check("thing", lambda: reject("wrong", trials=2, failed_trial=3,
                                             details={"seen": 1}), quiet=True)
     assert res.trials == 2 and res.failed_trial == 3 and res.details == {"seen": 1}
+
+
+def test_shown_prints_one_line_for_a_rejection_and_returns_none(capsys):
+    assert checks.shown(lambda: 7, name="f", label="show(f)") == 7
+    assert checks.shown(lambda: attempt(_stub), name="f", label="show(f)") is None
+    assert checks.shown(lambda: attempt(_boom, (2,)), name="f", label="show(f)") is None
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"❌ f: {NOT_DONE}"
+    assert out[1].startswith("❌ show(f): your code raised ValueError: bad 2")

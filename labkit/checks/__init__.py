@@ -90,6 +90,7 @@ __all__ = [
     "reject",
     "run_check",
     "run_trials",
+    "shown",
     "verdict",
 ]
 
@@ -491,6 +492,17 @@ def run_trials(name: str, trials: int, one_trial: Callable[[int, torch.Generator
                         more_hints=hints, details=details, **fields)
     plural = "trial" if trials == 1 else "trials"
     return passed(name, f"passed {trials} random {plural}", quiet=quiet, trials=trials)
+
+
+def shown(body: Callable[[], Any], *, name: str, label: str) -> Any:
+    """For a notebook helper that shows something rather than checks it: ``body()``'s
+    value, or None after one ``❌`` line when it is rejected (``❌ name: not done yet...``
+    for the stub, ``❌ label: reason`` otherwise). Nothing is kept for :func:`hint`."""
+    try:
+        return body()
+    except Rejected as r:
+        print(f"{FAIL} {name if r.kind == 'not_implemented' else label}: {r.reason}")
+        return None
 
 
 @dataclass(frozen=True)
