@@ -37,16 +37,16 @@ import torch
 
 from labkit import backend
 from labkit.checks import (
-    FAIL,
-    NOT_DONE,
-    LearnerTimeout,
+    DEFAULT_TIME_LIMIT,
     Reason,
+    attempt,
     call_learner,
     compare_outputs,
     describe_exception,
     fail,
-    learner_raised,
-    passed,
+    reject,
+    run_check,
+    shown,
 )
 from labkit.checks.lesson09._common import one_thread, short_description
 
@@ -193,13 +193,11 @@ def _host_ints(name, value) -> str | None:
     return None
 
 
-def judge_batch(model, n, batch) -> str | None:
-    """Why ``batch`` is not a capture batch of ``n`` tokens for ``model``, or None. A
-    :class:`~labkit.checks.Reason` where the mistake has hints of its own."""
+def _batch_form(model, n: int, batch) -> str | None:
+    """A ForwardBatch in EXTEND mode, its tensors flat, of the right dtypes, on the
+    model's device."""
     from labkit.decode.batch import ForwardBatch, ForwardMode
-    from labkit.decode.model import DUMMY_SLOT
 
-    L = model.args.max_seq_len
     if batch is None:
         return "returned None (did you forget `return`?)"
     if not isinstance(batch, ForwardBatch):
@@ -225,6 +223,12 @@ def judge_batch(model, n, batch) -> str | None:
                     f"{make}")
         if t.device != model.device:
             return f"batch.{name} is on {t.device}; the model is on {model.device}"
+    return None
+
+
+def _token_count(model, n: int, batch) -> str | None:
+    """Exactly ``n`` tokens, one position and one cache location each."""
+    L = model.args.max_seq_len
     over = (f" (num_tokens={n} is more than max_seq_len={L}: slot 0 has {L} cache "
             f"locations, so the tokens go to several requests of at most {L}, all in "
             f"slot 0)" if n > L else "")
@@ -236,6 +240,13 @@ def judge_batch(model, n, batch) -> str | None:
         if getattr(batch, name).numel() != n:
             return (f"batch.{name} has {getattr(batch, name).numel()} entries; expected one "
                     f"per token, {n}{over}")
+    return None
+
+
+def _dummy_slot(model, n: int, batch) -> str | None:
+    """Every request in slot 0, the dummy slot."""
+    from labkit.decode.model import DUMMY_SLOT
+
     slots = batch.req_pool_indices.tolist()
     rows = model.num_slots
     neg = [s for s in slots if s < 0]
@@ -260,6 +271,13 @@ def judge_batch(model, n, batch) -> str | None:
                  else f"slots {', '.join(map(str, live))}")
         return Reason(f"req_pool_indices holds {which}: {_slots_word(model)}, and a live "
                       f"request's slot is not the capture's to write. {_WHY}", HINTS)
+    return None
+
+
+def _request_layout(model, n: int, batch) -> str | None:
+    """Requests of 1..max_seq_len tokens, fresh prefills from position 0."""
+    L = model.args.max_seq_len
+    slots = batch.req_pool_indices.tolist()
     ext = batch.extend_lens
     if ext is None:
         return Reason("extend_lens is None; an EXTEND batch needs extend_lens, a list of "
@@ -308,6 +326,14 @@ def judge_batch(model, n, batch) -> str | None:
                           f"token{'s' if x != 1 else ''} has positions {_span(want)}{restart}",
                           _LAYOUT_HINTS)
         start += x
+    return None
+
+
+def _cache_locations(model, n: int, batch) -> str | None:
+    """Each token's cache location is slot 0's, from req_to_token."""
+    from labkit.decode.model import DUMMY_SLOT
+
+    pos = batch.positions.tolist()
     table = model.req_to_token
     locs = batch.out_cache_loc.tolist()
     own = table[DUMMY_SLOT].index_select(
@@ -345,11 +371,27 @@ def judge_batch(model, n, batch) -> str | None:
             f"req_to_token[0, {p}] = {want}: attention stores each token's K/V at its "
             f"out_cache_loc and reads a request's keys back through req_to_token, so "
             f"out_cache_loc[i] = model.req_to_token[DUMMY_SLOT, positions[i]]{same}", _LOC_HINTS)
+    return None
+
+
+def _token_ids(model, n: int, batch) -> str | None:
+    """Token ids in the vocabulary."""
     ids = batch.input_ids
     if bool(((ids < 0) | (ids >= model.args.vocab_size)).any()):
         return (f"input_ids holds ids outside the vocabulary 0..{model.args.vocab_size - 1}: "
                 f"any id in range works (zeros, as SGLang's capture does)")
     return None
+
+
+#: a capture batch's judges, in order (the first reason wins)
+BATCH_JUDGES = (_batch_form, _token_count, _dummy_slot, _request_layout, _cache_locations,
+                _token_ids)
+
+
+def judge_batch(model, n, batch) -> str | None:
+    """Why ``batch`` is not a capture batch of ``n`` tokens for ``model``, or None. A
+    :class:`~labkit.checks.Reason` where the mistake has hints of its own."""
+    return next((why for judge in BATCH_JUDGES if (why := judge(model, n, batch))), None)
 
 
 def _hints_for(batch):
@@ -467,42 +509,54 @@ def check_capture_batch(fn, *, B=None, trials: int = 2, seed: int = 0):
 
 
 def _check(fn, B, trials, seed):
-    gen = torch.Generator().manual_seed(seed)
-    for t in range(trials):
-        L = int(torch.randint(10, 17, (), generator=gen))
-        small = int(torch.randint(1, L, (), generator=gen))
-        above = L + int(torch.randint(1, L, (), generator=gen))        # two requests
-        buckets = sorted({small, above, 2 * L} if t % 2 == 0 else {1, L, 2 * L + small})
-        # up to max_seq_len first (largest first), then above it: the slot before the split
-        sizes = sorted(set(buckets) | {1, L - 1, L, L + 1, 2 * L, 3 * L - 1},
-                       key=lambda n: (n > L, -n if n <= L else n))
-        where = f"trial {t + 1} (max_seq_len={L}, buckets {buckets})"
-        try:
-            model = _model(B, L, seed + t)
-            for n in sizes:
-                try:
-                    batch = call_learner(fn, model, n)
-                except (NotImplementedError, LearnerTimeout):
-                    raise
-                except Exception as e:
-                    text, hints = _explain_raise(e, model, n)
-                    return fail(NAME, f"{where}: capture_batch(model, {n}) raised {text}",
-                                kind="exception", more_hints=hints)
-                msg = judge_batch(model, n, batch)
-                if msg:
-                    return fail(NAME, f"{where}: capture_batch(model, {n}): {msg}",
-                                more_hints=getattr(msg, "hints", None) or _hints_for(batch))
-            msg = _trial(fn, B, gen, seed + t, L, buckets)
-        except Exception as e:
-            return learner_raised(NAME, e, f"{where}: capturing with your batches raised",
-                                  describe=short_description, more_hints=_BATCH_HINTS, B=B)
+    def body() -> str:
+        gen = torch.Generator().manual_seed(seed)
+        for t in range(trials):
+            _one_trial(fn, B, gen, seed, t)
+        return ("every capture batch in the dummy slot, no request longer than max_seq_len, "
+                "exactly num_tokens tokens; the live requests' K/V untouched by "
+                "runner.capture() and the pieces equal to eager after it "
+                f"({trials} models, buckets above max_seq_len included)")
+
+    return run_check(NAME, body, more_hints=_BATCH_HINTS)
+
+
+def _batches(fn, B, model, sizes: list, where: str) -> None:
+    """``fn(model, n)`` for every size, each judged by :func:`judge_batch` (``B``
+    recovered after a timeout or an error)."""
+    for n in sizes:
+        def raised(e, n=n) -> Reason:
+            text, hints = _explain_raise(e, model, n)
+            return Reason(f"{where}: capture_batch(model, {n}) raised {text}", hints)
+
+        batch = attempt(fn, (model, n), time_limit=DEFAULT_TIME_LIMIT, B=B,
+                        not_done=False, passthrough=(NotImplementedError,), reason=raised)
+        msg = judge_batch(model, n, batch)
         if msg:
-            return fail(NAME, f"{where}: {msg}", more_hints=getattr(msg, "hints", None)
-                        or _BATCH_HINTS)
-    return passed(NAME, "every capture batch in the dummy slot, no request longer than "
-                        "max_seq_len, exactly num_tokens tokens; the live requests' K/V "
-                        f"untouched by runner.capture() and the pieces equal to eager after "
-                        f"it ({trials} models, buckets above max_seq_len included)")
+            reject(f"{where}: capture_batch(model, {n}): {msg}",
+                   hints=getattr(msg, "hints", None) or _hints_for(batch))
+
+
+def _one_trial(fn, B, gen: torch.Generator, seed: int, t: int) -> None:
+    """Trial ``t``: a model of random max_seq_len and buckets; the learner's batches for
+    sizes up to and above it, then a capture with them (:func:`_trial`)."""
+    L = int(torch.randint(10, 17, (), generator=gen))
+    small = int(torch.randint(1, L, (), generator=gen))
+    above = L + int(torch.randint(1, L, (), generator=gen))        # two requests
+    buckets = sorted({small, above, 2 * L} if t % 2 == 0 else {1, L, 2 * L + small})
+    # up to max_seq_len first (largest first), then above it: the slot before the split
+    sizes = sorted(set(buckets) | {1, L - 1, L, L + 1, 2 * L, 3 * L - 1},
+                   key=lambda n: (n > L, -n if n <= L else n))
+    where = f"trial {t + 1} (max_seq_len={L}, buckets {buckets})"
+
+    def capturing() -> str | None:
+        _batches(fn, B, _model(B, L, seed + t), sizes, where)
+        return _trial(fn, B, gen, seed + t, L, buckets)
+
+    msg = attempt(capturing, B=B, reason=lambda e: f"{where}: capturing with your batches "
+                  f"raised {short_description(e)}")
+    if msg:
+        reject(f"{where}: {msg}", hints=getattr(msg, "hints", None) or _BATCH_HINTS)
 
 
 # ---- the symptom, for the notebook -------------------------------------------------------
@@ -515,26 +569,22 @@ def show_symptom(make_batch, *, B=None, steps: int = 8, buckets=(8, 16, 32)):
     and what to do, as a checker would."""
     B = backend.get("auto") if B is None else backend.ensure(B, "show_symptom(B=...)")
     name = getattr(make_batch, "__name__", "capture_batch")
+
+    def raised(e: BaseException) -> str:
+        who = ("your function" if _raised_in_learner_code(e) else
+               "the capture with your function's batch")
+        return (f"{who} raised {short_description(e)}\n   No tokens to compare: run "
+                f"check_capture_batch({name}), which says what is wrong with the batch")
+
     with one_thread(B.device):
-        try:
-            return _symptom(make_batch, B, steps, buckets)
-        except NotImplementedError:
-            print(f"{FAIL} {name}: {NOT_DONE}")
-        except LearnerTimeout as e:
-            backend.recover(B)
-            print(f"{FAIL} show_symptom({name}): {e}")
-        except Exception as e:
-            backend.recover(B)
-            who = ("your function" if _learner_raised(e) else
-                   "the capture with your function's batch")
-            print(f"{FAIL} show_symptom({name}): {who} raised {short_description(e)}\n"
-                  f"   No tokens to compare: run check_capture_batch({name}), which says what "
-                  f"is wrong with the batch")
-    return None
+        return shown(lambda: attempt(_symptom, (make_batch, B, steps, buckets), B=B,
+                                     reason=raised),
+                     name=name, label=f"show_symptom({name})")
 
 
-def _learner_raised(e) -> bool:
-    """Did the exception start in the learner's own code (a frame outside labkit and torch)?"""
+def _raised_in_learner_code(e) -> bool:
+    """Whether the error a failed capture started with was raised in the learner's own
+    code (a frame outside labkit and torch), not by the capture of its batch."""
     from labkit.core.errors import capture_cause, in_library
 
     tb = capture_cause(e).__traceback__
