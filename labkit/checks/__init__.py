@@ -276,15 +276,17 @@ class Rejected(Exception):
                  hints: Sequence[str] | None = None, details: dict | None = None):
         super().__init__(reason)
         self.reason, self.kind, self.details = reason, kind, dict(details or {})
-        self.hints = list(hints) if hints is not None else getattr(reason, "hints", None)
+        self.hints = list(hints) if hints is not None else (getattr(reason, "hints", None)
+                                                            or None)
         self.fields: dict = {}  # CheckResult fields a reject() sets for run_check
 
 
-def reject(reason: str, *, hints: Sequence[str] | None = None, **fields: Any) -> None:
+def reject(reason: str, *, hints: Sequence[str] | None = None, kind: str = "mismatch",
+           **fields: Any) -> None:
     """Fail the running check with ``reason`` (a judge's finding, or a :class:`Reason`);
-    ``fields`` (``trials``, ``failed_trial``, ``details``) go to :func:`run_check`'s
-    :class:`CheckResult`."""
-    rejected = Rejected(reason, hints=hints)
+    ``hints=[]`` gives none (``None``: the exercise's); ``fields`` (``trials``,
+    ``failed_trial``, ``details``) go to :func:`run_check`'s :class:`CheckResult`."""
+    rejected = Rejected(reason, hints=hints, kind=kind)
     rejected.fields = fields
     raise rejected
 
@@ -457,7 +459,8 @@ def run_check(name: str, body: Callable[[], str], *, more_hints: Sequence[str] |
     try:
         message = body()
     except Rejected as r:
-        hints = r.hints or ([] if r.kind == "timeout" else list(more_hints or []))
+        hints = r.hints if r.hints is not None else (
+            [] if r.kind == "timeout" else list(more_hints or []))
         return fail(name, r.reason, kind=r.kind, more_hints=hints, quiet=quiet, **r.fields)
     return passed(name, message, quiet=quiet, trials=trials)
 
