@@ -396,7 +396,7 @@ def outcome(fn: Callable, args: Sequence = (), *, time_limit: float | None = Non
     """
     try:
         return "value", attempt(fn, args, time_limit=time_limit, label=label, hints=hints,
-                                kind="raised")
+                                kind="raised", reason=lambda exc: "")   # judged by the caller
     except Rejected as r:
         if r.kind == "raised":
             return "raised", r.details["exception"]
