@@ -1,454 +1,391 @@
-"""Checkers for the exercises: run the learner's function against the reference.
+"""Checkers for the exercises: this module owns the whole loop, the exercise modules declare.
 
 Each lesson has a module ``labkit.checks.lessonNN`` with one ``check_<exercise>(fn)`` per
-exercise; they are thin wrappers around :func:`check`::
+exercise::
 
     from labkit.checks.lesson00 import check_scale_and_shift
     check_scale_and_shift(scale_and_shift)
     # ✅ scale_and_shift: passed 3 random trials
 
-:func:`check` builds fresh random inputs for every trial (seeded, so a failure can be
-reproduced), calls the reference and the learner's function on separate copies, compares
-the results and prints ONE line when all trials pass, or a short report of the first
-failure: which trial, what differs (type, shape, dtype, device, values with the largest
-absolute difference) and a hint. An exception raised by the learner's code is never shown
-as a bare traceback: the report names the exception, its message and the learner's line.
+An exercise module declares what is its own, as :mod:`labkit.core.rules` declares the
+rules of capture in one table:
 
-It returns a :class:`CheckResult`, truthy when the check passed, for tests and scripts.
+* an :class:`Exercise`: its name and its hints;
+* its trials: ``make_inputs(gen)`` and the reference (or, for an exercise that builds and
+  probes an object step by step, a ``body`` that returns the pass message);
+* its judges: small predicates ``judge(expected, actual)`` that return a reason (a
+  string, or a :class:`Reason` with the hints for that mistake) or None.
+
+This module does the rest, the same way for every exercise:
+
+* :func:`attempt` calls the learner's code: under a time budget (:func:`call_learner`:
+  an endless loop gets "did not finish within 10 s" instead of a cell that never
+  returns), the untouched stub (``NotImplementedError``) reported as :data:`NOT_DONE`,
+  a timeout or an exception reported with the learner's line (never a bare traceback),
+  a half-open capture recovered (:func:`labkit.backend.recover`). Nothing below
+  ``labkit.checks`` wraps the learner's code in a ``try``: a failure travels as
+  :class:`Rejected` (also what :func:`reject` raises for a judge's reason);
+* :func:`check` runs the trials: fresh random inputs for every trial (seeded, so a
+  failure can be reproduced), the reference and the learner on separate copies, the
+  judges in order; :func:`run_check` runs a ``body`` once;
+* the report: ONE line when all trials pass, or a short report of the first failure
+  (which trial, what differs: type, shape, dtype, device, values with the largest
+  absolute difference, and a hint). Both return a :class:`CheckResult`, truthy when the
+  check passed, for tests and scripts.
 
 Hints come in steps. A failure report names what is wrong and where to look; it never
 starts with the answer. A checker may attach ``more_hints`` (each more specific than the
-last); :func:`hint` prints the next one for the most recent failed check. A ``compare``
-function may return a :class:`Reason` instead of a plain string: its ``hints`` then replace
+last); :func:`hint` prints the next one for the most recent failed check. A judge may
+return a :class:`Reason` instead of a plain string: its ``hints`` then replace
 ``more_hints`` for that failure, so that the first hint is about the mistake seen. After a
 "not done yet" report, :func:`hint` names the exercise and gives its first hint; a printed
 ✅ forgets that exercise's failure (a quiet pass, in a test or script, forgets nothing).
 
-Learner code runs under a time budget (:func:`call_learner`): an endless loop gets a
-verdict ("did not finish within 10 s") instead of a cell that never returns.
+:func:`fail`, :func:`passed`, :func:`learner_raised` and :func:`verdict` are the older
+hand-written form of the same reports, used by the checkers not yet declared this way
+(issue #31 moves them one lesson at a time).
 """
 
 from __future__ import annotations
 
-import linecache
-import math
-import os
-import signal
-import sys
-import threading
-import time
-import traceback
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from labkit.core.errors import in_library
-from labkit.core.signature import fmt_shape
+from labkit.checks.budget import DEFAULT_TIME_LIMIT, LearnerTimeout, call_learner
+from labkit.checks.outputs import (  # noqa: F401 - re-exported, private ones: host_reads, lesson02
+    _is_learner_frame,
+    _is_notebook_frame,
+    _type_name,
+    compare_outputs,
+    describe_exception,
+    short_description,
+)
+from labkit.checks.report import (  # noqa: F401 - re-exported
+    FAIL,
+    NOT_DONE,
+    PASS,
+    CheckResult,
+    Reason,
+    _report,
+    _with_hint_tail,
+    fail,
+    hint,
+    learner_raised,
+    passed,
+    verdict,
+)
+from labkit.core.errors import capture_cause
 
 __all__ = [
     "DEFAULT_TIME_LIMIT",
+    "NOT_DONE",
     "CheckResult",
+    "Exercise",
     "LearnerTimeout",
     "Reason",
+    "Rejected",
+    "attempt",
     "call_learner",
     "check",
     "compare_outputs",
     "describe_exception",
+    "extra_probe",
     "short_description",
     "learner_raised",
+    "outcome",
     "fail",
     "hint",
     "passed",
+    "recovering",
+    "reject",
+    "run_check",
+    "run_trials",
+    "shown",
     "verdict",
 ]
 
-PASS = "✅"
-FAIL = "❌"
-NOT_DONE = "not done yet: fill in the cell marked YOUR CODE HERE"
-DEFAULT_TIME_LIMIT = 10.0  # seconds a learner's function may run in one trial
-_ALARM_REPEAT_S = 0.25     # after the budget, the timeout is raised again this often
+# --- calling the learner's code ----------------------------------------------------------
 
 
-@dataclass
-class CheckResult:
-    """What a check found. ``bool(result)`` is ``result.passed``."""
+class Rejected(Exception):
+    """Ends a check with a failure: raised by :func:`reject` (a judge's reason) and by
+    :func:`attempt` (the learner's code raised, timed out or is the untouched stub).
 
-    name: str
-    passed: bool
-    message: str
-    trials: int = 0  # trials that passed
-    failed_trial: int | None = None  # 1-based
-    kind: str = "ok"  # ok | mismatch | exception | not_implemented | checker_error | timeout
-    details: dict = field(default_factory=dict)
-    more_hints: list[str] = field(default_factory=list)  # next hints, most general first
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def __str__(self) -> str:
-        return self.message
-
-    def _ipython_display_(self) -> None:
-        # check() already printed the message; as a cell's last value, show nothing more.
-        pass
-
-
-# --- hints in steps ----------------------------------------------------------------------
-
-_last_failure: dict[str, Any] = {"result": None, "shown": 0, "passed": None}
-
-
-def _remember(result: CheckResult, quiet: bool = True) -> None:
-    """Keep a failed (or not done) result for :func:`hint`; a printed pass of the same
-    exercise forgets it (its hints would be stale)."""
-    if not result.passed:
-        _last_failure.update(result=result, shown=0, passed=None)
-    elif not quiet and _last_failure["result"] is not None \
-            and _last_failure["result"].name == result.name:
-        _last_failure.update(result=None, shown=0, passed=result.name)
-
-
-def hint() -> None:
-    """Print the next hint for the most recent failed check.
-
-    Each call goes one step further; when the checker has nothing more to say, it says so.
-    After a "not done yet" report it names the exercise and gives its first hint. It
-    returns None, so that a notebook cell shows the hint once (not again as its value).
-    """
-    result = _last_failure["result"]
-    if result is None and _last_failure["passed"]:
-        text = (f"No failed check: {_last_failure['passed']} passed since its last failure, "
-                f"so its hints are no longer needed.")
-    elif result is None:
-        text = "No failed check yet: run a checker first."
-    elif result.kind == "not_implemented":
-        todo = f"{result.name} is not done yet: fill in the cell marked YOUR CODE HERE"
-        i = _last_failure["shown"]
-        if not result.more_hints:
-            text = f"{todo} first, then run its checker again."
-        elif i >= len(result.more_hints):
-            text = (f"No more hints for {result.name}: fill in the cell marked YOUR CODE "
-                    f"HERE, then run its checker again.")
-        else:
-            _last_failure["shown"] = i + 1
-            text = (f"{todo}, then run its checker again. "
-                    f"hint {i + 1} of {len(result.more_hints)} for {result.name}: "
-                    f"{result.more_hints[i]}")
-    elif not result.more_hints:
-        text = (f"No further hint for this failure of {result.name}: its message says what "
-                "to change and where to look.")
-    elif _last_failure["shown"] >= len(result.more_hints):
-        text = (f"No more hints for {result.name}: "
-                "compare your code with the lesson section it names.")
-    else:
-        i = _last_failure["shown"]
-        _last_failure["shown"] = i + 1
-        text = f"hint {i + 1} of {len(result.more_hints)} for {result.name}: {result.more_hints[i]}"
-    print(text)
-
-
-class Reason(str):
-    """What a ``compare`` function found wrong, with the hints that belong to THAT mistake.
-
-    A plain string works too; a ``Reason``'s ``hints`` replace the checker's general
-    ``more_hints`` for this failure (most general first, never the answer first).
-    """
-
-    hints: list[str]
-
-    def __new__(cls, text: str, hints: Sequence[str] = ()):
-        self = super().__new__(cls, text)
-        self.hints = list(hints)
-        return self
-
-
-def _with_hint_tail(message: str, more_hints: list[str] | None) -> str:
-    if more_hints:
-        message += "\n   (stuck? `labkit.checks.hint()` gives a further hint)"
-    return message
-
-
-def fail(name: str, message: str, *, more_hints: list[str] | None = None,
-         kind: str = "mismatch", quiet: bool = False, **fields: Any) -> CheckResult:
-    """Build, remember and print a failed :class:`CheckResult`: ``❌ name: message``.
-
-    An untouched blank (``kind="not_implemented"``) gets no hint tail in its message
-    (nothing was tried yet); its ``more_hints`` are kept for :func:`hint`, which names
-    the exercise that is not done and gives the first one.
-    """
-    hints = list(more_hints or [])
-    tail = hints if kind != "not_implemented" else None
-    text = _with_hint_tail(f"{FAIL} {name}: {message}", tail)
-    return _report(CheckResult(name, False, text, kind=kind, more_hints=hints, **fields), quiet)
-
-
-def learner_raised(name: str, exc: BaseException, raised: str, *,
-                   describe: Callable[[BaseException], str] | None = None,
-                   more_hints: list[str] | None = None, B=None,
-                   quiet: bool = False) -> CheckResult:
-    """The :func:`fail` for an exception out of the learner's code.
+    Only this module catches it (:func:`check`, :func:`run_check`), so that no checker
+    below ``labkit.checks`` needs a ``try`` around the learner's code.
 
     Args:
-        name: the check's name.
-        exc: what the learner's code raised. A ``NotImplementedError`` is the exercise's
-            stub (``kind="not_implemented"``), a :class:`LearnerTimeout` says how long it
-            ran (``kind="timeout"``); anything else is ``kind="exception"``.
-        raised: the start of that last message, e.g. ``f"{where}: your code raised"``;
-            ``describe(exc)`` (default :func:`describe_exception`) follows it.
-        B: a backend to :func:`labkit.backend.recover` first (a capture left half-open).
+        reason: the report's text after ``name:`` (and, in :func:`check`, the trial).
+        kind: ``mismatch``, ``exception``, ``timeout`` or ``not_implemented``
+            (:attr:`CheckResult.kind`).
+        hints: the hints for THIS failure (replace the exercise's ``more_hints``).
+        details: kept in :attr:`CheckResult.details` by :func:`check` (``exception`` for
+            a raise); :func:`run_check` reports the ``fields`` of :func:`reject` instead.
     """
-    if B is not None and not isinstance(exc, NotImplementedError):
-        from labkit import backend
-        backend.recover(B)
-    if isinstance(exc, NotImplementedError):
-        return fail(name, NOT_DONE, kind="not_implemented", more_hints=more_hints,
-                    quiet=quiet)
-    if isinstance(exc, LearnerTimeout):
-        return fail(name, str(exc), kind="timeout", quiet=quiet)
-    return fail(name, f"{raised} {(describe or describe_exception)(exc)}", kind="exception",
-                more_hints=more_hints, quiet=quiet)
+
+    def __init__(self, reason: str, *, kind: str = "mismatch",
+                 hints: Sequence[str] | None = None, details: dict | None = None):
+        super().__init__(reason)
+        self.reason, self.kind, self.details = reason, kind, dict(details or {})
+        self.hints = list(hints) if hints is not None else (getattr(reason, "hints", None)
+                                                            or None)
+        self.fields: dict = {}  # CheckResult fields a reject() sets for run_check
 
 
-def verdict(name: str, ok: bool, message: str, **fields: Any) -> CheckResult:
-    """:func:`passed` when ``ok``, else :func:`fail` (``more_hints``, ``kind`` go to it)."""
-    if ok:
-        fields.pop("more_hints", None)
-        fields.pop("kind", None)
-        return passed(name, message, **fields)
-    return fail(name, message, **fields)
+def reject(reason: str, *, hints: Sequence[str] | None = None, kind: str = "mismatch",
+           **fields: Any) -> None:
+    """Fail the running check with ``reason`` (a judge's finding, or a :class:`Reason`);
+    ``hints=[]`` gives none (``None``: the exercise's); ``fields`` (``trials``,
+    ``failed_trial``, ``details``) go to :func:`run_check`'s :class:`CheckResult`."""
+    rejected = Rejected(reason, hints=hints, kind=kind)
+    rejected.fields = fields
+    raise rejected
 
 
-def passed(name: str, message: str, *, quiet: bool = False, **fields: Any) -> CheckResult:
-    """Build and print a passed :class:`CheckResult`: ``✅ name: message``."""
-    return _report(CheckResult(name, True, f"{PASS} {name}: {message}", **fields), quiet)
+def _raised(exc: BaseException) -> str:
+    return f"your code raised {describe_exception(exc)}"
 
 
-# --- the time budget -----------------------------------------------------------------------
+def _rejected(text: str, kind: str, hints, exc: BaseException | None) -> Rejected:
+    """The :class:`Rejected` of an :func:`attempt`: ``hints`` a list, or a function of
+    the report's text."""
+    if callable(hints):
+        hints = hints(text)
+    return Rejected(text, kind=kind, hints=hints,
+                    details={"exception": exc} if exc is not None else None)
 
 
-class _Deadline(BaseException):
-    """Raised into the learner's code when its budget is spent. A ``BaseException``, like
-    ``KeyboardInterrupt``, so that library ``except Exception`` blocks do not swallow it;
-    :func:`call_learner` turns it into :class:`LearnerTimeout` for the checkers."""
+def _labelled(at: str, reason: str) -> str:
+    """``at + reason``, a :class:`Reason`'s hints kept."""
+    if not at:
+        return reason
+    return Reason(at + reason, reason.hints) if isinstance(reason, Reason) else at + reason
 
 
-class LearnerTimeout(Exception):
-    """The learner's code did not finish within its time budget."""
-
-    def __init__(self, seconds: float, fn_name: str = "your function"):
-        self.seconds = seconds
-        super().__init__(
-            f"{fn_name} did not finish within {seconds:g} s: look for a loop that never ends "
-            f"(a `while` whose condition never changes, or a loop over a list you keep "
-            f"appending to)"
-        )
+def _any_stub(exc: BaseException) -> bool:
+    return True
 
 
-def call_learner(fn: Callable, *args: Any, time_limit: float | None = DEFAULT_TIME_LIMIT,
-                 **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``, stopped with :class:`LearnerTimeout` after ``time_limit`` s.
+def attempt(fn: Callable, args: Sequence = (), kwargs: dict | None = None, *,
+            time_limit: float | None = None, B=None, always_recover: bool = False,
+            on_error: Callable[[], Any] | None = None,
+            explain: Callable[[BaseException], str | None] | None = None,
+            reason: Callable[[BaseException], str] = _raised, kind: str = "exception",
+            not_done: bool = True, stub: Callable[[BaseException], bool] = _any_stub,
+            passthrough: tuple[type[BaseException], ...] = (), label: str = "",
+            label_errors: bool = True,
+            hints: Sequence[str] | Callable[[str], list[str]] | None = None) -> Any:
+    """``fn(*args, **kwargs)``: the learner's code, called the one way checkers call it.
 
-    On the main thread (where a notebook cell runs) the budget is a ``SIGALRM`` timer; on
-    other threads a trace function checks the clock. ``None`` or ``0`` means no limit.
+    Whatever goes wrong ends the check as a :class:`Rejected`, in this order: a
+    :class:`LearnerTimeout` (``time_limit``, :func:`call_learner`) says how long it ran;
+    an exception ``explain(exc)`` names is that mistake (``kind="mismatch"``); the
+    untouched stub (a ``NotImplementedError``, also when a failed capture wraps it) is
+    ``NOT_DONE``; any other ``Exception`` is ``reason(exc)`` (default: "your code raised"
+    and :func:`describe_exception`) with ``kind``.
+
+    Args:
+        B: a backend to :func:`labkit.backend.recover` after a failure (a capture left
+            half-open), or after every call with ``always_recover``.
+        on_error: called after a failure (also a ``BaseException``), before ``B`` is
+            recovered: e.g. ending a capture the checker began.
+        not_done: False when ``fn`` is not the exercise's own function (a stub raised
+            there is an ordinary error).
+        stub: which ``NotImplementedError`` is the exercise's stub (default: any; lesson
+            03: one without a message, torch's own has one).
+        passthrough: exceptions that go on as they are, to an :func:`attempt` further out
+            (a :class:`Rejected` always does).
+        label: where in the check this call is (``"trial 2 of 5"``): it starts the
+            reason of a timeout or an error (``label: reason``), not ``NOT_DONE``;
+            with ``label_errors=False`` a timeout's only (``reason`` names the place).
+        hints: the hints of a timeout or an error here (default: the exercise's), or a
+            function of the report's text that returns them.
 
     .. warning::
-        A loop inside one long torch call is interrupted only when it returns to Python.
-        If the budget runs out inside a capture, the capture is abandoned like any other
-        failed capture: call :func:`labkit.backend.recover` afterwards (the checkers do).
+        A ``BaseException`` (``KeyboardInterrupt``, an outer time budget running out)
+        passes through, after ``on_error`` and the recovery: only the outermost budget
+        turns into a timeout.
     """
-    name = getattr(fn, "__name__", "your function")
-    if not time_limit:
-        return fn(*args, **kwargs)
-    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
-        active = [True]
-
-        def _alarm(signum, frame):
-            if active[0]:
-                raise _Deadline
-
-        old = signal.signal(signal.SIGALRM, _alarm)
-        # the timer repeats: code that catches even a BaseException cannot keep an
-        # endless loop alive for long
-        signal.setitimer(signal.ITIMER_REAL, time_limit, _ALARM_REPEAT_S)
-        try:
-            return fn(*args, **kwargs)
-        except _Deadline:
-            raise LearnerTimeout(time_limit, name) from None
-        finally:
-            while True:         # an alarm landing in here must not skip the clean-up
-                try:
-                    active[0] = False
-                    signal.setitimer(signal.ITIMER_REAL, 0)
-                    signal.signal(signal.SIGALRM, old)
-                    break
-                except _Deadline:
-                    continue
-    deadline = time.monotonic() + time_limit
-
-    def _trace(frame, event, arg):
-        if time.monotonic() > deadline:
-            raise _Deadline
-        return _trace
-
-    old_trace = sys.gettrace()
-    sys.settrace(_trace)
+    failed = True
     try:
-        return fn(*args, **kwargs)
-    except _Deadline:
-        raise LearnerTimeout(time_limit, name) from None
+        value = call_learner(fn, *args, time_limit=time_limit, **(kwargs or {}))
+        failed = False
+        return value
+    except Rejected:
+        failed = False              # the attempt that raised it has cleaned up
+        raise
+    except passthrough:
+        raise
+    except Exception as exc:
+        root = capture_cause(exc)
+        at = f"{label}: " if label else ""
+        if isinstance(root, LearnerTimeout):
+            raise _rejected(f"{at}{root}", "timeout", hints, None) from None
+        at = at if label_errors else ""
+        named = explain(exc) if explain is not None else None
+        if named:
+            raise _rejected(_labelled(at, named), "mismatch", hints, exc) from None
+        if not_done and isinstance(root, NotImplementedError) and stub(root):
+            raise Rejected(NOT_DONE, kind="not_implemented") from None
+        raise _rejected(_labelled(at, reason(exc)), kind, hints, exc) from None
     finally:
-        sys.settrace(old_trace)
+        if failed and on_error is not None:
+            on_error()
+        if B is not None and (failed or always_recover):
+            from labkit import backend
+            backend.recover(B)
 
 
-# --- comparing outputs -----------------------------------------------------------------
+def outcome(fn: Callable, args: Sequence = (), *, time_limit: float | None = None,
+            label: str = "", hints: Sequence[str] | None = None,
+            **fields: Any) -> tuple[str, Any]:
+    """The learner's answer where raising is one of the answers (an oversize batch must
+    raise): ``("value", v)`` or ``("raised", exc)``, for the judges to weigh.
 
-
-def _type_name(x: Any) -> str:
-    if isinstance(x, torch.Tensor):
-        return "a torch.Tensor"
-    if x is None:
-        return "None"
-    return f"a {type(x).__name__}"
-
-
-def _compare_tensors(expected: torch.Tensor, actual: torch.Tensor, where: str,
-                     rtol: float, atol: float) -> str | None:
-    if tuple(actual.shape) != tuple(expected.shape):
-        return f"{where}shape: expected {fmt_shape(expected.shape)}, got {fmt_shape(actual.shape)}"
-    if actual.dtype != expected.dtype:
-        return f"{where}dtype: expected {expected.dtype}, got {actual.dtype}"
-    if actual.device != expected.device:
-        return f"{where}device: expected {expected.device}, got {actual.device}"
-    e = expected.detach().cpu()
-    a = actual.detach().cpu()
-    if e.numel() == 0:
-        return None
-    if e.is_floating_point() or e.is_complex():
-        close = torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
-    else:
-        close = a == e
-    if bool(close.all()):
-        return None
-    bad = ~close
-    n_bad = int(bad.sum())
-    if e.dtype == torch.bool:
-        diff = (a != e).to(torch.float64)
-    else:
-        diff = (a.to(torch.float64) - e.to(torch.float64)).abs()
-        diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
-    diff = torch.where(bad, diff, torch.zeros_like(diff))
-    flat = int(diff.reshape(-1).argmax())
-    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), e.shape)) if e.dim() else ()
-    ev, av = e.reshape(-1)[flat].item(), a.reshape(-1)[flat].item()
-    at = f" at index {idx}" if idx else ""
-    return (
-        f"{where}values differ: max abs diff {diff.reshape(-1)[flat].item():.4g}{at} "
-        f"(expected {ev:.6g}, got {av:.6g}); {n_bad} of {e.numel()} elements differ"
-    )
-
-
-def compare_outputs(expected: Any, actual: Any, *, rtol: float = 1e-5, atol: float = 1e-6,
-                    where: str = "") -> str | None:
-    """``None`` when ``actual`` matches ``expected``, else one line saying what differs.
-
-    Tensors are compared by shape, dtype, device, then values (``torch.isclose``); tuples,
-    lists and dicts element by element; other values with ``==`` (floats with tolerance).
+    The stub (``NOT_DONE``) and a timeout (``label: ...``, with ``hints`` and ``fields``)
+    still end the check, as in :func:`attempt`.
     """
-    if isinstance(expected, torch.Tensor):
-        if not isinstance(actual, torch.Tensor):
-            hint = " (did you forget `return`?)" if actual is None else ""
-            return f"{where}expected a torch.Tensor, got {_type_name(actual)}{hint}"
-        return _compare_tensors(expected, actual, where, rtol, atol)
-    if isinstance(expected, Mapping):
-        if not isinstance(actual, Mapping):
-            return f"{where}expected a dict, got {_type_name(actual)}"
-        if set(expected) != set(actual):
-            want, got = sorted(map(str, expected)), sorted(map(str, actual))
-            return f"{where}keys: expected {want}, got {got}"
-        for k in expected:
-            msg = compare_outputs(expected[k], actual[k], rtol=rtol, atol=atol,
-                                  where=f"{where}[{k!r}] ")
-            if msg:
-                return msg
+    try:
+        return "value", attempt(fn, args, time_limit=time_limit, label=label, hints=hints,
+                                kind="raised", reason=lambda exc: "")   # judged by the caller
+    except Rejected as r:
+        if r.kind == "raised":
+            return "raised", r.details["exception"]
+        if r.kind == "timeout":
+            r.fields.update(fields)
+        raise
+
+
+def extra_probe(fn: Callable, args: Sequence = (), *, B=None, default: Any = None) -> Any:
+    """``fn(*args)``, a probe of the learner's object that decides nothing by itself: when
+    it raises, ``default`` (and ``B`` recovered), as if the probe had found nothing; a
+    :class:`LearnerTimeout` or a :class:`Rejected` (a judge's, a stub's) still ends the
+    check.
+
+    .. warning::
+        Only for a probe whose finding is extra (the probes before it decide); a probe
+        that can reject goes through :func:`attempt`.
+    """
+    try:
+        return fn(*args)
+    except (LearnerTimeout, Rejected):
+        raise
+    except Exception:  # noqa: BLE001 - extra: the probes that decide have run
+        if B is not None:
+            from labkit import backend
+            backend.recover(B)
+        return default
+
+
+@contextlib.contextmanager
+def recovering(B):
+    """A block of the learner's code that :func:`attempt` (further out) reports: when it
+    raises anything, ``B`` is recovered (:func:`labkit.backend.recover`) first.
+
+    For a capture the checker opens around the learner's code (``with recovering(E),
+    E.graph(g):``): the graph's own exit runs first, then the recovery, then the error
+    goes on to the ``attempt`` that names it.
+    """
+    try:
+        yield
+    except BaseException:
+        from labkit import backend
+        backend.recover(B)
+        raise
+
+
+# --- the two loops: one run, or trials against a reference ----------------------------
+
+
+def run_check(name: str, body: Callable[[], str], *, more_hints: Sequence[str] | None = None,
+              quiet: bool = False, trials: int = 0) -> CheckResult:
+    """Run a checker's ``body()``: it returns the pass message, or ends in a :class:`Rejected`.
+
+    The shape of the checkers that build, run and probe the learner's object step by step
+    (lessons 03-09): ``body`` calls the learner's code through :func:`attempt` and its
+    judges through :func:`reject`. A failure carries its own hints (:func:`reject`'s,
+    :func:`attempt`'s) or, without, ``more_hints``; a timeout without hints of its own
+    carries none (it names the loop). A pass records ``trials`` (those the body ran).
+    """
+    try:
+        message = body()
+    except Rejected as r:
+        hints = r.hints if r.hints is not None else (
+            [] if r.kind == "timeout" else list(more_hints or []))
+        return fail(name, r.reason, kind=r.kind, more_hints=hints, quiet=quiet, **r.fields)
+    return passed(name, message, quiet=quiet, trials=trials)
+
+
+def run_trials(name: str, trials: int, one_trial: Callable[[int, torch.Generator], None], *,
+               seed: Callable[[int], int] = lambda trial: trial, B=None,
+               more_hints: Sequence[str] = (), quiet: bool = False,
+               reason: Callable[[BaseException], str] = _raised,
+               stub: Callable[[BaseException], bool] = _any_stub) -> CheckResult:
+    """Run ``one_trial(trial, gen)`` for each trial, through one :func:`attempt`.
+
+    The shape of the checkers that probe the learner's object step by step, trial by
+    trial (lesson 03): each trial gets ``gen`` seeded with ``seed(trial)`` and the global
+    torch RNG seeded with ``trial``; it returns nothing when it sees nothing wrong,
+    :func:`reject` s with a reason, or calls the learner through :func:`attempt`.
+    Anything else it raises is ``reason(exc)``, ``B`` recovered. The report names the
+    trial (``trial 2 of 3: ...``); a stub's is :data:`NOT_DONE`.
+    """
+    for trial in range(1, trials + 1):
+        gen = _generator(seed(trial))
+        torch.manual_seed(trial)
+        try:
+            attempt(one_trial, (trial, gen), B=B, reason=reason, stub=stub)
+        except Rejected as r:
+            fields = dict(trials=trial - 1, failed_trial=trial, quiet=quiet)
+            if r.kind == "not_implemented":
+                return fail(name, NOT_DONE, kind=r.kind, more_hints=list(more_hints),
+                            **fields)
+            hints = [] if r.kind == "timeout" else (r.hints or list(more_hints))
+            details = r.details if r.kind == "exception" else {}
+            return fail(name, f"trial {trial} of {trials}: {r.reason}", kind=r.kind,
+                        more_hints=hints, details=details, **fields)
+    plural = "trial" if trials == 1 else "trials"
+    return passed(name, f"passed {trials} random {plural}", quiet=quiet, trials=trials)
+
+
+def shown(body: Callable[[], Any], *, name: str, label: str) -> Any:
+    """For a notebook helper that shows something rather than checks it: ``body()``'s
+    value, or None after one ``❌`` line when it is rejected (``❌ name: not done yet...``
+    for the stub, ``❌ label: reason`` otherwise). Nothing is kept for :func:`hint`."""
+    try:
+        return body()
+    except Rejected as r:
+        print(f"{FAIL} {name if r.kind == 'not_implemented' else label}: {r.reason}")
         return None
-    if isinstance(expected, Sequence) and not isinstance(expected, str):
-        if not isinstance(actual, Sequence) or isinstance(actual, str):
-            return f"{where}expected {_type_name(expected)}, got {_type_name(actual)}"
-        if len(actual) != len(expected):
-            return f"{where}length: expected {len(expected)}, got {len(actual)}"
-        for i, (e, a) in enumerate(zip(expected, actual)):
-            msg = compare_outputs(e, a, rtol=rtol, atol=atol, where=f"{where}[{i}] ")
-            if msg:
-                return msg
-        return None
-    if isinstance(expected, float) and isinstance(actual, (int, float)):
-        if math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol) or (
-            math.isnan(expected) and math.isnan(actual)
-        ):
-            return None
-        return f"{where}value: expected {expected!r}, got {actual!r}"
-    if actual != expected:
-        if type(actual) is not type(expected):
-            return (f"{where}expected {_type_name(expected)} {expected!r}, "
-                    f"got {_type_name(actual)} {actual!r}")
-        return f"{where}value: expected {expected!r}, got {actual!r}"
-    return None
 
 
-# --- exceptions --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Exercise:
+    """An exercise as its checker declares it, once, at the top of its module.
 
+    Args:
+        name: what every report of it starts with (``❌ name: ...``).
+        hint: the line under a failed trial (:meth:`check` only).
+        more_hints: what :func:`hint` gives, one step at a time, most general first.
+    """
 
-def _is_learner_frame(filename: str) -> bool:
-    """Not labkit's own code (checkers, engines, the emulator) and not torch's."""
-    return not in_library(filename)
+    name: str
+    hint: str | None = None
+    more_hints: tuple[str, ...] = ()
 
+    def check(self, learner_fn: Callable, reference_fn: Callable,
+              make_inputs: Callable[[torch.Generator], Any], **options: Any) -> CheckResult:
+        """:func:`check` with this exercise's name and hints."""
+        return check(learner_fn, reference_fn, make_inputs, name=self.name, hint=self.hint,
+                     more_hints=self.more_hints, **options)
 
-def _is_notebook_frame(filename: str) -> bool:
-    return filename.startswith(("<ipython-input", "<cell")) or "ipykernel_" in filename
-
-
-def describe_exception(exc: BaseException) -> str:
-    """``TypeError: message`` plus the learner's line that raised it, for a report."""
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    frames = traceback.extract_tb(exc.__traceback__)
-    # Prefer the deepest frame in a notebook cell; else the deepest frame outside
-    # labkit.checks and torch.
-    pick = None
-    for fr in frames:
-        if _is_notebook_frame(fr.filename):
-            pick = fr
-    if pick is None:
-        for fr in frames:
-            if _is_learner_frame(fr.filename):
-                pick = fr
-    if pick is None:
-        return text
-    line = (pick.line or linecache.getline(pick.filename, pick.lineno)).strip()
-    where = "your cell" if _is_notebook_frame(pick.filename) else os.path.basename(pick.filename)
-    loc = f"line {pick.lineno} of {where}"
-    if pick.name != "<module>":
-        loc += f" (in {pick.name})"
-    return f"{text}\n   at {loc}: {line}" if line else f"{text}\n   at {loc}"
-
-
-_CUDA_BOILERPLATE = ("Search for `cuda", "CUDA kernel errors might be asynchronously",
-                     "For debugging consider passing CUDA_LAUNCH_BLOCKING",
-                     "Compile with `TORCH_USE_CUDA_DSA`")
-
-
-def short_description(exc: BaseException) -> str:
-    """:func:`describe_exception` of the error a failed capture started with, without
-    CUDA's boilerplate lines (where to search, how to debug)."""
-    from labkit.core.errors import capture_cause
-
-    text = describe_exception(capture_cause(exc))
-    return "\n".join(ln for ln in text.split("\n")
-                     if ln.strip() and not ln.startswith(_CUDA_BOILERPLATE))
-
-
-# --- the checker ---------------------------------------------------------------------------
+    def run(self, body: Callable[[], str], *, quiet: bool = False) -> CheckResult:
+        """:func:`run_check` with this exercise's name and hints."""
+        return run_check(self.name, body, more_hints=self.more_hints, quiet=quiet)
 
 
 def _as_call(inputs: Any) -> tuple[tuple, dict]:
@@ -465,11 +402,26 @@ def _generator(seed: int) -> torch.Generator:
     return g
 
 
-def _report(result: CheckResult, quiet: bool) -> CheckResult:
-    _remember(result, quiet)
-    if not quiet:
-        print(result.message)
-    return result
+def first_reason(judges: Sequence[Callable[[Any, Any], str | None]], expected: Any,
+                 actual: Any) -> str | None:
+    """The first judge's reason that is not None: judges run in order, most basic first."""
+    for judge in judges:
+        reason = judge(expected, actual)
+        if reason:
+            return reason
+    return None
+
+
+def _trial_failure(name: str, r: Rejected, trial: int, trials: int, hint_line: str,
+                   hints: list[str]) -> CheckResult:
+    """The report of trial ``trial``'s :class:`Rejected`."""
+    fields = dict(trials=trial - 1, failed_trial=trial, kind=r.kind, details=r.details)
+    if r.kind == "not_implemented":
+        return CheckResult(name, False, f"{FAIL} {name}: {NOT_DONE}", more_hints=hints, **fields)
+    seen = list(r.hints or hints)
+    tail = "" if r.kind == "timeout" else hint_line
+    msg = f"{FAIL} {name}: trial {trial} of {trials}: {r.reason}{tail}"
+    return CheckResult(name, False, _with_hint_tail(msg, seen), more_hints=seen, **fields)
 
 
 def check(
@@ -482,6 +434,7 @@ def check(
     hint: str | None = None,
     more_hints: Sequence[str] | None = None,
     compare: Callable[[Any, Any], str | None] | None = None,
+    judges: Sequence[Callable[[Any, Any], str | None]] = (),
     seed: int = 0,
     rtol: float = 1e-5,
     atol: float = 1e-6,
@@ -496,9 +449,11 @@ def check(
     identical inputs (an in-place change by one cannot leak into the other); the global
     torch RNG is seeded the same way before each call.
 
-    ``compare(expected, actual)`` returns ``None`` when they match, else a one-line reason
-    (default: :func:`compare_outputs` with ``rtol``/``atol``); a :class:`Reason` brings
-    the hints for that mistake, used instead of ``more_hints``.
+    ``judges``: predicates ``judge(expected, actual)`` returning ``None`` when they see
+    nothing wrong, else a one-line reason (a :class:`Reason` brings the hints for that
+    mistake, used instead of ``more_hints``); the first reason wins. ``compare`` is one
+    judge; without either, :func:`compare_outputs` with ``rtol``/``atol``. The learner's
+    side may end a trial itself with :func:`reject` or :func:`attempt`.
 
     ``hint`` is shown with a failure; ``more_hints`` are kept for :func:`hint`, one step
     at a time. Each call of ``learner_fn`` runs under ``time_limit`` seconds
@@ -508,7 +463,8 @@ def check(
     :class:`CheckResult`.
     """
     name = name or getattr(reference_fn, "__name__", "check")
-    compare = compare or (lambda e, a: compare_outputs(e, a, rtol=rtol, atol=atol))
+    judges = (compare,) if compare else tuple(judges) or (
+        lambda e, a: compare_outputs(e, a, rtol=rtol, atol=atol),)
     hint_line = f"\n   hint: {hint}" if hint else ""
     hints = list(more_hints or [])
 
@@ -530,32 +486,17 @@ def check(
                                        kind="checker_error"), quiet)
 
         torch.manual_seed(trial_seed)
+        details = {"expected": expected, "actual": None, "inputs": (l_args, l_kwargs)}
         try:
-            actual = call_learner(learner_fn, *l_args, time_limit=time_limit, **l_kwargs)
-        except NotImplementedError:
-            msg = f"{FAIL} {name}: {NOT_DONE}"
-            return _report(CheckResult(name, False, msg, trials=trial - 1, failed_trial=trial,
-                                       kind="not_implemented", more_hints=hints), quiet)
-        except LearnerTimeout as exc:
-            msg = _with_hint_tail(f"{FAIL} {name}: trial {trial} of {trials}: {exc}", hints)
-            return _report(CheckResult(name, False, msg, trials=trial - 1, failed_trial=trial,
-                                       kind="timeout", more_hints=hints), quiet)
-        except Exception as exc:
-            desc = describe_exception(exc)
-            msg = f"{FAIL} {name}: trial {trial} of {trials}: your code raised {desc}{hint_line}"
-            return _report(CheckResult(name, False, _with_hint_tail(msg, hints),
-                                       trials=trial - 1, failed_trial=trial, kind="exception",
-                                       details={"exception": exc}, more_hints=hints), quiet)
-
-        reason = compare(expected, actual)
+            actual = attempt(learner_fn, l_args, l_kwargs, time_limit=time_limit)
+        except Rejected as r:
+            if r.kind == "mismatch":  # a reject() on the learner's side
+                r.details = details
+            return _report(_trial_failure(name, r, trial, trials, hint_line, hints), quiet)
+        reason = first_reason(judges, expected, actual)
         if reason:
-            seen = list(getattr(reason, "hints", None) or hints)
-            msg = f"{FAIL} {name}: trial {trial} of {trials}: {reason}{hint_line}"
-            return _report(CheckResult(name, False, _with_hint_tail(msg, seen),
-                                       trials=trial - 1, failed_trial=trial, kind="mismatch",
-                                       details={"expected": expected, "actual": actual,
-                                                "inputs": (l_args, l_kwargs)},
-                                       more_hints=seen), quiet)
+            r = Rejected(reason, details=dict(details, actual=actual))
+            return _report(_trial_failure(name, r, trial, trials, hint_line, hints), quiet)
 
     plural = "trial" if trials == 1 else "trials"
     msg = f"{PASS} {name}: passed {trials} random {plural}"

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch.overrides import TorchFunctionMode
 
-from labkit.checks import CheckResult, check, compare_outputs
+from labkit.checks import CheckResult, Exercise, compare_outputs
 
 __all__ = ["check_scale_and_shift"]
 
@@ -52,24 +54,63 @@ _MISTAKES = (
 )
 
 
-def check_scale_and_shift(fn, *, device: torch.device | str | None = None,
-                          trials: int = 3) -> CheckResult:
-    """``fn(x, a, b)`` must return ``a * x + b`` as a tensor of x's shape, dtype, device.
+EXERCISE = Exercise(
+    "scale_and_shift",
+    hint="the first line says what differs; check your function against each thing the "
+         "task states (the formula, one tensor expression, x's shape, dtype and device)",
+    more_hints=("the result is x scaled by a (multiply), then shifted by b (add)",
+                "return a * x + b"),
+)
 
-    Probes what the exercise states: the value on random shapes and random ``a``, ``b``
-    (never 0 or 1, so a missing term shows); x's dtype (float32 or float64) and device
-    kept; one tensor expression (element-by-element access through ``x[i]``, iteration,
-    ``.tolist()``, ``.item()`` or ``.numpy()`` is rejected).
 
-    ``device`` defaults to the device of ``labkit.backend.get("auto")``.
-    """
-    if device is None:
-        from labkit import backend
+class _Seen(NamedTuple):
+    """One trial of the learner's function: what it returned, on which inputs, and the
+    element-by-element accesses it made."""
 
-        device = backend.get("auto").device
-    device = torch.device(device)
-    last: dict = {}
+    out: object
+    inputs: tuple
+    elementwise: list
 
+
+def _loops(expected, seen: _Seen) -> str | None:
+    """Element-by-element access is rejected first, whatever the values."""
+    if not seen.elementwise:
+        return None
+    reason = compare_outputs(expected, seen.out, rtol=1e-5, atol=1e-6)
+    loop = (f"your function {' and '.join(seen.elementwise)}: the task asks for "
+            f"one tensor expression of x, a and b, with no Python loop over elements")
+    return f"{reason}; {loop}" if reason and reason.startswith("expected") else loop
+
+
+def _form(expected, seen: _Seen) -> str | None:
+    """Type, shape, dtype, device (not the values), with what changes a dtype or device."""
+    reason = compare_outputs(expected, seen.out, rtol=1e-5, atol=1e-6)
+    if reason is None or reason.startswith("values differ"):
+        return None
+    if reason.startswith("dtype"):
+        reason += (" (Python floats a and b keep x's dtype; a torch.tensor(...) or "
+                   ".float()/.double() changes it)")
+    elif reason.startswith("device"):
+        reason += " (keep the result where x is: no .cpu() or new tensors elsewhere)"
+    return reason
+
+
+def _values(expected, seen: _Seen) -> str | None:
+    """The values, with the wrong formula of :data:`_MISTAKES` they match, if any."""
+    reason = compare_outputs(expected, seen.out, rtol=1e-5, atol=1e-6)
+    if reason is None:
+        return None
+    x, a, b = seen.inputs
+    for wrong, what in _MISTAKES:
+        if torch.allclose(seen.out, wrong(x, a, b), rtol=1e-5, atol=1e-6):
+            return f"{reason}; with a={a}, b={b} your result is what happens when {what}"
+    return reason
+
+
+JUDGES = (_loops, _form, _values)
+
+
+def _make_inputs(device: torch.device):
     def make_inputs(gen: torch.Generator):
         rows = int(torch.randint(1, 6, (), generator=gen))
         cols = int(torch.randint(2, 9, (), generator=gen))
@@ -85,40 +126,31 @@ def check_scale_and_shift(fn, *, device: torch.device | str | None = None,
         while abs(a - b) < 0.25:
             b = coefficient()
         return x, a, b
+    return make_inputs
+
+
+def check_scale_and_shift(fn, *, device: torch.device | str | None = None,
+                          trials: int = 3) -> CheckResult:
+    """``fn(x, a, b)`` must return ``a * x + b`` as a tensor of x's shape, dtype, device.
+
+    Probes what the exercise states: the value on random shapes and random ``a``, ``b``
+    (never 0 or 1, so a missing term shows); x's dtype (float32 or float64) and device
+    kept; one tensor expression (element-by-element access through ``x[i]``, iteration,
+    ``.tolist()``, ``.item()`` or ``.numpy()`` is rejected).
+
+    ``device`` defaults to the device of ``labkit.backend.get("auto")``.
+    """
+    if device is None:
+        from labkit import backend
+
+        device = backend.get("auto").device
 
     def learner(x, a, b):
-        last["inputs"] = (x.clone(), a, b)
+        inputs = (x.clone(), a, b)
         mode = _ElementAccess()
         with mode:
             out = fn(x, a, b)
-        last["elementwise"] = mode.seen
-        return out
+        return _Seen(out, inputs, mode.seen)
 
-    def compare(expected, actual):
-        x, a, b = last["inputs"]
-        reason = compare_outputs(expected, actual, rtol=1e-5, atol=1e-6)
-        if last.get("elementwise"):
-            loop = (f"your function {' and '.join(last['elementwise'])}: the task asks for "
-                    f"one tensor expression of x, a and b, with no Python loop over elements")
-            return f"{reason}; {loop}" if reason and reason.startswith("expected") else loop
-        if reason is None or not reason.startswith("values differ"):
-            if reason and reason.startswith("dtype"):
-                reason += (" (Python floats a and b keep x's dtype; a torch.tensor(...) or "
-                           ".float()/.double() changes it)")
-            elif reason and reason.startswith("device"):
-                reason += " (keep the result where x is: no .cpu() or new tensors elsewhere)"
-            return reason
-        for wrong, what in _MISTAKES:
-            if torch.allclose(actual, wrong(x, a, b), rtol=1e-5, atol=1e-6):
-                return f"{reason}; with a={a}, b={b} your result is what happens when {what}"
-        return reason
-
-    return check(
-        learner, _scale_and_shift, make_inputs,
-        trials=trials, name="scale_and_shift",
-        hint="the first line says what differs; check your function against each thing the "
-             "task states (the formula, one tensor expression, x's shape, dtype and device)",
-        more_hints=["the result is x scaled by a (multiply), then shifted by b (add)",
-                    "return a * x + b"],
-        compare=compare,
-    )
+    return EXERCISE.check(learner, _scale_and_shift, _make_inputs(torch.device(device)),
+                          trials=trials, judges=JUDGES)

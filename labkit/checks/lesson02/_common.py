@@ -9,18 +9,15 @@ from __future__ import annotations
 import contextlib
 import traceback
 import weakref
+from typing import NamedTuple
 
 import torch
 
-from labkit.backend import recover as _recover
-from labkit.checks import Reason, _is_learner_frame, compare_outputs
+from labkit.checks import Reason, _is_learner_frame, attempt, compare_outputs
 from labkit.core.errors import capture_cause
 
 WARMUP_ITERS = 3  # what the exercise text asks for
 
-
-class _Reported(Exception):
-    """A learner error already turned into a message (not re-described by check())."""
 
 def _describe(exc: BaseException) -> str:
     """``Type: first line`` and the deepest line of the learner's own code that raised it."""
@@ -39,25 +36,23 @@ def _describe(exc: BaseException) -> str:
     return f"{text}\n   at {where}: {code}" if code else f"{text}\n   at {where}"
 
 
+def _raised_in_capture(exc: BaseException) -> str:
+    """What the learner's capture code raised: the error the capture started with."""
+    root = capture_cause(exc)
+    hint = ""
+    if "captured tensor" in str(root) or "capturing" in str(root):
+        hint = ("\n   Inside `with B.graph(g):` ops are recorded, not run: nothing there may "
+                "read a tensor's values on the host (print, .item(), .tolist(), if on a "
+                "tensor). Read the static output after g.replay().")
+    return f"your code raised {_describe(root)}{hint}"
+
+
 def _call(B, fn, *args):
-    """``fn(*args)``; an error comes back as :class:`_Reported`, with the capture recovered."""
-    try:
-        return fn(*args)
-    except BaseException as exc:  # noqa: BLE001 - sorted out below
-        _recover(B)
-        root = capture_cause(exc)
-        if isinstance(root, NotImplementedError) or type(root).__name__ == "LearnerTimeout":
-            raise root from None
-        if not isinstance(root, Exception):
-            raise
-        hint = ""
-        if "captured tensor" in str(root) or "capturing" in str(root):
-            hint = ("\n   Inside `with B.graph(g):` ops are recorded, not run: nothing there may "
-                    "read a tensor's values on the host (print, .item(), .tolist(), if on a "
-                    "tensor). Read the static output after g.replay().")
-        raise _Reported(f"your code raised {_describe(root)}{hint}") from None
-    finally:
-        _recover(B)
+    """``fn(*args)`` through :func:`labkit.checks.attempt`: an error rejects the trial with
+    :func:`_raised_in_capture` (as a mismatch), and the capture is recovered after every
+    call."""
+    return attempt(fn, args, B=B, always_recover=True, reason=_raised_in_capture,
+                   kind="mismatch")
 
 
 _ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "sin": torch.sin}
@@ -275,27 +270,35 @@ def _replays_saw_their_batch(fn: _Counted, batches: list | None) -> bool:
                for s, b in zip(seen, batches))
 
 
-def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
-                 what: str = "fn", static: str = "static_out",
-                 static_input_ptr: int | None = None, section: int = 5,
-                 batches: list | None = None) -> Reason | None:
-    """What is wrong with a graphed loop's results and ``fn``'s call counts, or None.
+class _Run(NamedTuple):
+    """One graphed loop as the judges below see it (see :func:`_run_problem`)."""
 
-    ``warmups``: the exact number of warm-up runs asked for; 0: at least one (any number);
-    None: the warm-up is not checked. ``batches``: what was fed (to tell a clone taken
-    before the replay from a copy_ made after it).
-    """
+    fn: _Counted
+    out: object
+    n: int
+    expected: list
+    warmups: int | None
+    what: str
+    static: str
+    static_input_ptr: int | None
+    section: int
+    batches: list | None
+
+
+def _the_capture(r: _Run) -> Reason | None:
+    """One capture, on static_input, and no eager call after it."""
+    what, fn = r.what, r.fn
     if fn.captured == 0:
         return Reason(f"{what} was never called during a capture, so nothing was graphed: "
                       f"record it once inside `with B.graph(g):` (section 3) and replay that "
                       f"graph", _H_CAPTURE)
     if fn.captured > 1:
-        return Reason(f"{what} was captured {fn.captured} times for {n} batches: capture ONE "
-                      "graph before the loop (section 3) and only replay it inside the loop",
-                      _H_CAPTURE)
-    if static_input_ptr is not None and fn.captured_on != static_input_ptr:
-        if isinstance(out, (list, tuple)) and compare_outputs(
-                expected, list(out), rtol=1e-4, atol=1e-5) is None:
+        return Reason(f"{what} was captured {fn.captured} times for {r.n} batches: capture "
+                      "ONE graph before the loop (section 3) and only replay it inside the "
+                      "loop", _H_CAPTURE)
+    if r.static_input_ptr is not None and fn.captured_on != r.static_input_ptr:
+        if isinstance(r.out, (list, tuple)) and compare_outputs(
+                r.expected, list(r.out), rtol=1e-4, atol=1e-5) is None:
             return Reason(f"your results are right, but {what} was captured on a tensor that "
                           "is not static_input (StaticGraph allocates static inputs of its "
                           "own): the exercise asks you to capture fn(static_input) yourself "
@@ -306,9 +309,15 @@ def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
                       "static_input never reaches it (section 3 captures fn(static_input))",
                       _H_STATIC_IN)
     if fn.after:
-        return Reason(f"{what} ran eagerly {fn.after} time(s) after the capture, for {n} "
+        return Reason(f"{what} ran eagerly {fn.after} time(s) after the capture, for {r.n} "
                       "batches: after capture, a batch needs only copy_ + g.replay() "
                       "(section 4); the graph computes the result", _H_CAPTURE)
+    return None
+
+
+def _the_results(r: _Run) -> Reason | None:
+    """A list of tensors, each a copy of its own (not the static output)."""
+    out, n = r.out, r.n
     if out is None:
         return Reason("got None (did you forget `return results`?)", _H_RETURN)
     if not isinstance(out, (list, tuple)):
@@ -320,84 +329,122 @@ def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
             return Reason(f"all {n} results are the same tensor, the graph's static output, "
                           "which every replay overwrites in place (section 5): keep a copy "
                           "(.clone()) per batch", _H_CLONE)
-    if len(out) == n and len(tensors) == n and fn.static_out is not None:
-        ptr = fn.static_out.data_ptr()
+    if len(out) == n and len(tensors) == n and r.fn.static_out is not None:
+        ptr = r.fn.static_out.data_ptr()
         aliased = [i for i, t in enumerate(tensors) if t.data_ptr() == ptr]
         if aliased:
             which = "the last result" if aliased == [n - 1] else f"results {aliased}"
-            return Reason(f"{which} IS the graph's static output ({static}), not a copy: the "
-                          "next replay of this graph (or the next capture into its pool) "
+            return Reason(f"{which} IS the graph's static output ({r.static}), not a copy: "
+                          "the next replay of this graph (or the next capture into its pool) "
                           "overwrites it in place (section 5). Clone every result, the last "
                           "one too", _H_CLONE)
-    msg = compare_outputs(expected, list(out), rtol=1e-4, atol=1e-5)
-    if msg:
-        if fn.dropped_at is not None:
-            # checked before the values: on a GPU, replays of a freed input read whatever
-            # the allocator put in its memory since, so the values say nothing reliable
-            return Reason(
-                msg + f"; by replay {fn.dropped_at + 1} the tensor {what} was captured on "
-                "(your static input) was gone: nothing of yours held it any more, so you gave "
-                "its name another tensor (static_x = x?). The graph still reads the old "
-                "tensor's memory, never the batch (on a GPU that memory is free and the next "
-                "tensor allocated may land there). Keep the static input and copy_ each "
-                "batch into it before g.replay() (section 4)", _H_COPY)
-        if len(tensors) == len(out) > 1 and all(
-                t.shape == tensors[0].shape and torch.equal(t, tensors[0]) for t in tensors):
-            if len(expected) == len(out) and tensors[-1].shape == expected[-1].shape and \
-                    torch.allclose(tensors[-1], expected[-1], rtol=1e-4, atol=1e-5):
-                return Reason(
-                    f"every result equals the LAST batch's result: you kept references to "
-                    f"the static output ({static}) and cloned after the loop: every replay "
-                    f"overwrote them (section {section}). Clone right after each replay, "
-                    "inside the loop", _H_CLONE)
-            return Reason(
-                msg + f"; all {len(out)} results hold the same values, so every replay read "
-                "the same input: the graph reads the static input's memory, and a batch "
-                "gets there only by copy_ into it (section 4; rebinding the name changes "
-                "nothing the graph sees)", _H_COPY)
-        if len(tensors) == len(out) and _lagged(tensors, list(expected)):
-            if _replays_saw_their_batch(fn, batches):
-                return Reason(
-                    f"result 0 is not batch 0's, and each later result is the PREVIOUS "
-                    f"batch's: every replay ran on its own batch, but you clone {static} "
-                    f"BEFORE g.replay(), so you keep what the previous replay left there "
-                    f"(result 0: {static} before any replay, memory no replay had written "
-                    f"yet). Take the clone after the replay (section {section})", _H_ORDER)
-            return Reason(
-                "result 0 is not batch 0's, and each later result is the PREVIOUS batch's: "
-                "every replay ran on the batch copied in before it, one batch late. You "
-                "copy_ a batch into the static input AFTER g.replay(): the replay reads the "
-                "static input when it runs, so copy first, then replay (section 4)",
-                _H_ORDER)
-        return Reason(msg + ("  (a graph reads its input from the static input's memory: "
-                             "each batch must be copy_-ed into it before g.replay(), "
-                             "section 4)"), _H_COPY)
-    if warmups is not None:
-        done = len(fn.warmup_streams)
-        if done == 0:
-            if not warmups:
-                return Reason(f"{what} never ran before the capture: you dropped the warm-up. "
-                              "Keep it (the exercise says so): side_stream_warmup runs the "
-                              "model on a side stream before capturing (section 2)", _H_WARMUP)
-            return Reason(f"{what} never ran before the capture: no warm-up. The exercise asks "
-                          f"for {warmups} warm-up runs on a side stream before capturing "
-                          "(section 2)", _H_WARMUP)
-        if warmups and done != warmups:
-            return Reason(f"{what} ran eagerly {done} time(s) before the capture: the exercise "
-                          f"asks for exactly {warmups} warm-up runs (section 2), not {done}",
-                          _H_WARMUP)
-        on_default = sum(fn.warmup_streams)
-        if on_default:
-            return Reason(f"{on_default} of the {done} warm-up runs ran on the default stream: "
-                          "the exercise asks for a side stream (section 2 shows the two "
-                          "wait_stream calls around `with B.stream(s):`)", _H_WARMUP)
-        waits = _missing_waits(fn)
-        if waits:
-            return Reason(waits, _H_WARMUP)
-        if static_input_ptr is not None and any(p != static_input_ptr for p in fn.warmup_ptrs):
-            k = sum(p != static_input_ptr for p in fn.warmup_ptrs)
-            return Reason(f"{k} of the {done} warm-up runs called {what} on a tensor that is "
-                          f"not static_input (a batch?): the exercise asks you to warm up "
-                          f"{what}(static_input), the very call you then capture (section 2)",
-                          _H_WARMUP)
     return None
+
+
+def _same_values(tensors: list) -> bool:
+    return len(tensors) > 1 and all(t.shape == tensors[0].shape and torch.equal(t, tensors[0])
+                                    for t in tensors)
+
+
+def _the_values(r: _Run) -> Reason | None:
+    """The eager values, each batch's own; when not, which step of the loop is wrong."""
+    msg = compare_outputs(r.expected, list(r.out), rtol=1e-4, atol=1e-5)
+    if not msg:
+        return None
+    what, static, section, expected = r.what, r.static, r.section, r.expected
+    tensors = [t for t in r.out if isinstance(t, torch.Tensor)]
+    if r.fn.dropped_at is not None:
+        # checked before the values: on a GPU, replays of a freed input read whatever
+        # the allocator put in its memory since, so the values say nothing reliable
+        return Reason(
+            msg + f"; by replay {r.fn.dropped_at + 1} the tensor {what} was captured on "
+            "(your static input) was gone: nothing of yours held it any more, so you gave "
+            "its name another tensor (static_x = x?). The graph still reads the old "
+            "tensor's memory, never the batch (on a GPU that memory is free and the next "
+            "tensor allocated may land there). Keep the static input and copy_ each "
+            "batch into it before g.replay() (section 4)", _H_COPY)
+    if len(tensors) == len(r.out) and _same_values(tensors):
+        if len(expected) == len(r.out) and tensors[-1].shape == expected[-1].shape and \
+                torch.allclose(tensors[-1], expected[-1], rtol=1e-4, atol=1e-5):
+            return Reason(
+                f"every result equals the LAST batch's result: you kept references to "
+                f"the static output ({static}) and cloned after the loop: every replay "
+                f"overwrote them (section {section}). Clone right after each replay, "
+                "inside the loop", _H_CLONE)
+        return Reason(
+            msg + f"; all {len(r.out)} results hold the same values, so every replay read "
+            "the same input: the graph reads the static input's memory, and a batch "
+            "gets there only by copy_ into it (section 4; rebinding the name changes "
+            "nothing the graph sees)", _H_COPY)
+    if len(tensors) == len(r.out) and _lagged(tensors, list(expected)):
+        if _replays_saw_their_batch(r.fn, r.batches):
+            return Reason(
+                f"result 0 is not batch 0's, and each later result is the PREVIOUS "
+                f"batch's: every replay ran on its own batch, but you clone {static} "
+                f"BEFORE g.replay(), so you keep what the previous replay left there "
+                f"(result 0: {static} before any replay, memory no replay had written "
+                f"yet). Take the clone after the replay (section {section})", _H_ORDER)
+        return Reason(
+            "result 0 is not batch 0's, and each later result is the PREVIOUS batch's: "
+            "every replay ran on the batch copied in before it, one batch late. You "
+            "copy_ a batch into the static input AFTER g.replay(): the replay reads the "
+            "static input when it runs, so copy first, then replay (section 4)",
+            _H_ORDER)
+    return Reason(msg + ("  (a graph reads its input from the static input's memory: "
+                         "each batch must be copy_-ed into it before g.replay(), "
+                         "section 4)"), _H_COPY)
+
+
+def _the_warmup(r: _Run) -> Reason | None:
+    """The warm-up asked for: how many runs, on a side stream, both waits, on static_input."""
+    if r.warmups is None:
+        return None
+    what, warmups, fn = r.what, r.warmups, r.fn
+    done = len(fn.warmup_streams)
+    if done == 0:
+        if not warmups:
+            return Reason(f"{what} never ran before the capture: you dropped the warm-up. "
+                          "Keep it (the exercise says so): side_stream_warmup runs the "
+                          "model on a side stream before capturing (section 2)", _H_WARMUP)
+        return Reason(f"{what} never ran before the capture: no warm-up. The exercise asks "
+                      f"for {warmups} warm-up runs on a side stream before capturing "
+                      "(section 2)", _H_WARMUP)
+    if warmups and done != warmups:
+        return Reason(f"{what} ran eagerly {done} time(s) before the capture: the exercise "
+                      f"asks for exactly {warmups} warm-up runs (section 2), not {done}",
+                      _H_WARMUP)
+    on_default = sum(fn.warmup_streams)
+    if on_default:
+        return Reason(f"{on_default} of the {done} warm-up runs ran on the default stream: "
+                      "the exercise asks for a side stream (section 2 shows the two "
+                      "wait_stream calls around `with B.stream(s):`)", _H_WARMUP)
+    waits = _missing_waits(fn)
+    if waits:
+        return Reason(waits, _H_WARMUP)
+    ptr = r.static_input_ptr
+    if ptr is not None and any(p != ptr for p in fn.warmup_ptrs):
+        k = sum(p != ptr for p in fn.warmup_ptrs)
+        return Reason(f"{k} of the {done} warm-up runs called {what} on a tensor that is "
+                      f"not static_input (a batch?): the exercise asks you to warm up "
+                      f"{what}(static_input), the very call you then capture (section 2)",
+                      _H_WARMUP)
+    return None
+
+
+#: a graphed loop's judges, in order (the first reason wins)
+RUN_JUDGES = (_the_capture, _the_results, _the_values, _the_warmup)
+
+
+def _run_problem(fn: _Counted, out, n: int, expected, *, warmups: int | None,
+                 what: str = "fn", static: str = "static_out",
+                 static_input_ptr: int | None = None, section: int = 5,
+                 batches: list | None = None) -> Reason | None:
+    """What is wrong with a graphed loop's results and ``fn``'s call counts, or None.
+
+    ``warmups``: the exact number of warm-up runs asked for; 0: at least one (any number);
+    None: the warm-up is not checked. ``batches``: what was fed (to tell a clone taken
+    before the replay from a copy_ made after it).
+    """
+    run = _Run(fn, out, n, expected, warmups, what, static, static_input_ptr, section,
+               batches)
+    return next((reason for judge in RUN_JUDGES if (reason := judge(run))), None)

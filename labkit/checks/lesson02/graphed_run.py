@@ -16,18 +16,43 @@ from __future__ import annotations
 import torch
 
 from labkit.backend import ensure as _backend
-from labkit.checks import DEFAULT_TIME_LIMIT, CheckResult, check
+from labkit.checks import DEFAULT_TIME_LIMIT, CheckResult, Exercise
 from labkit.checks.lesson02._common import (
     WARMUP_ITERS,
     _call,
     _make_fn_inputs,
     _recording_replays,
     _recording_waits,
-    _Reported,
     _run_problem,
 )
 
 __all__ = ["check_graphed_run"]
+
+
+EXERCISE = Exercise(
+    "graphed_run",
+    hint="the exercise's three steps are sections 2 (warm-up), 3 (capture) and 4-5 "
+         "(replay, keep results) of the lesson",
+    more_hints=(
+        "warm-up: s = B.Stream(); s.wait_stream(B.current_stream()); then "
+        f"`with B.stream(s):` call fn(static_input) {WARMUP_ITERS} times; then "
+        "B.current_stream().wait_stream(s)",
+        "capture once, before the loop: g = B.CUDAGraph(); `with B.graph(g): static_out = "
+        "fn(static_input)`",
+        "per batch: static_input.copy_(batch); g.replay(); results.append(static_out.clone())",
+    ),
+)
+
+
+def _reference(fn, static_input, batches):
+    with torch.no_grad():
+        return {"outputs": [fn.compute(x) for x in batches]}
+
+
+def _the_graphed_loop(expected, actual) -> str | None:
+    return _run_problem(actual["fn"], actual["outputs"], actual["n"], expected["outputs"],
+                        warmups=WARMUP_ITERS, static_input_ptr=actual["ptr"],
+                        batches=actual["batches"])
 
 
 def check_graphed_run(graphed_run, *, B=None, trials: int = 3,
@@ -44,38 +69,12 @@ def check_graphed_run(graphed_run, *, B=None, trials: int = 3,
         rows, cols = batches[0].shape
         return fn, torch.zeros(rows, cols, device=B.device), batches
 
-    def reference(fn, static_input, batches):
-        with torch.no_grad():
-            return {"outputs": [fn.compute(x) for x in batches]}
-
     def learner(fn, static_input, batches):
         fed = [b.clone() for b in batches]
-        try:
-            with _recording_waits(B, fn), _recording_replays(B, fn):
-                out = _call(B, graphed_run, fn, static_input, batches)
-        except _Reported as rep:
-            return {"bad": str(rep)}
+        with _recording_waits(B, fn), _recording_replays(B, fn):
+            out = _call(B, graphed_run, fn, static_input, batches)
         return {"outputs": out, "fn": fn, "n": len(batches), "ptr": static_input.data_ptr(),
                 "batches": fed}
 
-    def compare(expected, actual) -> str | None:
-        if "bad" in actual:
-            return actual["bad"]
-        return _run_problem(actual["fn"], actual["outputs"], actual["n"], expected["outputs"],
-                            warmups=WARMUP_ITERS, static_input_ptr=actual["ptr"],
-                            batches=actual["batches"])
-
-    return check(
-        learner, reference, make_inputs, trials=trials, name="graphed_run", compare=compare,
-        time_limit=time_limit,
-        hint="the exercise's three steps are sections 2 (warm-up), 3 (capture) and 4-5 "
-             "(replay, keep results) of the lesson",
-        more_hints=[
-            "warm-up: s = B.Stream(); s.wait_stream(B.current_stream()); then "
-            f"`with B.stream(s):` call fn(static_input) {WARMUP_ITERS} times; then "
-            "B.current_stream().wait_stream(s)",
-            "capture once, before the loop: g = B.CUDAGraph(); `with B.graph(g): static_out = "
-            "fn(static_input)`",
-            "per batch: static_input.copy_(batch); g.replay(); results.append(static_out.clone())",
-        ],
-    )
+    return EXERCISE.check(learner, _reference, make_inputs, trials=trials,
+                          judges=(_the_graphed_loop,), time_limit=time_limit)

@@ -1,6 +1,5 @@
-"""Helpers shared by lesson 03's checkers: one failed trial as an exception
-(:class:`_Failure`), the learner's error with its line, the trial loop that turns what
-goes wrong into one report, and a random int.
+"""Helpers shared by lesson 03's checkers: the learner's error with its line, the trial
+loop (:func:`labkit.checks.run_trials`, seeded as lesson 03 seeds it), and a random int.
 """
 
 from __future__ import annotations
@@ -12,19 +11,13 @@ from typing import Callable
 
 import torch
 
-from labkit.backend import recover as _recover
-from labkit.checks import NOT_DONE, LearnerTimeout, _generator, fail, passed
+from labkit.checks import (
+    Reason,
+    _generator,  # noqa: F401 - tests seed trials with it
+    run_trials,
+)
 from labkit.core.errors import exception_chain, in_library
 from labkit.core.validate import check_int
-
-
-class _Failure(Exception):
-    """One trial failed: ``message`` names the mistake, ``more_hints`` go further."""
-
-    def __init__(self, message: str, more_hints: list[str] | None = None):
-        super().__init__(message)
-        self.message = message
-        self.more_hints = list(more_hints or [])
 
 
 def _learner_error(exc: BaseException) -> str:
@@ -55,43 +48,30 @@ def _learner_error(exc: BaseException) -> str:
     return f"{text}\n   at {loc}: {line}" if line else f"{text}\n   at {loc}"
 
 
+def _stub(exc: BaseException) -> bool:
+    """The blank's stub raises a bare ``NotImplementedError``; torch's own (an op a device
+    lacks) has a message, and is reported as an error."""
+    return not str(exc)
+
+
+def _explained(explain: Callable[[BaseException], Reason | None] | None):
+    """The report of an error out of a trial: ``explain(exc)`` (a mistake the exercise
+    names, with its hints) or the error with the learner's line."""
+    def reason(exc: BaseException) -> Reason:
+        named = explain(exc) if explain is not None and \
+            not isinstance(exc, NotImplementedError) else None
+        return named or Reason(f"your code raised {_learner_error(exc)}")
+    return reason
+
+
 def _run(name: str, trials: int, one_trial: Callable[[int, torch.Generator], None], *,
-         quiet: bool, explain: Callable[[BaseException], _Failure] | None = None,
+         quiet: bool, explain: Callable[[BaseException], Reason | None] | None = None,
          B=None):
-    """Run ``one_trial(trial, gen)`` for each trial; turn what goes wrong into one report."""
+    """:func:`labkit.checks.run_trials` as lesson 03's checkers run it: trial ``t``'s
+    generator seeded with ``1000 * t + 3``, a bare ``NotImplementedError`` the stub."""
     check_int("trials", trials, 1, fix="a checker passes only after at least one trial")
-    for trial in range(1, trials + 1):
-        gen = _generator(1000 * trial + 3)
-        torch.manual_seed(trial)
-        try:
-            one_trial(trial, gen)
-        except NotImplementedError as exc:
-            if str(exc):      # torch's own (an op a device lacks), not the blank's stub
-                return fail(name, f"trial {trial} of {trials}: your code raised "
-                            f"{_learner_error(exc)}", kind="exception", quiet=quiet,
-                            trials=trial - 1, failed_trial=trial)
-            return fail(name, NOT_DONE, kind="not_implemented", quiet=quiet,
-                        trials=trial - 1, failed_trial=trial)
-        except _Failure as f:
-            return fail(name, f"trial {trial} of {trials}: {f.message}",
-                        more_hints=f.more_hints, quiet=quiet, trials=trial - 1,
-                        failed_trial=trial)
-        except LearnerTimeout as exc:
-            if B is not None:
-                _recover(B)
-            return fail(name, f"trial {trial} of {trials}: {exc}", kind="timeout",
-                        quiet=quiet, trials=trial - 1, failed_trial=trial)
-        except Exception as exc:  # the learner's code raised
-            if B is not None:
-                _recover(B)
-            f = explain(exc) if explain is not None else None
-            if f is None:
-                f = _Failure(f"your code raised {_learner_error(exc)}")
-            return fail(name, f"trial {trial} of {trials}: {f.message}",
-                        more_hints=f.more_hints, kind="exception", quiet=quiet,
-                        trials=trial - 1, failed_trial=trial, details={"exception": exc})
-    plural = "trial" if trials == 1 else "trials"
-    return passed(name, f"passed {trials} random {plural}", quiet=quiet, trials=trials)
+    return run_trials(name, trials, one_trial, seed=lambda trial: 1000 * trial + 3, B=B,
+                      quiet=quiet, reason=_explained(explain), stub=_stub)
 
 
 def _rand_int(gen, lo, hi) -> int:

@@ -29,9 +29,8 @@ from typing import Any
 import torch
 
 from labkit.backend import ensure as _backend
-from labkit.backend import recover as _recover
-from labkit.checks import LearnerTimeout, call_learner, compare_outputs, fail
-from labkit.checks.lesson03._common import _Failure, _learner_error, _rand_int, _run
+from labkit.checks import Reason, attempt, call_learner, compare_outputs, fail, reject
+from labkit.checks.lesson03._common import _learner_error, _rand_int, _run
 
 __all__ = ["check_capturable_clip"]
 
@@ -149,7 +148,7 @@ def _regime(x: torch.Tensor) -> str:
     return "max|x| > 1" if bool(x.abs().max() > 1) else "max|x| <= 1"
 
 
-def _diagnose_clip(x: torch.Tensor, got: Any, where: str) -> _Failure | None:
+def _diagnose_clip(x: torch.Tensor, got: Any, where: str) -> Reason | None:
     want = _clip_reference(x)
     msg = compare_outputs(want, got, rtol=1e-5, atol=1e-6, where="")
     if msg is None:
@@ -157,15 +156,96 @@ def _diagnose_clip(x: torch.Tensor, got: Any, where: str) -> _Failure | None:
     if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype:
         for value, why, hints in _clip_variants(x):
             if torch.allclose(got.detach().cpu().float(), value.cpu(), rtol=1e-5, atol=1e-6):
-                return _Failure(f"{where}, on an input with {_regime(x)} of shape "
+                return Reason(f"{where}, on an input with {_regime(x)} of shape "
                                 f"{tuple(x.shape)}: {why}. Compare with clip_if "
                                 f"(section 3).", hints)
-    return _Failure(f"{where}, on an input with {_regime(x)} of shape {tuple(x.shape)}: "
+    return Reason(f"{where}, on an input with {_regime(x)} of shape {tuple(x.shape)}: "
                     f"{msg}. Compare your function with clip_if (section 3) on such an "
                     f"input.",
                     ["clip returns x / max|x| when max|x| > 1, else x itself.",
                      "Compute m = x.abs().max() and choose between the two results with "
                      "torch.where, on the device."])
+
+
+def _eager_raised(x: torch.Tensor, exc: BaseException) -> Reason:
+    return Reason(
+        f"run eagerly on an input of shape {tuple(x.shape)} ({x.dim()}-D), your "
+        f"code raised {_learner_error(exc)}\n   The exercise says a tensor of any "
+        f"shape, a 0-d one too: clip needs nothing shape-specific.",
+        ["x.abs().max() works on any shape (it reduces over every element)."])
+
+
+def _capture_failed(exc: BaseException) -> Reason:
+    return Reason(f"capture of your function failed: {_learner_error(exc)}. "
+                  f"The linter found nothing: look for a host read it cannot see "
+                  f"(section 10 says which).")
+
+
+def _eagerly(fn, sets: list, B, time_limit: float) -> None:
+    """Step 1: eagerly, on every rank from 0 to 4: the right values, the input left alone."""
+    for x in (x for xs in sets for x in xs):
+        arg = x.clone()
+        got = attempt(fn, (arg,), time_limit=time_limit, B=B,
+                      not_done=False, passthrough=(NotImplementedError,),
+                      kind="mismatch", reason=lambda exc, x=x: _eager_raised(x, exc))
+        if got is None:
+            reject(Reason("your function returned None (did you forget `return`?)",
+                          ["Return the tensor torch.where(...) gives."]))
+        if not torch.equal(arg, x):
+            reject(Reason("your function changed its input x in place (clip returns a "
+                          "new tensor and leaves x alone; in a graph the static input "
+                          "would be scaled again at every replay)",
+                          ["Use x / m, not x /= m or x.div_(m)."]))
+        bad = _diagnose_clip(x, got, "run eagerly")
+        if bad is not None:
+            reject(bad)
+
+
+def _linted(fn, x: torch.Tensor, B) -> None:
+    """Step 2: the linter: hazards that fail capture, with the line."""
+    from labkit.guards import lint_capture
+
+    report = lint_capture(fn, x.clone(), B=B)
+    fatal = [f for f in report.findings if f.severity == "fails capture"]
+    if fatal:
+        f = fatal[0]
+        more = f" (and {len(fatal) - 1} more)" if len(fatal) > 1 else ""
+        code = f": {f.code}" if f.code else ""
+        reject(Reason(
+            f"your function gives the right values eagerly but cannot be captured{more}: "
+            f"{f.title} ({f.op}) at {f.where()}{code}. Section 3 shows why and the "
+            f"device-side alternatives.",
+            [f"fix: {f.fix}",
+             "Decide with a tensor condition, not a Python `if`: torch.where(cond, a, b) "
+             "computes both a and b and picks on the device."]))
+
+
+def _graphed(fn, xs: list, B, time_limit: float) -> None:
+    """Step 3: capture once, on ``xs[0]``, and replay on inputs of both regimes."""
+    from labkit.capture import capture
+
+    static_x = xs[0].clone()
+    g, static_out = attempt(
+        capture, (lambda t: call_learner(fn, t, time_limit=time_limit), static_x),
+        {"B": B}, B=B, not_done=False, passthrough=(NotImplementedError,),
+        kind="mismatch", reason=_capture_failed)
+    if not isinstance(static_out, torch.Tensor):
+        reject(Reason(f"the captured function returned {type(static_out).__name__}, "
+                      f"not a tensor",
+                      ["A captured function's result is its static output: a tensor."]))
+    for k in (1, 0, 3, 2):
+        static_x.copy_(xs[k])
+        g.replay()
+        got = static_out.clone()
+        if compare_outputs(_clip_reference(xs[k]), got, rtol=1e-5, atol=1e-6):
+            reject(Reason(
+                f"eagerly your function is right, but its graph (captured on an input "
+                f"with {_regime(xs[0])}) is wrong on an input with {_regime(xs[k])}: "
+                f"{compare_outputs(_clip_reference(xs[k]), got, where='')}. Something was "
+                f"decided once, at capture: does your graph compute both cases?",
+                ["Python runs once, at capture (sections 3 and 7): a Python value or "
+                 "branch computed from the input is frozen into the graph.",
+                 "Keep m and the condition as tensors: torch.where(m > 1, x / m, x)."]))
 
 
 def check_capturable_clip(capturable_clip, *, B=None, trials: int = 3,
@@ -185,87 +265,17 @@ def check_capturable_clip(capturable_clip, *, B=None, trials: int = 3,
         The checker captures the learner's function for real. After a capture that raised,
         it calls :func:`labkit.backend.recover` so the notebook stays usable.
     """
-    from labkit.capture import capture
-    from labkit.guards import lint_capture
-
     B = _backend(B)
     name = "capturable_clip"
     if not callable(capturable_clip):
         return fail(name, f"expected a function, got {type(capturable_clip).__name__}",
                     quiet=quiet)
 
-    def call(x):
-        return call_learner(capturable_clip, x, time_limit=time_limit)
-
     def one_trial(trial, gen):
         sets = _clip_input_sets(gen, B.device)
-        # 1. eagerly, on every rank from 0 to 4: the right values, the input left alone
-        for x in (x for xs in sets for x in xs):
-            arg = x.clone()
-            try:
-                got = call(arg)
-            except (NotImplementedError, LearnerTimeout):
-                raise
-            except Exception as exc:
-                raise _Failure(
-                    f"run eagerly on an input of shape {tuple(x.shape)} ({x.dim()}-D), your "
-                    f"code raised {_learner_error(exc)}\n   The exercise says a tensor of any "
-                    f"shape, a 0-d one too: clip needs nothing shape-specific.",
-                    ["x.abs().max() works on any shape (it reduces over every element)."]
-                ) from exc
-            if got is None:
-                raise _Failure("your function returned None (did you forget `return`?)",
-                               ["Return the tensor torch.where(...) gives."])
-            if not torch.equal(arg, x):
-                raise _Failure("your function changed its input x in place (clip returns a "
-                               "new tensor and leaves x alone; in a graph the static input "
-                               "would be scaled again at every replay)",
-                               ["Use x / m, not x /= m or x.div_(m)."])
-            bad = _diagnose_clip(x, got, "run eagerly")
-            if bad is not None:
-                raise bad
+        _eagerly(capturable_clip, sets, B, time_limit)
         xs = sets[_rand_int(gen, 0, len(sets) - 1)]       # the shape captured and replayed
-        # 2. the linter: hazards that fail capture, with the line
-        report = lint_capture(capturable_clip, xs[0].clone(), B=B)
-        fatal = [f for f in report.findings if f.severity == "fails capture"]
-        if fatal:
-            f = fatal[0]
-            more = f" (and {len(fatal) - 1} more)" if len(fatal) > 1 else ""
-            code = f": {f.code}" if f.code else ""
-            raise _Failure(
-                f"your function gives the right values eagerly but cannot be captured{more}: "
-                f"{f.title} ({f.op}) at {f.where()}{code}. Section 3 shows why and the "
-                f"device-side alternatives.",
-                [f"fix: {f.fix}",
-                 "Decide with a tensor condition, not a Python `if`: torch.where(cond, a, b) "
-                 "computes both a and b and picks on the device."])
-        # 3. capture once, replay on both regimes
-        static_x = xs[0].clone()
-        try:
-            g, static_out = capture(lambda t: call(t), static_x, B=B)
-        except (NotImplementedError, LearnerTimeout):
-            raise
-        except Exception as exc:
-            _recover(B)
-            raise _Failure(f"capture of your function failed: {_learner_error(exc)}. "
-                           f"The linter found nothing: look for a host read it cannot see "
-                           f"(section 10 says which).") from exc
-        if not isinstance(static_out, torch.Tensor):
-            raise _Failure(f"the captured function returned {type(static_out).__name__}, "
-                           f"not a tensor",
-                           ["A captured function's result is its static output: a tensor."])
-        for k in (1, 0, 3, 2):
-            static_x.copy_(xs[k])
-            g.replay()
-            got = static_out.clone()
-            if compare_outputs(_clip_reference(xs[k]), got, rtol=1e-5, atol=1e-6):
-                raise _Failure(
-                    f"eagerly your function is right, but its graph (captured on an input "
-                    f"with {_regime(xs[0])}) is wrong on an input with {_regime(xs[k])}: "
-                    f"{compare_outputs(_clip_reference(xs[k]), got, where='')}. Something was "
-                    f"decided once, at capture: does your graph compute both cases?",
-                    ["Python runs once, at capture (sections 3 and 7): a Python value or "
-                     "branch computed from the input is frozen into the graph.",
-                     "Keep m and the condition as tensors: torch.where(m > 1, x / m, x)."])
+        _linted(capturable_clip, xs[0], B)
+        _graphed(capturable_clip, xs, B, time_limit)
 
     return _run(name, trials, one_trial, quiet=quiet, B=B)

@@ -13,8 +13,16 @@ import torch
 from torch import nn
 
 from labkit import bridge
-from labkit.checks import NOT_DONE, CheckResult, LearnerTimeout, call_learner, describe_exception
-from labkit.checks import verdict as _result
+from labkit.checks import (
+    DEFAULT_TIME_LIMIT,
+    CheckResult,
+    Exercise,
+    attempt,
+    describe_exception,
+    fail,
+    reject,
+    run_check,
+)
 
 __all__ = ["check_connected_params"]
 
@@ -197,6 +205,46 @@ def _cp_diagnose(got, plan, module, inputs, outputs) -> str | None:
             "position, matched to the autograd.Function's inputs")
 
 
+EXERCISE = Exercise("connected_params")
+
+
+def _why_raised(exc: BaseException) -> str:
+    """The learner's error, with what to look at for the usual ones."""
+    text = str(exc)
+    if isinstance(exc, AttributeError) and "NoneType" in text:
+        why = ("a None reached your code as a node: an output without grad (an "
+               "integer output, or one computed under no_grad) has grad_fn None, "
+               "and node.next_functions holds (None, 0) for inputs that need no "
+               "gradient. Skip both")
+    elif isinstance(exc, TypeError) and "not iterable" in text:
+        why = ("`outputs` may be a single tensor or a tuple of tensors: handle both")
+    elif "Boolean value of Tensor" in text and "ambiguous" in text:
+        why = ("`p in some_list` (or a tensor in a set/dict key test, or `==`) "
+               "compares tensors elementwise with ==, which has no single truth "
+               "value. Compare parameters by identity: collect id(node.variable) "
+               "in a set and test id(p), or use `any(p is v for v in found)`")
+    else:
+        why = "see the line above"
+    return f"your code raised {describe_exception(exc)}\n   what to look at: {why}"
+
+
+def _one_trial(fn, trial: int, label: str) -> None:
+    """Trial ``trial`` (0-based): a random probe module, its outputs, the learner's
+    answer judged by :func:`_cp_diagnose`."""
+    rng = random.Random(1000 + trial)
+    gen = torch.Generator().manual_seed(trial)
+    plan = _plan(rng, trial)
+    module = _Probe(plan, gen)
+    inputs = tuple(torch.randn(3, 4, generator=gen).requires_grad_(rg)
+                   for rg in plan["needs_grad"])
+    outputs = module(*inputs)
+    got = attempt(fn, (outputs, module), time_limit=DEFAULT_TIME_LIMIT, label=label,
+                  hints=_CP_HINTS, reason=_why_raised)
+    reason = _cp_diagnose(got, plan, module, inputs, outputs)
+    if reason:
+        reject(f"{label}: {reason}", hints=_CP_HINTS)
+
+
 def check_connected_params(fn, *, trials: int = 5, quiet: bool = False) -> CheckResult:
     """``fn(outputs, module)`` must return the parameters of ``module`` that ``outputs``
     depend on, as a tuple in ``module.parameters()`` order.
@@ -214,49 +262,14 @@ def check_connected_params(fn, *, trials: int = 5, quiet: bool = False) -> Check
         Trials are seeded: the same wrong answer fails the same trial every time, so a
         learner can reproduce what the message describes.
     """
-    name = "connected_params"
     if not callable(fn):
-        return _result(name, False, f"expected a function, got {type(fn).__name__}",
-                       quiet=quiet)
-    for trial in range(trials):
-        rng = random.Random(1000 + trial)
-        gen = torch.Generator().manual_seed(trial)
-        plan = _plan(rng, trial)
-        module = _Probe(plan, gen)
-        inputs = tuple(torch.randn(3, 4, generator=gen).requires_grad_(rg)
-                       for rg in plan["needs_grad"])
-        outputs = module(*inputs)
-        try:
-            got = call_learner(fn, outputs, module)
-        except NotImplementedError:
-            return _result(name, False, NOT_DONE,
-                           kind="not_implemented", quiet=quiet)
-        except LearnerTimeout as exc:
-            return _result(name, False, f"trial {trial + 1} of {trials}: {exc}",
-                           kind="timeout", more_hints=_CP_HINTS, quiet=quiet)
-        except Exception as exc:  # noqa: BLE001 - reported to the learner
-            text = str(exc)
-            if isinstance(exc, AttributeError) and "NoneType" in text:
-                why = ("a None reached your code as a node: an output without grad (an "
-                       "integer output, or one computed under no_grad) has grad_fn None, "
-                       "and node.next_functions holds (None, 0) for inputs that need no "
-                       "gradient. Skip both")
-            elif isinstance(exc, TypeError) and "not iterable" in text:
-                why = ("`outputs` may be a single tensor or a tuple of tensors: handle both")
-            elif "Boolean value of Tensor" in text and "ambiguous" in text:
-                why = ("`p in some_list` (or a tensor in a set/dict key test, or `==`) "
-                       "compares tensors elementwise with ==, which has no single truth "
-                       "value. Compare parameters by identity: collect id(node.variable) "
-                       "in a set and test id(p), or use `any(p is v for v in found)`")
-            else:
-                why = "see the line above"
-            return _result(name, False, f"trial {trial + 1} of {trials}: your code raised "
-                           f"{describe_exception(exc)}\n   what to look at: {why}",
-                           kind="exception", more_hints=_CP_HINTS, quiet=quiet)
-        reason = _cp_diagnose(got, plan, module, inputs, outputs)
-        if reason:
-            return _result(name, False, f"trial {trial + 1} of {trials}: {reason}",
-                           more_hints=_CP_HINTS, quiet=quiet)
-    return _result(name, True, f"passed {trials} random trials (inputs that require grad, "
-                   "tuple outputs, frozen/unused/no_grad parameters)", trials=trials,
-                   quiet=quiet)
+        return fail(EXERCISE.name, f"expected a function, got {type(fn).__name__}",
+                    quiet=quiet)
+
+    def body() -> str:
+        for trial in range(trials):
+            _one_trial(fn, trial, f"trial {trial + 1} of {trials}")
+        return (f"passed {trials} random trials (inputs that require grad, tuple outputs, "
+                "frozen/unused/no_grad parameters)")
+
+    return run_check(EXERCISE.name, body, quiet=quiet, trials=trials)

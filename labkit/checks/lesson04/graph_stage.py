@@ -9,8 +9,16 @@ import torch
 from torch import nn
 
 from labkit.backend import ensure as _backend
-from labkit.checks import NOT_DONE, CheckResult, LearnerTimeout, call_learner, describe_exception
-from labkit.checks import verdict as _result
+from labkit.checks import (
+    DEFAULT_TIME_LIMIT,
+    CheckResult,
+    Exercise,
+    attempt,
+    describe_exception,
+    fail,
+    reject,
+    run_check,
+)
 from labkit.checks.lesson04._common import _all_close, _close
 
 __all__ = ["check_graph_stage"]
@@ -61,6 +69,110 @@ def _stage_grads(call, blocks, x, target):
     return [p.grad for b in blocks for p in b.parameters()], x.grad
 
 
+EXERCISE = Exercise("graph_stage")
+
+
+def _look(exc: BaseException) -> str:
+    """The learner's error, with what to look at."""
+    look = ("the samples you pass: one tuple (x,) per block, each shaped like that "
+            "block's input (block i's input is block i-1's output)")
+    if "during capture" in str(exc) or "legacy stream" in str(exc):
+        look = ("a capture that failed on the GPU. An eager forward of these blocks "
+                "whose outputs are still alive keeps its autograd graph, and that "
+                "graph's AccumulateGrad nodes belong to the default stream: the "
+                "backward capture then cannot run (torch warns about an AccumulateGrad "
+                "stream mismatch). Find shapes under torch.no_grad(), or drop those "
+                "outputs (del) before capturing (lesson 04 §2)")
+    return f"your code raised {describe_exception(exc)}\n   what to look at: {look}"
+
+
+def _the_tuple(where: str, got, sample, kept, cfg: dict) -> tuple:
+    """The graphed blocks, as make_graphed_callables returns them, ``sample`` untouched."""
+    def no(text: str) -> None:
+        reject(f"{where}: {text}", hints=_GS_HINTS)
+
+    if got is None:
+        no("returned None (did you forget `return`?)")
+    if sample.requires_grad != cfg["needs"] or not torch.equal(sample.detach(), kept):
+        no(f"you changed the caller's `sample` (requires_grad {cfg['needs']} -> "
+           f"{sample.requires_grad}, or its values): requires_grad_() works in place. Make "
+           "a new tensor for the samples you need instead")
+    if isinstance(got, list):
+        graphed = sum(getattr(c, "runner", None) is not None for c in got)
+        no(f"returned a list of {len(got)} ({graphed} of them graphed blocks); the exercise "
+           "returns make_graphed_callables' tuple: call it ONCE, with the tuple of blocks "
+           "and a tuple of samples (one per block), so that the blocks are captured "
+           "together, into one memory pool, and return the tuple it gives")
+    call = got if isinstance(got, tuple) else (got,)
+    if len(call) != cfg["n"]:
+        no(f"returned {len(call)} graphed callable(s) for {cfg['n']} blocks: return "
+           "make_graphed_callables' tuple, one per block")
+    if any(getattr(c, "runner", None) is None for c in call):
+        no(f"returned {[type(c).__name__ for c in call]}: expected the graphed blocks that "
+           "bridge.make_graphed_callables returns")
+    return call
+
+
+def _samples_need_grad(where: str, call: tuple, cfg: dict) -> None:
+    """Each block's sample requires grad exactly when its live input does."""
+    for i, r in enumerate(c.runner for c in call):
+        s = r.static_args[0] if r.static_args else None
+        live_needs = cfg["needs"] if i == 0 else True
+        if not isinstance(s, torch.Tensor):
+            continue
+        if live_needs and not s.requires_grad:
+            feed = ("the stage input, which requires grad here" if i == 0 else
+                    f"block {i - 1}'s output, which requires grad (block {i - 1} has "
+                    "trainable parameters)")
+            reject(f"{where}: block {i} was captured from a sample that does not require "
+                   f"grad, but at run time it is fed {feed}. Its backward graph has no dgrad "
+                   "for that input, so everything upstream of it would get no gradient "
+                   "(labkit refuses the call; torch would leave .grad None in silence). "
+                   "Look at how the sample of each block is made", hints=_GS_HINTS)
+        if not live_needs and s.requires_grad:
+            reject(f"{where}: block 0 was captured from a sample that requires grad, but "
+                   "this stage's input needs no grad: its backward graph computes a dgrad "
+                   "nobody uses (wasted work at every step). Block 0's sample must require "
+                   "grad exactly when `sample` does", hints=_GS_HINTS)
+
+
+def _trains_like_eager(where: str, B, call: tuple, blocks: list, cfg: dict,
+                       gen: torch.Generator) -> None:
+    """One training step through the graphed blocks gives eager autograd's gradients."""
+    w = cfg["widths"]
+    x = torch.randn(cfg["batch"], w[0], generator=gen).to(B.device)
+    target = torch.randn(cfg["batch"], w[-1], generator=gen).to(B.device)
+    gg, gx = attempt(_stage_grads, (call, blocks, x.clone().requires_grad_(cfg["needs"]),
+                                    target), B=B, not_done=False, label=where,
+                     hints=_GS_HINTS, reason=lambda exc: "training through your graphed "
+                     f"blocks raised {describe_exception(exc)}")
+    eg, ex = _stage_grads(blocks, blocks, x.clone().requires_grad_(cfg["needs"]), target)
+    if not (_all_close(gg, eg) and _close(gx, ex)):
+        reject(f"{where}: gradients through your graphed blocks differ from eager autograd: "
+               "check that each block's sample has that block's input shape and that you "
+               "graph the blocks in order", hints=_GS_HINTS)
+
+
+def _one_trial(fn, B, trial: int, trials: int) -> None:
+    """Trial ``trial`` (0-based): a random stage graphed by ``fn``, then judged."""
+    rng = random.Random(4400 + trial)
+    gen = torch.Generator().manual_seed(4400 + trial)
+    cfg = _stage_config(rng, trial)
+    w = cfg["widths"]
+    blocks = [_StageBlock(w[i], w[i + 1], gen).to(B.device) for i in range(cfg["n"])]
+    sample = torch.randn(cfg["batch"], w[0], generator=gen).to(B.device)
+    sample.requires_grad_(cfg["needs"])
+    kept = sample.detach().clone()
+    where = (f"trial {trial + 1} of {trials} ({cfg['n']} blocks, widths {w}, stage input "
+             + ("requires grad" if cfg["needs"] else "needs no grad (a first stage)")
+             + ")")
+    got = attempt(fn, (blocks, sample), time_limit=DEFAULT_TIME_LIMIT, B=B, label=where,
+                  hints=_GS_HINTS, reason=_look)
+    call = _the_tuple(where, got, sample, kept, cfg)
+    _samples_need_grad(where, call, cfg)
+    _trains_like_eager(where, B, call, blocks, cfg, gen)
+
+
 def check_graph_stage(fn, *, B=None, trials: int = 4, quiet: bool = False) -> CheckResult:
     """``fn(blocks, sample)`` must graph a pipeline stage: ``blocks`` (a list of modules run
     one after the other) with ``bridge.make_graphed_callables``, from ``sample`` (a tensor
@@ -81,112 +193,16 @@ def check_graph_stage(fn, *, B=None, trials: int = 4, quiet: bool = False) -> Ch
         A capture that raises leaves the capture stream current; the checker calls
         ``labkit.backend.recover(B)`` so the next cell starts clean.
     """
-    from labkit import backend as _backend_mod
-
-    name = "graph_stage"
     B = _backend(B)
     if not callable(fn):
-        return _result(name, False, f"expected a function, got {type(fn).__name__}",
-                       quiet=quiet)
-    for trial in range(trials):
-        rng = random.Random(4400 + trial)
-        gen = torch.Generator().manual_seed(4400 + trial)
-        cfg = _stage_config(rng, trial)
-        w = cfg["widths"]
-        blocks = [_StageBlock(w[i], w[i + 1], gen).to(B.device) for i in range(cfg["n"])]
-        sample = torch.randn(cfg["batch"], w[0], generator=gen).to(B.device)
-        sample.requires_grad_(cfg["needs"])
-        kept = sample.detach().clone()
-        where = (f"trial {trial + 1} of {trials} ({cfg['n']} blocks, widths {w}, stage input "
-                 + ("requires grad" if cfg["needs"] else "needs no grad (a first stage)")
-                 + ")")
-        try:
-            got = call_learner(fn, blocks, sample)
-        except NotImplementedError:
-            return _result(name, False, NOT_DONE,
-                           kind="not_implemented", quiet=quiet)
-        except LearnerTimeout as exc:
-            _backend_mod.recover(B)
-            return _result(name, False, f"{where}: {exc}", kind="timeout",
-                           more_hints=_GS_HINTS, quiet=quiet)
-        except Exception as exc:  # noqa: BLE001 - reported to the learner
-            _backend_mod.recover(B)
-            look = ("the samples you pass: one tuple (x,) per block, each shaped like that "
-                    "block's input (block i's input is block i-1's output)")
-            if "during capture" in str(exc) or "legacy stream" in str(exc):
-                look = ("a capture that failed on the GPU. An eager forward of these blocks "
-                        "whose outputs are still alive keeps its autograd graph, and that "
-                        "graph's AccumulateGrad nodes belong to the default stream: the "
-                        "backward capture then cannot run (torch warns about an AccumulateGrad "
-                        "stream mismatch). Find shapes under torch.no_grad(), or drop those "
-                        "outputs (del) before capturing (lesson 04 §2)")
-            return _result(name, False, f"{where}: your code raised "
-                           f"{describe_exception(exc)}\n   what to look at: {look}",
-                           kind="exception", more_hints=_GS_HINTS, quiet=quiet)
-        if got is None:
-            return _result(name, False, f"{where}: returned None (did you forget `return`?)",
-                           more_hints=_GS_HINTS, quiet=quiet)
-        if sample.requires_grad != cfg["needs"] or not torch.equal(sample.detach(), kept):
-            return _result(name, False, f"{where}: you changed the caller's `sample` "
-                           f"(requires_grad {cfg['needs']} -> {sample.requires_grad}, or its "
-                           "values): requires_grad_() works in place. Make a new tensor for "
-                           "the samples you need instead", more_hints=_GS_HINTS, quiet=quiet)
-        if isinstance(got, list):
-            graphed = sum(getattr(c, "runner", None) is not None for c in got)
-            return _result(name, False, f"{where}: returned a list of {len(got)} ("
-                           f"{graphed} of them graphed blocks); the exercise returns "
-                           "make_graphed_callables' tuple: call it ONCE, with the tuple of "
-                           "blocks and a tuple of samples (one per block), so that the blocks "
-                           "are captured together, into one memory pool, and return the tuple "
-                           "it gives", more_hints=_GS_HINTS, quiet=quiet)
-        call = got if isinstance(got, tuple) else (got,)
-        if len(call) != cfg["n"]:
-            return _result(name, False, f"{where}: returned {len(call)} graphed callable(s) "
-                           f"for {cfg['n']} blocks: return make_graphed_callables' tuple, "
-                           "one per block", more_hints=_GS_HINTS, quiet=quiet)
-        runners = [getattr(c, "runner", None) for c in call]
-        if any(r is None for r in runners):
-            return _result(name, False, f"{where}: returned {[type(c).__name__ for c in call]}"
-                           ": expected the graphed blocks that bridge.make_graphed_callables "
-                           "returns", more_hints=_GS_HINTS, quiet=quiet)
-        for i, r in enumerate(runners):
-            s = r.static_args[0] if r.static_args else None
-            live_needs = cfg["needs"] if i == 0 else True
-            if not isinstance(s, torch.Tensor):
-                continue
-            if live_needs and not s.requires_grad:
-                feed = ("the stage input, which requires grad here" if i == 0 else
-                        f"block {i - 1}'s output, which requires grad (block {i - 1} has "
-                        "trainable parameters)")
-                return _result(name, False, f"{where}: block {i} was captured from a sample "
-                               f"that does not require grad, but at run time it is fed {feed}"
-                               ". Its backward graph has no dgrad for that input, so "
-                               "everything upstream of it would get no gradient (labkit "
-                               "refuses the call; torch would leave .grad None in silence). "
-                               "Look at how the sample of each block is made",
-                               more_hints=_GS_HINTS, quiet=quiet)
-            if not live_needs and s.requires_grad:
-                return _result(name, False, f"{where}: block 0 was captured from a sample "
-                               "that requires grad, but this stage's input needs no grad: "
-                               "its backward graph computes a dgrad nobody uses (wasted "
-                               "work at every step). Block 0's sample must require grad "
-                               "exactly when `sample` does", more_hints=_GS_HINTS,
-                               quiet=quiet)
-        x = torch.randn(cfg["batch"], w[0], generator=gen).to(B.device)
-        target = torch.randn(cfg["batch"], w[-1], generator=gen).to(B.device)
-        try:
-            gg, gx = _stage_grads(call, blocks, x.clone().requires_grad_(cfg["needs"]), target)
-        except Exception as exc:  # noqa: BLE001 - reported to the learner
-            _backend_mod.recover(B)
-            return _result(name, False, f"{where}: training through your graphed blocks "
-                           f"raised {describe_exception(exc)}", kind="exception",
-                           more_hints=_GS_HINTS, quiet=quiet)
-        eg, ex = _stage_grads(blocks, blocks, x.clone().requires_grad_(cfg["needs"]), target)
-        if not (_all_close(gg, eg) and _close(gx, ex)):
-            return _result(name, False, f"{where}: gradients through your graphed blocks "
-                           "differ from eager autograd: check that each block's sample has "
-                           "that block's input shape and that you graph the blocks in order",
-                           more_hints=_GS_HINTS, quiet=quiet)
-    return _result(name, True, f"passed {trials} random stages (first and later stages, "
-                   "2-4 blocks of changing widths): every input that requires grad gets "
-                   "its gradient, and training matches eager", trials=trials, quiet=quiet)
+        return fail(EXERCISE.name, f"expected a function, got {type(fn).__name__}",
+                    quiet=quiet)
+
+    def body() -> str:
+        for trial in range(trials):
+            _one_trial(fn, B, trial, trials)
+        return (f"passed {trials} random stages (first and later stages, 2-4 blocks of "
+                "changing widths): every input that requires grad gets its gradient, and "
+                "training matches eager")
+
+    return run_check(EXERCISE.name, body, quiet=quiet, trials=trials)

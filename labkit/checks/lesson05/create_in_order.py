@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from labkit.backend import recover as _recover
-from labkit.checks import NOT_DONE, CheckResult, LearnerTimeout, call_learner, describe_exception
-from labkit.checks import verdict as _result
+from labkit.checks import (
+    CheckResult,
+    attempt,
+    call_learner,
+    describe_exception,
+    fail,
+    reject,
+    run_check,
+)
 
 __all__ = ["check_create_in_order"]
 
@@ -49,6 +55,65 @@ def _pipeline_run(B, create, *, graphs: bool, steps: int = 2, P: int = 2, M: int
     return [p.detach().clone() for p in layers.parameters()], calls
 
 
+def _why_raised(exc: BaseException, created: list, recorded: list) -> str:
+    """The learner's error in training through its graphs, with what to look at."""
+    text = str(exc)
+    if "already exists" in text:
+        why = ("a graph was created twice: each entry stands for one graph; create "
+               "each exactly once")
+    elif ("forward graph" in text or "create the forward graph first" in text
+          or "has not been created" in text or "no backward graph" in text):
+        why = ("a backward graph can only be created after its runner's forward graph, "
+               "and every runner needs both before the pipeline can replay")
+    elif isinstance(exc, (TypeError, AttributeError, IndexError)):
+        why = ("an entry is a tuple: entry[0] is the runner, entry[1] 'fwd' or 'bwd', "
+               "and a 'fwd' entry's entry[2] is the argument metadata to pass to "
+               "create_fwd_graph")
+    else:
+        why = "see the line above"
+    return (f"training through your graphs raised {describe_exception(exc)}\n"
+            f"   what to look at: {why}"
+            + (f" (you created {len(created)} of {len(recorded)} graphs)"
+               if recorded else ""))
+
+
+def _judged(B, got, created: list, recorded: list, own_pool: list) -> str:
+    """The graphs created, one per entry, in the shared pool, in recorded order; the
+    training equal to eager's. Returns the pass message."""
+    def no(msg: str) -> None:
+        reject(msg, hints=_CIO_HINTS)
+
+    if sorted(created) != sorted(recorded):
+        missing = sorted(set(recorded) - set(created))
+        no(f"you created {len(created)} graphs; the record has {len(recorded)} "
+                    f"entries" + (f" (not created: {missing[:3]}"
+                                  f"{' ...' if len(missing) > 3 else ''})" if missing else "")
+                    + ". Create exactly one graph per entry")
+    if own_pool:
+        runners = sorted({e.split(" ", 1)[1] for e in own_pool})
+        no(f"you gave {len(runners)} runners a pool of their own (runner.pool was "
+                    f"changed before their graphs were created: {own_pool[:3]}"
+                    f"{' ...' if len(own_pool) > 3 else ''}). The exercise creates every graph "
+                    "in the one shared pool that runner.pool already holds. A pool per graph "
+                    "is safe in any order, but each graph then keeps its own memory (lesson "
+                    "05 §4 measures it): sharing is the point, and the creation order is "
+                    "what makes it safe. Leave runner.pool as it is")
+    if created != recorded:
+        i = next(k for k, (a, b) in enumerate(zip(created, recorded)) if a != b)
+        no(f"graph {i + 1} you created is '{created[i]}', but in step 1 "
+                    f"'{recorded[i]}' ran at that point. Graphs sharing a pool reuse each "
+                    "other's freed blocks in creation order, so any other order lets a "
+                    "replay overwrite activations a later backward still needs: do not "
+                    "group, sort or reverse the entries")
+    ref, _ = _pipeline_run(B, None, graphs=False)
+    worst = max((a - b).abs().max().item() for a, b in zip(got, ref))
+    if worst > 1e-4:
+        no(f"the parameters differ from eager training by up to {worst:.3g}, "
+                    "although the creation order is right: look at what else your loop does")
+    return (f"{len(created)} graphs created in recorded order; the pipeline trains "
+            "exactly like eager")
+
+
 def check_create_in_order(fn, *, B=None, quiet: bool = False) -> CheckResult:
     """``fn(entries)`` must create every entry's graph so that a two-stage 1F1B pipeline
     trained through the graphs ends equal to eager training.
@@ -67,11 +132,7 @@ def check_create_in_order(fn, *, B=None, quiet: bool = False) -> CheckResult:
     B = backend.ensure(B)
     name = "create_in_order"
     if not callable(fn):
-        return _result(name, False, f"expected a function, got {type(fn).__name__}",
-                       quiet=quiet)
-
-    def fail(msg, kind="mismatch"):
-        return _result(name, False, msg, kind=kind, more_hints=_CIO_HINTS, quiet=quiet)
+        return fail(name, f"expected a function, got {type(fn).__name__}", quiet=quiet)
 
     created: list[str] = []
     watched: set[int] = set()
@@ -102,62 +163,11 @@ def check_create_in_order(fn, *, B=None, quiet: bool = False) -> CheckResult:
         wrapped.recorded = recorded
         return call_learner(fn, entries)
 
-    try:
-        got, calls = _pipeline_run(B, wrapped, graphs=True)
-    except NotImplementedError:
-        return _result(name, False, NOT_DONE,
-                       kind="not_implemented", quiet=quiet)
-    except LearnerTimeout as exc:
-        _recover(B)
-        return fail(str(exc), kind="timeout")
-    except Exception as exc:  # noqa: BLE001 - reported to the learner
-        _recover(B)
-        text = str(exc)
-        recorded = getattr(wrapped, "recorded", [])
-        if "already exists" in text:
-            why = ("a graph was created twice: each entry stands for one graph; create "
-                   "each exactly once")
-        elif ("forward graph" in text or "create the forward graph first" in text
-              or "has not been created" in text or "no backward graph" in text):
-            why = ("a backward graph can only be created after its runner's forward graph, "
-                   "and every runner needs both before the pipeline can replay")
-        elif isinstance(exc, (TypeError, AttributeError, IndexError)):
-            why = ("an entry is a tuple: entry[0] is the runner, entry[1] 'fwd' or 'bwd', "
-                   "and a 'fwd' entry's entry[2] is the argument metadata to pass to "
-                   "create_fwd_graph")
-        else:
-            why = "see the line above"
-        return fail(f"training through your graphs raised {describe_exception(exc)}\n"
-                    f"   what to look at: {why}"
-                    + (f" (you created {len(created)} of {len(recorded)} graphs)"
-                       if recorded else ""), kind="exception")
-    recorded = getattr(wrapped, "recorded", [])
-    if sorted(created) != sorted(recorded):
-        missing = sorted(set(recorded) - set(created))
-        return fail(f"you created {len(created)} graphs; the record has {len(recorded)} "
-                    f"entries" + (f" (not created: {missing[:3]}"
-                                  f"{' ...' if len(missing) > 3 else ''})" if missing else "")
-                    + ". Create exactly one graph per entry")
-    if own_pool:
-        runners = sorted({e.split(" ", 1)[1] for e in own_pool})
-        return fail(f"you gave {len(runners)} runners a pool of their own (runner.pool was "
-                    f"changed before their graphs were created: {own_pool[:3]}"
-                    f"{' ...' if len(own_pool) > 3 else ''}). The exercise creates every graph "
-                    "in the one shared pool that runner.pool already holds. A pool per graph "
-                    "is safe in any order, but each graph then keeps its own memory (lesson "
-                    "05 §4 measures it): sharing is the point, and the creation order is "
-                    "what makes it safe. Leave runner.pool as it is")
-    if created != recorded:
-        i = next(k for k, (a, b) in enumerate(zip(created, recorded)) if a != b)
-        return fail(f"graph {i + 1} you created is '{created[i]}', but in step 1 "
-                    f"'{recorded[i]}' ran at that point. Graphs sharing a pool reuse each "
-                    "other's freed blocks in creation order, so any other order lets a "
-                    "replay overwrite activations a later backward still needs: do not "
-                    "group, sort or reverse the entries")
-    ref, _ = _pipeline_run(B, None, graphs=False)
-    worst = max((a - b).abs().max().item() for a, b in zip(got, ref))
-    if worst > 1e-4:
-        return fail(f"the parameters differ from eager training by up to {worst:.3g}, "
-                    "although the creation order is right: look at what else your loop does")
-    return _result(name, True, f"{len(created)} graphs created in recorded order; the "
-                   "pipeline trains exactly like eager", trials=1, quiet=quiet)
+    def body() -> str:
+        got, calls = attempt(_pipeline_run, (B, wrapped), {"graphs": True}, B=B,
+                             hints=_CIO_HINTS,
+                             reason=lambda exc: _why_raised(exc, created,
+                                                            getattr(wrapped, "recorded", [])))
+        return _judged(B, got, created, getattr(wrapped, "recorded", []), own_pool)
+
+    return run_check(name, body, quiet=quiet, trials=1)

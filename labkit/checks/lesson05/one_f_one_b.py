@@ -9,8 +9,7 @@ from __future__ import annotations
 import numbers
 import random
 
-from labkit.checks import NOT_DONE, CheckResult, LearnerTimeout, call_learner, describe_exception
-from labkit.checks import verdict as _result
+from labkit.checks import CheckResult, attempt, fail, reject, run_check
 from labkit.pipeline import schedule as S
 
 __all__ = ["check_one_f_one_b"]
@@ -155,32 +154,24 @@ def check_one_f_one_b(fn, *, trials: int = 8, quiet: bool = False,
     """
     name = "one_f_one_b"
     if not callable(fn):
-        return _result(name, False, f"expected a function, got {type(fn).__name__}",
-                       quiet=quiet)
+        return fail(name, f"expected a function, got {type(fn).__name__}", quiet=quiet)
     cases = [(4, 8), (3, 2), (1, 3), (2, 5), (5, 5), (4, 1)]
     rng = random.Random(5)
     while len(cases) < trials:
         cases.append((rng.randint(1, 6), rng.randint(1, 10)))
-    for t, (P, M) in enumerate(cases[:trials]):
-        try:
-            out = call_learner(fn, P, M, time_limit=time_limit)
-        except NotImplementedError:
-            return _result(name, False, NOT_DONE,
-                           kind="not_implemented", quiet=quiet)
-        except LearnerTimeout as exc:
-            return _result(name, False, f"for P={P}, M={M}: {exc}", kind="timeout",
-                           more_hints=_1F1B_HINTS, quiet=quiet)
-        except Exception as exc:  # noqa: BLE001 - reported to the learner
-            return _result(name, False, f"for P={P}, M={M}: your code raised "
-                           f"{describe_exception(exc)}", kind="exception",
-                           more_hints=_1F1B_HINTS, quiet=quiet)
-        orders, bad = _validate_orders(out, P, M)
-        if bad:
-            return _result(name, False, f"for P={P}, M={M}: {bad}", more_hints=_1F1B_HINTS,
-                           quiet=quiet)
-        for s, (e, a) in enumerate(zip(S.one_f_one_b(P, M), orders)):
-            reason = _diagnose_stage(P, M, s, e, a)
-            if reason:
-                return _result(name, False, reason, more_hints=_1F1B_HINTS, quiet=quiet)
-    return _result(name, True, f"passed {trials} schedules (M > P, M < P, one stage, one "
-                   "microbatch, random)", trials=trials, quiet=quiet)
+
+    def body() -> str:
+        for P, M in cases[:trials]:
+            where = f"for P={P}, M={M}"
+            out = attempt(fn, (P, M), time_limit=time_limit, label=where, hints=_1F1B_HINTS)
+            orders, bad = _validate_orders(out, P, M)
+            if bad:
+                reject(f"{where}: {bad}", hints=_1F1B_HINTS)
+            for s, (e, a) in enumerate(zip(S.one_f_one_b(P, M), orders)):
+                reason = _diagnose_stage(P, M, s, e, a)
+                if reason:
+                    reject(reason, hints=_1F1B_HINTS)
+        return (f"passed {trials} schedules (M > P, M < P, one stage, one microbatch, "
+                "random)")
+
+    return run_check(name, body, quiet=quiet, trials=trials)

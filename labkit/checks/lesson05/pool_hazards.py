@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import random
 
-from labkit.checks import NOT_DONE, CheckResult, LearnerTimeout, call_learner, describe_exception
-from labkit.checks import verdict as _result
+from labkit.checks import CheckResult, attempt, describe_exception, fail, reject, run_check
 
 __all__ = ["check_pool_hazards", "reference_pool_hazards"]
 
@@ -101,6 +100,74 @@ def _hazard_cases(trials: int):
     return cases[:trials]
 
 
+def _no(msg: str) -> None:
+    reject(msg, hints=_PH_HINTS)
+
+
+def _one_case(fn, t: int, created: list, replayed: list, time_limit: float) -> None:
+    """Case ``t`` (0-based): the learner's pairs for these two orders, judged."""
+    case = f"created {created}, replayed {replayed}"
+    got = attempt(fn, (list(created), list(replayed)), time_limit=time_limit,
+                  label=f"case {t + 1}", label_errors=False, hints=_PH_HINTS,
+                  reason=lambda exc, case=case, t=t: f"case {t + 1} ({case}): your "
+                  f"code raised {describe_exception(exc)}")
+    if got is None:
+        _no("returned None (did you forget `return`?); return a list of "
+            "(bwd entry, culprit entry) pairs, empty when nothing is at risk")
+    try:
+        pairs = [tuple(p) for p in got]
+    except TypeError:
+        _no(f"returned a {type(got).__name__}; expected a list of pairs")
+    if any(len(p) != 2 or not all(isinstance(x, str) for x in p) for p in pairs):
+        bad = next(p for p in pairs if len(p) != 2 or not all(isinstance(x, str)
+                                                               for x in p))
+        _no(f"case {t + 1}: {bad!r} is not a pair of entry strings; each pair "
+            "is (the backward graph at risk, the graph that may overwrite its "
+            "activations), e.g. ('bwd layer0#0', 'fwd layer1#0')")
+    entries = set(created) | set(replayed)
+    runners = {_runner_of(e) for e in entries}
+    if pairs and all(x not in entries for p in pairs for x in p) and \
+            all(x in runners for p in pairs for x in p):
+        _no(f"case {t + 1}: your pairs hold runner names ({pairs[0]!r}), not "
+            "entries: each item is one of the entry strings of the two lists, "
+            "like ('bwd layer0#0', 'fwd layer1#0'). A runner has two graphs, "
+            "and they are different culprits (its forward and its backward "
+            "replay at different times and were created at different times)")
+    if any(not b.startswith("bwd ") for b, _ in pairs):
+        b = next(b for b, _ in pairs if not b.startswith("bwd "))
+        _no(f"case {t + 1}: the first item of a pair is the backward graph at "
+            f"risk ('bwd R'), got {b!r}")
+    if len(pairs) != len(set(pairs)):
+        _no(f"case {t + 1}: some pairs appear twice in {pairs}; report each "
+            "once")
+    want = set(reference_pool_hazards(created, replayed))
+    have = set(pairs)
+    if have == want:
+        return
+    extra, missing = sorted(have - want), sorted(want - have)
+    if extra:
+        b, x = extra[0]
+        r = _runner_of(b)
+        i_f, i_b = replayed.index(f"fwd {r}"), replayed.index(b)
+        if x not in replayed[i_f + 1:i_b]:
+            _no(f"case {t + 1} ({case}): you report {(b, x)}, but {x!r} does "
+                f"not replay between 'fwd {r}' and {b!r}, so it cannot "
+                "overwrite what that backward is about to read")
+        _no(f"case {t + 1} ({case}): you report {(b, x)}, but {x!r} was "
+            f"created after 'fwd {r}' and before {b!r}: while it was captured, "
+            f"{r}'s activations were still held, so the pool could not give "
+            "it their memory")
+    b, x = missing[0]
+    r = _runner_of(b)
+    when = ("after" if created.index(x) > created.index(b) else "before")
+    _no(f"case {t + 1} ({case}): you missed {(b, x)}: {x!r} replays between "
+        f"'fwd {r}' and {b!r} and was created {when} "
+        + (f"{b!r}, when {r}'s activations were back in the pool"
+           if when == "after" else
+           f"'fwd {r}': the scratch memory it freed could become {r}'s "
+           "activations"))
+
+
 def check_pool_hazards(fn, *, trials: int = 10, quiet: bool = False,
                        time_limit: float = 10.0) -> CheckResult:
     """``fn(created, replayed)`` must return every ``(bwd entry, culprit entry)`` pair of
@@ -114,79 +181,12 @@ def check_pool_hazards(fn, *, trials: int = 10, quiet: bool = False,
     """
     name = "pool_hazards"
     if not callable(fn):
-        return _result(name, False, f"expected a function, got {type(fn).__name__}",
-                       quiet=quiet)
+        return fail(name, f"expected a function, got {type(fn).__name__}", quiet=quiet)
 
-    def failed(msg, kind="mismatch"):
-        return _result(name, False, msg, kind=kind, more_hints=_PH_HINTS, quiet=quiet)
+    def body() -> str:
+        for t, (created, replayed) in enumerate(_hazard_cases(trials)):
+            _one_case(fn, t, created, replayed, time_limit)
+        return (f"passed {trials} cases (same order, created after the backward, created "
+                "before the forward, random orders)")
 
-    for t, (created, replayed) in enumerate(_hazard_cases(trials)):
-        case = f"created {created}, replayed {replayed}"
-        try:
-            got = call_learner(fn, list(created), list(replayed), time_limit=time_limit)
-        except NotImplementedError:
-            return _result(name, False, NOT_DONE,
-                           kind="not_implemented", quiet=quiet)
-        except LearnerTimeout as exc:
-            return failed(f"case {t + 1}: {exc}", kind="timeout")
-        except Exception as exc:  # noqa: BLE001 - reported to the learner
-            return failed(f"case {t + 1} ({case}): your code raised "
-                          f"{describe_exception(exc)}", kind="exception")
-        if got is None:
-            return failed("returned None (did you forget `return`?); return a list of "
-                          "(bwd entry, culprit entry) pairs, empty when nothing is at risk")
-        try:
-            pairs = [tuple(p) for p in got]
-        except TypeError:
-            return failed(f"returned a {type(got).__name__}; expected a list of pairs")
-        if any(len(p) != 2 or not all(isinstance(x, str) for x in p) for p in pairs):
-            bad = next(p for p in pairs if len(p) != 2 or not all(isinstance(x, str)
-                                                                   for x in p))
-            return failed(f"case {t + 1}: {bad!r} is not a pair of entry strings; each pair "
-                          "is (the backward graph at risk, the graph that may overwrite its "
-                          "activations), e.g. ('bwd layer0#0', 'fwd layer1#0')")
-        entries = set(created) | set(replayed)
-        runners = {_runner_of(e) for e in entries}
-        if pairs and all(x not in entries for p in pairs for x in p) and \
-                all(x in runners for p in pairs for x in p):
-            return failed(f"case {t + 1}: your pairs hold runner names ({pairs[0]!r}), not "
-                          "entries: each item is one of the entry strings of the two lists, "
-                          "like ('bwd layer0#0', 'fwd layer1#0'). A runner has two graphs, "
-                          "and they are different culprits (its forward and its backward "
-                          "replay at different times and were created at different times)")
-        if any(not b.startswith("bwd ") for b, _ in pairs):
-            b = next(b for b, _ in pairs if not b.startswith("bwd "))
-            return failed(f"case {t + 1}: the first item of a pair is the backward graph at "
-                          f"risk ('bwd R'), got {b!r}")
-        if len(pairs) != len(set(pairs)):
-            return failed(f"case {t + 1}: some pairs appear twice in {pairs}; report each "
-                          "once")
-        want = set(reference_pool_hazards(created, replayed))
-        have = set(pairs)
-        if have == want:
-            continue
-        extra, missing = sorted(have - want), sorted(want - have)
-        if extra:
-            b, x = extra[0]
-            r = _runner_of(b)
-            i_f, i_b = replayed.index(f"fwd {r}"), replayed.index(b)
-            if x not in replayed[i_f + 1:i_b]:
-                return failed(f"case {t + 1} ({case}): you report {(b, x)}, but {x!r} does "
-                              f"not replay between 'fwd {r}' and {b!r}, so it cannot "
-                              "overwrite what that backward is about to read")
-            return failed(f"case {t + 1} ({case}): you report {(b, x)}, but {x!r} was "
-                          f"created after 'fwd {r}' and before {b!r}: while it was captured, "
-                          f"{r}'s activations were still held, so the pool could not give "
-                          "it their memory")
-        b, x = missing[0]
-        r = _runner_of(b)
-        when = ("after" if created.index(x) > created.index(b) else "before")
-        return failed(f"case {t + 1} ({case}): you missed {(b, x)}: {x!r} replays between "
-                      f"'fwd {r}' and {b!r} and was created {when} "
-                      + (f"{b!r}, when {r}'s activations were back in the pool"
-                         if when == "after" else
-                         f"'fwd {r}': the scratch memory it freed could become {r}'s "
-                         "activations"))
-    return _result(name, True, f"passed {trials} cases (same order, created after the "
-                   "backward, created before the forward, random orders)", trials=trials,
-                   quiet=quiet)
+    return run_check(name, body, quiet=quiet, trials=trials)

@@ -9,9 +9,11 @@ alone. Reference: :meth:`labkit.decode.StaticBuffers.fill_from` on a one-buffer 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from labkit.checks import CheckResult, LearnerTimeout, check, describe_exception
+from labkit.checks import CheckResult, Exercise, attempt, describe_exception
 from labkit.decode import GraphSlot, Pad, StaticBuffers
 
 __all__ = ["check_fill_slot"]
@@ -91,6 +93,153 @@ def _fill_case(gen: torch.Generator, device) -> tuple[GraphSlot, torch.Tensor, i
     return slot, src, raw, padded
 
 
+EXERCISE = Exercise("fill_slot", more_hints=tuple(_FILL_HINTS))
+
+
+class _Case(NamedTuple):
+    """One trial's slot and batch, as the messages name them."""
+
+    pad: Pad
+    raw: int
+    padded: int
+    stale: torch.Tensor   # the buffer before the call (an "earlier batch")
+    n: int                # rows of the buffer
+    fill: int
+    name: str
+    row_dim: int
+    shape: tuple
+
+    def what(self) -> str:
+        what = (f"{self.name} ({self.pad.value}, fill_value={self.fill}), {self.n} rows, "
+                f"raw_rows={self.raw}, padded_rows={self.padded}")
+        return what + (f", shape {self.shape}, row_dim={self.row_dim}" if self.row_dim else "")
+
+    def along(self) -> str:
+        rd = self.row_dim
+        return (f" This slot's rows are along dim {rd} (slot.row_dim={rd}, shape "
+                f"{self.shape}, as SGLang's mrope_positions holds three position ids per "
+                f"token): its head is slot.tensor[:, :raw_rows] and src has shape "
+                f"(3, raw_rows). Slice along slot.row_dim, not along dim 0" if rd else "")
+
+
+def _case(slot: GraphSlot, raw: int, padded: int) -> _Case:
+    return _Case(slot.pad, raw, padded, slot.tensor.detach().cpu().clone(),
+                 slot.tensor.shape[slot.row_dim], slot.fill_value, slot.name, slot.row_dim,
+                 tuple(slot.tensor.shape))
+
+
+def _run(f):
+    """The trial: ``f`` on the slot; what the buffer holds after it, and the case. An error
+    on a slot whose rows are along dim 1 is named with that."""
+    def call(slot, src, raw, padded):
+        buf, case = slot.tensor, _case(slot, raw, padded)
+
+        def along_dim_1(exc: BaseException) -> str | None:
+            if not case.row_dim or isinstance(exc, NotImplementedError):
+                return None                     # the stub stays "not done"
+            return (f"{case.what()}: your code raised {describe_exception(exc)}\n  "
+                    + case.along())
+
+        attempt(f, (slot, src, raw, padded), explain=along_dim_1)
+        return {"buffer": buf.detach().cpu().clone(), "rebound": slot.tensor is not buf,
+                "case": case}
+    call.__name__ = getattr(f, "__name__", "fill_slot")
+    return call
+
+
+def _part(t: torch.Tensor, rd: int, lo: int, hi: int) -> torch.Tensor:
+    return t.narrow(rd, lo, hi - lo)
+
+
+def _written_in_place(expected, actual) -> str | None:
+    c, a, e = actual["case"], actual["buffer"], expected["buffer"]
+    if torch.equal(a, e) and not actual["rebound"]:
+        return None
+    if actual["rebound"]:
+        return (f"{c.what()}: the buffer the graph reads was not written. A graph recorded "
+                "the address of slot.tensor; assigning slot.tensor = ... changes nothing "
+                "it reads. Write into it in place")
+    if torch.equal(a, c.stale) and c.raw == c.padded:
+        return (f"{c.what()}: your function wrote nothing. This batch fills its bucket "
+                "exactly, so there is no padding tail, but the head still holds the real "
+                "requests: copy src into rows 0..raw_rows every time. Does a condition "
+                "on the tail (padded_rows > raw_rows, an early return) skip the head "
+                "copy too?")
+    if torch.equal(a, c.stale):
+        return (f"{c.what()}: not one row of slot.tensor changed: the buffer the graph reads "
+                "was not written. Writing into a copy (slot.tensor.clone(), a new "
+                "tensor) or rebinding a local name changes nothing the graph reads. "
+                "Write into slot.tensor in place")
+    return None
+
+
+def _head_and_beyond(expected, actual) -> str | None:
+    c, a, e = actual["case"], actual["buffer"], expected["buffer"]
+    rd, raw, padded, n = c.row_dim, c.raw, c.padded, c.n
+    if not torch.equal(_part(a, rd, 0, raw), _part(e, rd, 0, raw)):
+        return (f"{c.what()}: rows 0..{raw} should be the batch "
+                f"{_part(e, rd, 0, raw).tolist()}, got {_part(a, rd, 0, raw).tolist()}: the "
+                f"head holds the real requests, src.{c.along()}")
+    if not torch.equal(_part(a, rd, padded, n), _part(e, rd, padded, n)):
+        return (f"{c.what()}: rows {padded}..{n} changed from "
+                f"{_part(e, rd, padded, n).tolist()} to {_part(a, rd, padded, n).tolist()}. "
+                f"Rows past padded_rows belong to larger buckets and are not read by this "
+                f"replay: touch only up to padded_rows.{c.along()}")
+    return None
+
+
+def _the_tail(expected, actual) -> str | None:
+    c, a, e = actual["case"], actual["buffer"], expected["buffer"]
+    rd, raw, padded, pad, stale, along = c.row_dim, c.raw, c.padded, c.pad, c.stale, c.along()
+    if torch.equal(a, e):
+        return None
+    tail_a, tail_e = _part(a, rd, raw, padded), _part(e, rd, raw, padded)
+    msg = (f"{c.what()}: the padding tail (rows {raw}..{padded}) is {tail_a.tolist()}, "
+           f"expected {tail_e.tolist()}.")
+    bad = [r for r in range(raw, padded)
+           if not torch.equal(_part(a, rd, r, r + 1), _part(e, rd, r, r + 1))]
+    stale_rows = [r for r in bad
+                  if torch.equal(_part(a, rd, r, r + 1), _part(stale, rd, r, r + 1))]
+    if pad is not Pad.HEAD_ONLY and stale_rows and len(stale_rows) < padded - raw and \
+            stale_rows == bad:
+        return (msg + f" Rows {stale_rows} kept their stale values while the rest of the "
+                "tail is right: the tail is every row from raw_rows up to (not including) "
+                "padded_rows; check the bounds of your slice" + along)
+    values = set(tail_a.reshape(-1).tolist())
+    fill = c.fill
+    if pad is Pad.ZERO_TAIL:
+        if torch.equal(tail_a, _part(stale, rd, raw, padded)):
+            return (msg + " zero_tail leaves no stale value: these are indices that padded "
+                    "rows gather and scatter through, and a stale one points into a live "
+                    "request's KV cache or past the end of a table (an illegal memory "
+                    "access on a GPU). Section 3 says which row they must point at"
+                    + along)
+        if values == {fill} and fill != 0:
+            return (msg + f" zero_tail means zeros: the tail holds {fill}, this slot's "
+                    "fill_value, but fill_value is the sentinel of Pad.SENTINEL slots "
+                    "only (every slot carries one; the policy decides whether it is "
+                    "used). A zero_tail index must point at row 0, the dummy slot")
+        return (msg + " zero_tail means zeros: index 0 is the dummy slot, the only place "
+                "padded rows may write" + along)
+    if pad is Pad.SENTINEL:
+        if values == {0}:
+            return (msg + " A sentinel of 0 masks every key: the padded row's softmax "
+                    "becomes NaN. The value to write is the slot's own sentinel")
+        if len(values) == 1 and fill not in values:
+            return (msg + f" The tail holds {values.pop()} but this slot's sentinel is "
+                    f"{fill}: take the value from slot.fill_value, not a constant (SGLang "
+                    "asks the attention backend for it: usually 1, not always)")
+        return msg + " The sentinel policy fills every tail row with the slot's sentinel" \
+            + along
+    return (msg + " head_only leaves the tail as it is: any stale token id is valid and "
+            "padded rows' outputs are thrown away, so clearing it costs a launch for "
+            "nothing (and for a token id, no value is 'safer' than another)" + along)
+
+
+#: in order, the first reason wins
+JUDGES = (_written_in_place, _head_and_beyond, _the_tail)
+
+
 def check_fill_slot(fn, *, device=None, trials: int = 8) -> CheckResult:
     """``fn(slot, src, raw_rows, padded_rows)`` must load ``slot.tensor`` in place.
 
@@ -108,118 +257,9 @@ def check_fill_slot(fn, *, device=None, trials: int = 8) -> CheckResult:
 
         device = backend.get("auto").device
     device = torch.device(device)
-    last: dict = {}
 
     def make_inputs(gen: torch.Generator):
-        slot, src, raw, padded = _fill_case(gen, device)
-        last.update(pad=slot.pad, raw=raw, padded=padded, stale=slot.tensor.detach().cpu().clone(),
-                    n=slot.tensor.shape[slot.row_dim], fill=slot.fill_value, name=slot.name,
-                    row_dim=slot.row_dim, shape=tuple(slot.tensor.shape))
-        return slot, src, raw, padded
+        return _fill_case(gen, device)
 
-    def run(f):
-        def call(slot, src, raw, padded):
-            buf = slot.tensor
-            try:
-                f(slot, src, raw, padded)
-            except (NotImplementedError, LearnerTimeout):
-                raise
-            except Exception as exc:
-                if slot.row_dim == 0:
-                    raise
-                return {"raised": exc}           # named with the slot's row_dim below
-            return {"buffer": buf.detach().cpu().clone(), "rebound": slot.tensor is not buf}
-        call.__name__ = getattr(f, "__name__", "fill_slot")
-        return call
-
-    def compare(expected, actual) -> str | None:
-        pad, raw, padded, n = last["pad"], last["raw"], last["padded"], last["n"]
-        rd, stale = last["row_dim"], last["stale"]
-        what = (f"{last['name']} ({pad.value}, fill_value={last['fill']}), {n} rows, "
-                f"raw_rows={raw}, padded_rows={padded}")
-        if rd:
-            what += f", shape {last['shape']}, row_dim={rd}"
-        along = (f" This slot's rows are along dim {rd} (slot.row_dim={rd}, shape "
-                 f"{last['shape']}, as SGLang's mrope_positions holds three position ids per "
-                 f"token): its head is slot.tensor[:, :raw_rows] and src has shape "
-                 f"(3, raw_rows). Slice along slot.row_dim, not along dim 0"
-                 if rd else "")
-        if "raised" in actual:
-            return (f"{what}: your code raised {describe_exception(actual['raised'])}\n  "
-                    + along)
-        e, a = expected["buffer"], actual["buffer"]
-
-        def part(t, lo, hi):
-            return t.narrow(rd, lo, hi - lo)
-
-        if torch.equal(a, e) and not actual["rebound"]:
-            return None
-        if actual["rebound"]:
-            return (f"{what}: the buffer the graph reads was not written. A graph recorded "
-                    "the address of slot.tensor; assigning slot.tensor = ... changes nothing "
-                    "it reads. Write into it in place")
-        if torch.equal(a, stale) and raw == padded:
-            return (f"{what}: your function wrote nothing. This batch fills its bucket "
-                    "exactly, so there is no padding tail, but the head still holds the real "
-                    "requests: copy src into rows 0..raw_rows every time. Does a condition "
-                    "on the tail (padded_rows > raw_rows, an early return) skip the head "
-                    "copy too?")
-        if torch.equal(a, stale):
-            return (f"{what}: not one row of slot.tensor changed: the buffer the graph reads "
-                    "was not written. Writing into a copy (slot.tensor.clone(), a new "
-                    "tensor) or rebinding a local name changes nothing the graph reads. "
-                    "Write into slot.tensor in place")
-        if not torch.equal(part(a, 0, raw), part(e, 0, raw)):
-            return (f"{what}: rows 0..{raw} should be the batch {part(e, 0, raw).tolist()}, "
-                    f"got {part(a, 0, raw).tolist()}: the head holds the real requests, "
-                    f"src.{along}")
-        if not torch.equal(part(a, padded, n), part(e, padded, n)):
-            return (f"{what}: rows {padded}..{n} changed from {part(e, padded, n).tolist()} "
-                    f"to {part(a, padded, n).tolist()}. Rows past padded_rows belong to larger "
-                    f"buckets and are not read by this replay: touch only up to padded_rows."
-                    f"{along}")
-        tail_a, tail_e = part(a, raw, padded), part(e, raw, padded)
-        msg = (f"{what}: the padding tail (rows {raw}..{padded}) is {tail_a.tolist()}, "
-               f"expected {tail_e.tolist()}.")
-        rows = range(raw, padded)
-        bad = [r for r in rows if not torch.equal(part(a, r, r + 1), part(e, r, r + 1))]
-        stale_rows = [r for r in bad if torch.equal(part(a, r, r + 1), part(stale, r, r + 1))]
-        if pad is not Pad.HEAD_ONLY and stale_rows and len(stale_rows) < padded - raw and \
-                stale_rows == bad:
-            return (msg + f" Rows {stale_rows} kept their stale values while the rest of the "
-                    "tail is right: the tail is every row from raw_rows up to (not including) "
-                    "padded_rows; check the bounds of your slice" + along)
-        values = set(tail_a.reshape(-1).tolist())
-        fill = last["fill"]
-        if pad is Pad.ZERO_TAIL:
-            if torch.equal(tail_a, part(stale, raw, padded)):
-                return (msg + " zero_tail leaves no stale value: these are indices that padded "
-                        "rows gather and scatter through, and a stale one points into a live "
-                        "request's KV cache or past the end of a table (an illegal memory "
-                        "access on a GPU). Section 3 says which row they must point at"
-                        + along)
-            if values == {fill} and fill != 0:
-                return (msg + f" zero_tail means zeros: the tail holds {fill}, this slot's "
-                        "fill_value, but fill_value is the sentinel of Pad.SENTINEL slots "
-                        "only (every slot carries one; the policy decides whether it is "
-                        "used). A zero_tail index must point at row 0, the dummy slot")
-            return (msg + " zero_tail means zeros: index 0 is the dummy slot, the only place "
-                    "padded rows may write" + along)
-        if pad is Pad.SENTINEL:
-            if values == {0}:
-                return (msg + " A sentinel of 0 masks every key: the padded row's softmax "
-                        "becomes NaN. The value to write is the slot's own sentinel")
-            if len(values) == 1 and fill not in values:
-                return (msg + f" The tail holds {values.pop()} but this slot's sentinel is "
-                        f"{fill}: take the value from slot.fill_value, not a constant (SGLang "
-                        "asks the attention backend for it: usually 1, not always)")
-            return msg + " The sentinel policy fills every tail row with the slot's sentinel" \
-                + along
-        return (msg + " head_only leaves the tail as it is: any stale token id is valid and "
-                "padded rows' outputs are thrown away, so clearing it costs a launch for "
-                "nothing (and for a token id, no value is 'safer' than another)" + along)
-
-    return check(
-        run(fn), run(_fill_reference), make_inputs, trials=trials, name="fill_slot",
-        compare=compare, more_hints=_FILL_HINTS,
-    )
+    return EXERCISE.check(_run(fn), _run(_fill_reference), make_inputs, trials=trials,
+                          judges=JUDGES)

@@ -11,13 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.checks import (
-    CheckResult,
-    call_learner,
-    fail,
-    learner_raised,
-    passed,
-)
+from labkit.checks import CheckResult, attempt, fail, reject, run_check
 from labkit.checks.lesson06._common import _as_int_list, _short
 from labkit.decode import explore_buckets, make_buckets
 
@@ -57,6 +51,80 @@ _BUDGET_HINTS = [
 ]
 
 
+def _config(cfg, max_bs: int) -> tuple[list[int], bool]:
+    """The learner's configuration: its buckets (a list, or a scheme's name) and its pool
+    layout, each checked for what it must be."""
+    if not isinstance(cfg, dict) or set(cfg) != {"buckets", "shared_pool"}:
+        got = sorted(cfg) if isinstance(cfg, dict) else type(cfg).__name__
+        reject(f"return a dict with exactly the keys 'buckets' and 'shared_pool', "
+                      f"got {got}")
+    shared = cfg["shared_pool"]
+    if not isinstance(shared, bool):
+        reject(f"'shared_pool' must be True or False, got {shared!r}")
+    raw = cfg["buckets"]
+    if isinstance(raw, str):
+        if raw not in ("sglang", "every", "pow2", "disable_padding"):
+            reject(f"'buckets' is {raw!r}: give a list of sizes, or one of 'sglang', "
+                          "'every', 'pow2'")
+        buckets = make_buckets(max_bs, raw)
+    else:
+        got, why = _as_int_list(raw)
+        if why:
+            reject(f"'buckets': {why}")
+        if not got:
+            reject("'buckets' is empty: no batch would have a graph")
+        if got != sorted(set(got)):
+            reject(f"'buckets' {_short(got)} must be sorted ascending without repeats "
+                          "(pad_to_bucket bisects it)")
+        if got[0] < 1 or got[-1] > max_bs:
+            bad = got[0] if got[0] < 1 else got[-1]
+            reject(f"bucket {bad} is outside 1..max_bs={max_bs}: the static buffers are "
+                          f"sized by max_bs, so the largest graph is {max_bs} rows")
+        buckets = got
+    return buckets, shared
+
+
+def _judged(buckets: list[int], shared: bool, sc: dict) -> str:
+    """The configuration on the scenario's trace: no oversize step, within the memory
+    budget and the padding limit. Returns the pass message."""
+    trace, max_bs, budget, max_waste = (sc["batch_sizes"], sc["max_bs"], sc["budget_bytes"],
+                                        sc["max_waste"])
+    rep = explore_buckets(max_bs, trace, buckets)
+    mem = rep.memory_bytes if shared else rep.memory_bytes_separate_pools
+    mib = mem / 2**20
+    where = (f"buckets {_short(buckets)}, {'one shared pool' if shared else 'a pool per graph'}: "
+             f"{rep.num_graphs} graphs, {mib:.2f} MiB, padding waste "
+             f"{100 * rep.padding_waste:.1f}%, {rep.oversize_batches} oversize steps")
+    if rep.oversize_batches:
+        big = sorted({b for b in trace if b > buckets[-1]})
+        reject(f"{where}.\n   {rep.oversize_batches} steps of the trace have more "
+                      f"requests than your largest bucket ({buckets[-1]}; e.g. {big[:4]}): they "
+                      "would raise or run eagerly. The peaks need a graph too")
+    if mem > budget:
+        if not shared and rep.memory_bytes <= budget:
+            reject(f"{where}, over the {budget / 2**20:.1f} MiB budget.\n   With a pool "
+                          "per graph every graph keeps its own activation memory; the same "
+                          f"graphs in one pool, captured largest first, need "
+                          f"{rep.memory_bytes / 2**20:.2f} MiB. Which pool layout does the "
+                          "lesson's runner use?")
+        if shared:
+            reject(f"{where}, over the {budget / 2**20:.1f} MiB budget.\n   In one shared "
+                          "pool the largest graph's activations are paid once, but every graph "
+                          f"keeps its output and a fixed overhead alive: {rep.num_graphs} graphs "
+                          "are too many (or too large) for this budget. Which of them does the "
+                          "trace actually need?")
+        reject(f"{where}, over the {budget / 2**20:.1f} MiB budget.\n   Two things cost "
+                      "memory here: a pool per graph keeps every graph's activations, and "
+                      f"{rep.num_graphs} graphs each keep an output and a fixed overhead. "
+                      "Compare the two memory columns of explore_buckets, then count your graphs")
+    if rep.padding_waste > max_waste:
+        reject(f"{where}.\n   Within budget, but {100 * rep.padding_waste:.1f}% of the "
+                      f"computed rows are padding (the limit is {100 * max_waste:.0f}%): some "
+                      "busy batch sizes are padded a long way up. Look at where the trace's "
+                      "batch sizes fall and put buckets there")
+    return f"{where}: within {budget / 2**20:.1f} MiB and {100 * max_waste:.0f}% waste"
+
+
 def check_fixed_config(fn, *, quiet: bool = False, time_limit: float = 10.0) -> CheckResult:
     """``fn()`` returns ``{"buckets": [...], "shared_pool": bool}`` for
     :func:`budget_scenario`'s server. It passes when, judged by
@@ -71,79 +139,14 @@ def check_fixed_config(fn, *, quiet: bool = False, time_limit: float = 10.0) -> 
     Any configuration that meets all four passes: there is no single answer.
     """
     name = "fixed_config"
-    sc = budget_scenario()
-    trace, max_bs, budget, max_waste = (sc["batch_sizes"], sc["max_bs"], sc["budget_bytes"],
-                                        sc["max_waste"])
-
-    def failed(message):
-        return fail(name, message, more_hints=_BUDGET_HINTS, quiet=quiet)
-
     if not callable(fn):
-        return failed(f"expected a function, got {type(fn).__name__}")
-    try:
-        cfg = call_learner(fn, time_limit=time_limit)
-    except Exception as exc:  # noqa: BLE001
-        return learner_raised(name, exc, "your code raised", more_hints=_BUDGET_HINTS,
-                              quiet=quiet)
-    if not isinstance(cfg, dict) or set(cfg) != {"buckets", "shared_pool"}:
-        got = sorted(cfg) if isinstance(cfg, dict) else type(cfg).__name__
-        return failed(f"return a dict with exactly the keys 'buckets' and 'shared_pool', "
-                      f"got {got}")
-    shared = cfg["shared_pool"]
-    if not isinstance(shared, bool):
-        return failed(f"'shared_pool' must be True or False, got {shared!r}")
-    raw = cfg["buckets"]
-    if isinstance(raw, str):
-        if raw not in ("sglang", "every", "pow2", "disable_padding"):
-            return failed(f"'buckets' is {raw!r}: give a list of sizes, or one of 'sglang', "
-                          "'every', 'pow2'")
-        buckets = make_buckets(max_bs, raw)
-    else:
-        got, why = _as_int_list(raw)
-        if why:
-            return failed(f"'buckets': {why}")
-        if not got:
-            return failed("'buckets' is empty: no batch would have a graph")
-        if got != sorted(set(got)):
-            return failed(f"'buckets' {_short(got)} must be sorted ascending without repeats "
-                          "(pad_to_bucket bisects it)")
-        if got[0] < 1 or got[-1] > max_bs:
-            bad = got[0] if got[0] < 1 else got[-1]
-            return failed(f"bucket {bad} is outside 1..max_bs={max_bs}: the static buffers are "
-                          f"sized by max_bs, so the largest graph is {max_bs} rows")
-        buckets = got
-    rep = explore_buckets(max_bs, trace, buckets)
-    mem = rep.memory_bytes if shared else rep.memory_bytes_separate_pools
-    mib = mem / 2**20
-    where = (f"buckets {_short(buckets)}, {'one shared pool' if shared else 'a pool per graph'}: "
-             f"{rep.num_graphs} graphs, {mib:.2f} MiB, padding waste "
-             f"{100 * rep.padding_waste:.1f}%, {rep.oversize_batches} oversize steps")
-    if rep.oversize_batches:
-        big = sorted({b for b in trace if b > buckets[-1]})
-        return failed(f"{where}.\n   {rep.oversize_batches} steps of the trace have more "
-                      f"requests than your largest bucket ({buckets[-1]}; e.g. {big[:4]}): they "
-                      "would raise or run eagerly. The peaks need a graph too")
-    if mem > budget:
-        if not shared and rep.memory_bytes <= budget:
-            return failed(f"{where}, over the {budget / 2**20:.1f} MiB budget.\n   With a pool "
-                          "per graph every graph keeps its own activation memory; the same "
-                          f"graphs in one pool, captured largest first, need "
-                          f"{rep.memory_bytes / 2**20:.2f} MiB. Which pool layout does the "
-                          "lesson's runner use?")
-        if shared:
-            return failed(f"{where}, over the {budget / 2**20:.1f} MiB budget.\n   In one shared "
-                          "pool the largest graph's activations are paid once, but every graph "
-                          f"keeps its output and a fixed overhead alive: {rep.num_graphs} graphs "
-                          "are too many (or too large) for this budget. Which of them does the "
-                          "trace actually need?")
-        return failed(f"{where}, over the {budget / 2**20:.1f} MiB budget.\n   Two things cost "
-                      "memory here: a pool per graph keeps every graph's activations, and "
-                      f"{rep.num_graphs} graphs each keep an output and a fixed overhead. "
-                      "Compare the two memory columns of explore_buckets, then count your graphs")
-    if rep.padding_waste > max_waste:
-        return failed(f"{where}.\n   Within budget, but {100 * rep.padding_waste:.1f}% of the "
-                      f"computed rows are padding (the limit is {100 * max_waste:.0f}%): some "
-                      "busy batch sizes are padded a long way up. Look at where the trace's "
-                      "batch sizes fall and put buckets there")
-    return passed(name, f"{where}: within {budget / 2**20:.1f} MiB and "
-                        f"{100 * max_waste:.0f}% waste", quiet=quiet)
+        return fail(name, f"expected a function, got {type(fn).__name__}",
+                    more_hints=_BUDGET_HINTS, quiet=quiet)
+
+    def body() -> str:
+        sc = budget_scenario()
+        cfg = attempt(fn, time_limit=time_limit)
+        buckets, shared = _config(cfg, sc["max_bs"])
+        return _judged(buckets, shared, sc)
+
+    return run_check(name, body, more_hints=_BUDGET_HINTS, quiet=quiet)

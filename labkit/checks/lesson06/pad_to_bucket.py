@@ -11,18 +11,12 @@ from __future__ import annotations
 import bisect
 import math
 import re
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
-from labkit.checks import (
-    NOT_DONE,
-    CheckResult,
-    LearnerTimeout,
-    call_learner,
-    describe_exception,
-    fail,
-    passed,
-)
+from labkit.checks import CheckResult, describe_exception, fail, outcome, reject, run_check
 from labkit.checks.lesson06._common import _short
 from labkit.core.validate import is_int
 from labkit.decode import make_buckets
@@ -166,6 +160,129 @@ def _mentions(text: str, number: int) -> bool:
     return re.search(rf"(?<!\d){number}(?!\d)", text) is not None
 
 
+class _Trial(NamedTuple):
+    """One trial: its lists, the learner's answer per size, and the sizes answered
+    without bisect. ``no(message, **details)`` rejects it, naming the trial."""
+
+    no: Callable[..., None]
+    buckets: list[int]
+    raws: list[int]
+    shown: str
+    results: dict          # raw -> ("value", v) | ("raised", exc)
+    no_bisect: list        # in-range sizes answered without bisect (scan / many reads)
+
+
+def _answers(fn, trial: int, trials: int, time_limit: float) -> _Trial:
+    """Ask ``fn`` about every size of trial ``trial``, watching bisect, the answer key
+    and the list's reads; reject a call of the answer key or a changed list."""
+    def no(message: str, **details) -> None:
+        reject(f"trial {trial} of {trials}: {message}", hints=_PAD_HINTS,
+               trials=trial - 1, failed_trial=trial, details=details)
+
+    gen = torch.Generator().manual_seed(trial)
+    buckets, raws = _pad_inputs(trial, gen)
+    top, shown = buckets[-1], _short(buckets, 8)
+    results, no_bisect = {}, []
+    for raw in raws:
+        probe = _ProbedBuckets(buckets)
+        with _BisectSpy(fn) as spy, _AnswerKeySpy(fn) as key:
+            results[raw] = outcome(fn, (raw, probe), time_limit=time_limit,
+                                   label=f"trial {trial} of {trials}: pad_to_bucket({raw}, "
+                                         f"{shown})", hints=_PAD_HINTS,
+                                   trials=trial - 1, failed_trial=trial, details={})
+        if key.calls:
+            no(f"pad_to_bucket({raw}, {shown}) called labkit.decode.pad_to_bucket, labkit's "
+               "own answer: the exercise asks you to write the search yourself, with the "
+               "bisect module (what labkit's function does inside is what you are "
+               "practising)")
+        if list.__eq__(probe, buckets) is not True:
+            no(f"pad_to_bucket({raw}, {shown}) changed the list to "
+               f"{_short(list(probe), 8)}: the bucket list belongs to the runner, read it "
+               "only (no sort, append or insort)")
+        if raw <= top and not spy.calls:
+            bound = math.ceil(math.log2(len(buckets) + 1)) + 3
+            if probe.scans or probe.reads > bound:
+                no_bisect.append((raw, probe.scans, probe.reads))
+    return _Trial(no, buckets, raws, shown, results, no_bisect)
+
+
+def _in_range(t: _Trial) -> None:
+    """Sizes that fit a bucket: the pattern of wrong answers over the whole trial."""
+    no, buckets, shown, results = t.no, t.buckets, t.shown, t.results
+    top = buckets[-1]
+    in_range = [r for r in t.raws if r <= top]
+    raised = [r for r in in_range if results[r][0] == "raised"]
+    wrong = []
+    for raw in in_range:
+        kind, v = results[raw]
+        e = _pad_to_bucket(raw, buckets)
+        if kind == "value" and not is_int(v):
+            hint = " (did you forget `return`?)" if v is None else ""
+            no(f"pad_to_bucket({raw}, {shown}) returned {v!r}, expected the int {e}{hint}")
+        if kind == "value" and v != e:
+            wrong.append((raw, int(v), e))
+    if _is_bisect_right(wrong, raised, buckets):
+        raw = wrong[0][0] if wrong else top
+        got = wrong[0][1] if wrong else describe_exception(results[top][1]).split("\n")[0]
+        none = " (and the largest bucket's own size finds none)" if top in raised else ""
+        no(f"pad_to_bucket({raw}, {shown}) gave {got}, expected {raw}: a batch of {raw} fits "
+           f"the bucket {raw} exactly, yet every size equal to a bucket goes one bucket "
+           f"further{none}. That is what bisect_right does; section 2 says which bisect "
+           "gives the first bucket >= raw_bs")
+    if raised:
+        raw = raised[0]
+        no(f"pad_to_bucket({raw}, {shown}) raised {describe_exception(results[raw][1])}\n"
+           f"   but {raw} fits the bucket {_pad_to_bucket(raw, buckets)}: only a batch larger "
+           f"than the largest bucket ({top}) has no graph")
+    if wrong:
+        no(_classify_wrong_buckets(wrong, buckets, shown),
+           expected={r: e for r, _, e in wrong}, actual={r: v for r, v, _ in wrong})
+
+
+def _oversize(t: _Trial) -> None:
+    """Oversize batches: a ValueError that names the batch size and the largest bucket."""
+    no, top = t.no, t.buckets[-1]
+    for raw in [r for r in t.raws if r > top]:
+        kind, v = t.results[raw]
+        call = f"pad_to_bucket({raw}, {t.shown})"
+        if kind == "value":
+            no(f"{call} returned {v!r}, but {raw} is larger than the largest bucket ({top}): "
+               "no graph can run it. Raise BatchTooLargeError instead; returning a bucket "
+               "would silently drop requests")
+        text = str(v)
+        if isinstance(v, ValueError) and "empty sequence" in text:
+            no(f"{call} raised {type(v).__name__}: {text}\n   That error comes from "
+               "min()/max() over an empty generator, not from a check of yours: its message "
+               "does not tell the caller that the batch is too large. And the exercise asks "
+               "for bisect: the list is sorted, so a binary search finds the bucket without "
+               "scanning it")
+        if not isinstance(v, ValueError):
+            what = ("an index one past the end of the list (buckets[i] with "
+                    "i == len(buckets))" if isinstance(v, IndexError) else
+                    "an error of the wrong type")
+            no(f"{call} raised {describe_exception(v)}\n   That is {what}. A batch larger "
+               "than the largest bucket must raise BatchTooLargeError (a ValueError) that "
+               "says so")
+        if not (_mentions(text, raw) and _mentions(text, top)):
+            no(f"{call} raised {type(v).__name__}({text!r}).\n   The type is right, but the "
+               f"message must name the batch size ({raw}) and the largest bucket ({top}): "
+               "the person who reads it has to know what to change")
+
+
+def _bisected(t: _Trial) -> None:
+    """Bisect, as the text asks: no scan, a few reads."""
+    if not t.no_bisect:
+        return
+    raw, scans, reads = t.no_bisect[-1]
+    how = ("walked the whole list (a for loop, a generator in min()/next(), sorted() or "
+           "list())" if scans else
+           f"read the list entry by entry ({reads} reads of a list of {len(t.buckets)})")
+    t.no(f"the answers are right, but pad_to_bucket({raw}, {t.shown}) {how} instead of using "
+         "the bisect module. The list is sorted: a binary search needs about "
+         f"{math.ceil(math.log2(len(t.buckets) + 1))} reads, and this runs before every "
+         "replay")
+
+
 def check_pad_to_bucket(fn, *, trials: int = 6, time_limit: float = 10.0,
                         quiet: bool = False) -> CheckResult:
     """``fn(raw_bs, buckets)``: the smallest bucket >= raw_bs, by ``bisect``; oversize
@@ -186,122 +303,15 @@ def check_pad_to_bucket(fn, *, trials: int = 6, time_limit: float = 10.0,
                     "the exercise asks you to write the search yourself, with the bisect "
                     "module", more_hints=_PAD_HINTS, quiet=quiet)
 
-    def failed(trial, message, kind="mismatch", **details):
-        return fail(name, f"trial {trial} of {trials}: {message}", more_hints=_PAD_HINTS,
-                    kind=kind, quiet=quiet, trials=trial - 1, failed_trial=trial,
-                    details=details)
+    def body() -> str:
+        for trial in range(1, trials + 1):
+            t = _answers(fn, trial, trials, time_limit)
+            _in_range(t)
+            _oversize(t)
+            _bisected(t)
+        return f"passed {trials} random trials"
 
-    for trial in range(1, trials + 1):
-        gen = torch.Generator().manual_seed(trial)
-        buckets, raws = _pad_inputs(trial, gen)
-        top = buckets[-1]
-        shown = _short(buckets, 8)
-        results = {}          # raw -> ("value", v) | ("raised", exc)
-        no_bisect = []        # in-range sizes answered without bisect (scan / many reads)
-        for raw in raws:
-            probe = _ProbedBuckets(buckets)
-            try:
-                with _BisectSpy(fn) as spy, _AnswerKeySpy(fn) as key:
-                    value = call_learner(fn, raw, probe, time_limit=time_limit)
-                results[raw] = ("value", value)
-            except NotImplementedError:
-                return fail(name, NOT_DONE, kind="not_implemented", quiet=quiet)
-            except LearnerTimeout as exc:
-                return failed(trial, f"pad_to_bucket({raw}, {shown}): {exc}", kind="timeout")
-            except Exception as exc:  # noqa: BLE001 - judged below
-                results[raw] = ("raised", exc)
-            if key.calls:
-                return failed(trial, f"pad_to_bucket({raw}, {shown}) called "
-                                     "labkit.decode.pad_to_bucket, labkit's own answer: the "
-                                     "exercise asks you to write the search yourself, with "
-                                     "the bisect module (what labkit's function does inside is "
-                                     "what you are practising)")
-            if list.__eq__(probe, buckets) is not True:
-                return failed(trial, f"pad_to_bucket({raw}, {shown}) changed the list to "
-                                     f"{_short(list(probe), 8)}: the bucket list belongs to "
-                                     "the runner, read it only (no sort, append or insort)")
-            if raw <= top and not spy.calls:
-                bound = math.ceil(math.log2(len(buckets) + 1)) + 3
-                if probe.scans or probe.reads > bound:
-                    no_bisect.append((raw, probe.scans, probe.reads))
-
-        in_range = [r for r in raws if r <= top]
-        oversize = [r for r in raws if r > top]
-
-        # 1. sizes that fit a bucket: the pattern of wrong answers over the whole trial
-        raised = [r for r in in_range if results[r][0] == "raised"]
-        wrong = []
-        for raw in in_range:
-            kind, v = results[raw]
-            e = _pad_to_bucket(raw, buckets)
-            if kind == "value" and not is_int(v):
-                hint = " (did you forget `return`?)" if v is None else ""
-                return failed(trial, f"pad_to_bucket({raw}, {shown}) returned {v!r}, expected "
-                                     f"the int {e}{hint}")
-            if kind == "value" and v != e:
-                wrong.append((raw, int(v), e))
-        if _is_bisect_right(wrong, raised, buckets):
-            raw = wrong[0][0] if wrong else top
-            got = wrong[0][1] if wrong else describe_exception(results[top][1]).split("\n")[0]
-            none = " (and the largest bucket's own size finds none)" if top in raised else ""
-            return failed(trial, f"pad_to_bucket({raw}, {shown}) gave {got}, expected {raw}: a "
-                                 f"batch of {raw} fits the bucket {raw} exactly, yet every size "
-                                 f"equal to a bucket goes one bucket further{none}. That is what "
-                                 "bisect_right does; section 2 says which bisect gives the first "
-                                 "bucket >= raw_bs")
-        if raised:
-            raw = raised[0]
-            return failed(trial, f"pad_to_bucket({raw}, {shown}) raised "
-                                 f"{describe_exception(results[raw][1])}\n   but {raw} fits the "
-                                 f"bucket {_pad_to_bucket(raw, buckets)}: only a batch larger "
-                                 f"than the largest bucket ({top}) has no graph")
-        if wrong:
-            return failed(trial, _classify_wrong_buckets(wrong, buckets, shown),
-                          expected={r: e for r, _, e in wrong},
-                          actual={r: v for r, v, _ in wrong})
-
-        # 3. oversize batches: a ValueError that says so
-        for raw in oversize:
-            kind, v = results[raw]
-            call = f"pad_to_bucket({raw}, {shown})"
-            if kind == "value":
-                return failed(trial, f"{call} returned {v!r}, but {raw} is larger than the "
-                                     f"largest bucket ({top}): no graph can run it. Raise "
-                                     "BatchTooLargeError instead; returning a bucket would "
-                                     "silently drop requests")
-            text = str(v)
-            if isinstance(v, ValueError) and "empty sequence" in text:
-                return failed(trial, f"{call} raised {type(v).__name__}: {text}\n   That "
-                                     "error comes from min()/max() over an empty generator, "
-                                     "not from a check of yours: its message does not tell "
-                                     "the caller that the batch is too large. And the "
-                                     "exercise asks for bisect: the list is sorted, so a "
-                                     "binary search finds the bucket without scanning it")
-            if not isinstance(v, ValueError):
-                what = ("an index one past the end of the list (buckets[i] with "
-                        "i == len(buckets))" if isinstance(v, IndexError) else
-                        "an error of the wrong type")
-                return failed(trial, f"{call} raised {describe_exception(v)}\n   That is "
-                                     f"{what}. A batch larger than the largest bucket must "
-                                     "raise BatchTooLargeError (a ValueError) that says so")
-            if not (_mentions(text, raw) and _mentions(text, top)):
-                return failed(trial, f"{call} raised {type(v).__name__}({text!r}).\n   The "
-                                     f"type is right, but the message must name the batch size "
-                                     f"({raw}) and the largest bucket ({top}): the person who "
-                                     "reads it has to know what to change")
-
-        # 4. bisect, as the text asks
-        if no_bisect:
-            raw, scans, reads = no_bisect[-1]
-            how = ("walked the whole list (a for loop, a generator in min()/next(), "
-                   "sorted() or list())" if scans else
-                   f"read the list entry by entry ({reads} reads of a list of {len(buckets)})")
-            return failed(trial, f"the answers are right, but pad_to_bucket({raw}, {shown}) "
-                                 f"{how} instead of using the bisect module. The list is "
-                                 "sorted: a binary search needs about "
-                                 f"{math.ceil(math.log2(len(buckets) + 1))} reads, and this "
-                                 "runs before every replay")
-    return passed(name, f"passed {trials} random trials", quiet=quiet, trials=trials)
+    return run_check(name, body, quiet=quiet, trials=trials)
 
 
 def _is_bisect_right(wrong, raised, buckets) -> bool:

@@ -11,16 +11,20 @@ optimizer given must be the one that steps, and ``opt.found_inf`` must stay the 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from labkit import full_step as FS
 from labkit.checks import (
     CheckResult,
-    LearnerTimeout,
+    Exercise,
     Reason,
-    check,
+    attempt,
     compare_outputs,
     describe_exception,
+    extra_probe,
+    recovering,
 )
 from labkit.core.errors import exception_chain
 
@@ -96,12 +100,8 @@ def _run_guarded(make_step, bad: list[tuple[int, str]], n_steps: int, seed: int)
     with E.stream(s):
         step()                                      # the eager warm-up step
     g = E.CUDAGraph()
-    try:
-        with E.graph(g, stream=s):
-            static_loss = step()
-    except BaseException:
-        backend.recover(E)
-        raise
+    with recovering(E), E.graph(g, stream=s):
+        static_loss = step()
     held = getattr(opt, "found_inf", None)
     replaced = "deleted" if held is None else (
         None if held is flag else "another tensor")
@@ -198,6 +198,243 @@ def _float_flag_error(exc: BaseException) -> bool:
         "bitwise_or" in str(exc) and "Float" in str(exc)
 
 
+EXERCISE = Exercise(
+    "make_step",
+    hint="compare what runs at capture time (once) with what the graph replays "
+         "(lesson section 4: capture records the step and runs its Python once)",
+    more_hints=tuple(_MS_GENERAL),
+)
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Tiny tensors: one thread is faster."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _raised(exc: BaseException) -> str | None:
+    """An error out of the learner's step, named by its first cause (None: the stub)."""
+    root = exception_chain(exc)[0]
+    if isinstance(exc, NotImplementedError) and not _float_flag_error(exc):
+        return None                                 # the exercise's stub
+    if _float_flag_error(root):
+        return Reason(
+            f"your code raised {describe_exception(root)}\n   found_inf is a float32 "
+            "tensor here (0.0 or 1.0), the flag torch's fused AdamW reads, and a "
+            "float tensor has no bitwise or: `found_inf |= ...` (in your "
+            "update_found_inf of exercise 3?) fails on it. Update it with "
+            "found_inf.logical_or_(...), which writes 1.0 or 0.0 into a float flag",
+            _MS_FLOAT)
+    text = str(root)
+    if "capturable is False" in text:
+        return Reason(
+            f"your code raised {describe_exception(root)}\n   step() runs an "
+            "optimizer built without capturable=True, which keeps its step count "
+            "on the host, so torch refuses to capture its step. Use the optimizer "
+            "make_step is given: `opt`, torch's fused AdamW built capturable (its "
+            "state on the device), which also reads found_inf and skips a bad "
+            "step. Call opt.step()", _MS_OPT)
+    if "Expected grad_scale and found_inf to be None" in text:
+        return Reason(
+            f"your code raised {describe_exception(root)}\n   step() runs an "
+            "AdamW that is not the fused one, with a found_inf: only torch's "
+            "fused AdamW reads found_inf (the foreach and for-loop updates refuse "
+            "it, as here). The `opt` make_step is given is that fused AdamW, "
+            "already holding found_inf as opt.found_inf: call opt.step()", _MS_OPT)
+    host = isinstance(root, RuntimeError) and any(
+        w in text for w in ("capture", "captur", "sync", "Boolean value"))
+    return Reason(
+        f"your code raised {describe_exception(root)}"
+        + ("\n   The step runs inside a capture: nothing there may read a tensor's "
+           "value on the host (an `if` on a tensor, .item(), bool(), print)."
+           if host else ""),
+        _MS_HOST if host else _MS_GENERAL)
+
+
+def _observe(make_step):
+    """The trial: :func:`_run_guarded` on ``make_step``; an error in it rejects the
+    trial, named by :func:`_raised`."""
+    def run(bad, n, seed):
+        with _one_thread():
+            out = attempt(_run_guarded, (make_step, bad, n, seed), explain=_raised)
+        return dict(out, bad=bad, seed=seed, make_step=make_step)
+    return run
+
+
+def _flag_alone(make_step, kind: str, seed: int) -> float | None:
+    """The learner's flag after one bad step of ``kind`` alone (replay 1 of 3), or None if
+    that run fails: tells which kind of bad loss the learner's test misses."""
+    with _one_thread():
+        return extra_probe(lambda: _run_guarded(make_step, [(1, kind)], 3, seed)["flags"][1])
+
+
+def _steps(expected) -> str:
+    """The bad steps of a trial, as the messages name them."""
+    lossof = {k: _loss_text(expected["losses"][k]) for k, _ in expected["bad"]}
+    return ("(the bad steps are "
+            + " and ".join(f"replay {k} (loss {lossof[k]})" for k, _ in expected["bad"])
+            + f" of {len(expected['flags'])})")
+
+
+def _opt_keeps_the_flag(expected, actual) -> Reason | None:
+    if not actual["replaced"]:
+        return None
+    now = ("step() deletes opt.found_inf" if actual["replaced"] == "deleted" else
+           "step() puts a new tensor into opt.found_inf (opt.found_inf = ...)")
+    return Reason(
+        f"{now} instead of updating the flag it was given: at capture the "
+        "optimizer reads whatever tensor opt.found_inf holds then, and the host "
+        "reads found_inf, the tensor given to make_step, after each replay; "
+        f"flags per replay in that one: {actual['flags']} {_steps(expected)}. Leave "
+        "opt.found_inf alone (it already holds found_inf) and update found_inf in place "
+        "(found_inf.logical_or_(...))", _MS_REPLACED)
+
+
+def _opt_steps(expected, actual) -> Reason | None:
+    if actual["stepped"]:
+        return None
+    if any(actual["moved"]):
+        return Reason(
+            "the weights moved, but the `opt` given to make_step never stepped "
+            "(its state is still empty): step() runs another optimizer. Only the "
+            "`opt` passed in skips a bad step on the device: it is torch's fused, "
+            "capturable AdamW and holds found_inf as opt.found_inf (an AdamW you "
+            "build reads no flag unless it is fused and holds found_inf: the `opt` "
+            "given is that one). Call opt.step(), on the opt given", _MS_OPT)
+    return Reason(
+        "the `opt` given to make_step never stepped and the weights never moved: "
+        "step() must call opt.step(), the optimizer passed in, after setting "
+        "found_inf", _MS_OPT)
+
+
+def _flag_is_0_or_1(expected, actual) -> Reason | None:
+    odd = [(i, v) for i, v in enumerate(actual["flags"]) if v not in (0.0, 1.0)]
+    if not odd:
+        return None
+    i, v = odd[0]
+    return Reason(
+        f"after replay {i} found_inf holds {v:g} {_steps(expected)}: torch's fused AdamW "
+        "skips a step only when the flag is exactly 1.0 (and then takes the flag "
+        "off its step count), so the flag must be 0.0 or 1.0. Set it with "
+        "found_inf.logical_or_(...), which writes 1.0, not with a sum or a count",
+        _MS_VALUE)
+
+
+def _flag_kept_to_the_end(expected, actual) -> Reason | None:
+    for k, _ in expected["bad"]:
+        if not actual["flags"][k] and not actual["moved"][k]:
+            return Reason(
+                f"the optimizer did skip the bad step of replay {k} {_steps(expected)}, but "
+                "when its replay ends found_inf is 0.0 again: you clear the flag after "
+                "opt.step(), so the host, which reads the flag after the replay "
+                "(lesson section 6.2), never sees a bad step. The flag must hold the "
+                "step's verdict until the next step starts: clear it at the start of "
+                "step(), not at the end", _MS_WHEN)
+    return None
+
+
+def _bad_steps_flagged(expected, actual) -> Reason | None:
+    bad, af, steps = expected["bad"], actual["flags"], _steps(expected)
+    for k, kind in bad:
+        if af[k]:
+            continue
+        loss = _loss_text(expected["losses"][k])
+        head = (f"the bad step was not flagged {steps}: replay {k}'s loss was "
+                f"{loss}, yet after that replay found_inf is 0.0 and the weights moved")
+        other = "inf" if kind == "nan" else "nan"
+        caught = next((j for j, kd in bad if kd == other and j < k and af[j]), None)
+        if caught is not None or _flag_alone(actual["make_step"], other,
+                                             actual["seed"]) == 1.0:
+            seen = (f"replay {caught}, whose loss was {other}," if caught is not None
+                    else f"a step whose loss is {other}")
+            return Reason(
+                f"{head}, while {seen} is flagged: your test of the loss misses {loss} ("
+                + ("torch.isinf, or a comparison, is False for NaN"
+                   if kind == "nan" else "torch.isnan, or loss != loss, is False for "
+                   "inf") + "). ~torch.isfinite(loss) is True for NaN, inf and -inf "
+                "alike", _MS_TEST)
+        return Reason(
+            f"{head}, so the verdict never reached opt.step(). Is the flag set after "
+            "the loss is known, is nothing clearing it between the verdict and "
+            f"opt.step(), does your test catch a loss of {loss}, and is it the very "
+            "tensor the optimizer holds (opt.found_inf)?", _MS_ORDER)
+    return None
+
+
+def _bad_steps_skipped(expected, actual) -> Reason | None:
+    for k, _ in expected["bad"]:
+        if actual["moved"][k]:
+            return Reason(
+                f"the bad step of replay {k} changed the weights {_steps(expected)} "
+                "although found_inf was set: the flag must be set before opt.step() reads "
+                "it", _MS_ORDER)
+    return None
+
+
+def _later_steps_clean(expected, actual) -> Reason | None:
+    bad, af, ef = expected["bad"], actual["flags"], expected["flags"]
+    badset = {k for k, _ in bad}
+    after = [i for i in range(bad[0][0] + 1, len(ef)) if i not in badset]
+    if not any(af[i] for i in after):
+        return None
+    if not any(actual["moved"][i] for i in after):
+        return Reason(
+            f"after the first bad step, found_inf stays 1.0 and the weights never move "
+            f"again {_steps(expected)}; flags per replay: {af}. Something that must happen "
+            "at the start of every step happens only once. Which lines of make_step run "
+            "at every replay, and which ran only once, before the capture?", _MS_ONCE)
+    return Reason(
+        f"found_inf is 1.0 again on a step after a bad one, whose data is "
+        f"finite {_steps(expected)}; flags per replay: {af}, expected {ef}. Something of "
+        "the bad step leaks into later ones: backward accumulates into .grad, so "
+        "are the gradients zeroed in place at every step?", _MS_GRADS)
+
+
+def _flags_and_weights(expected, actual) -> Reason | None:
+    ef, af, em, am = expected["flags"], actual["flags"], expected["moved"], actual["moved"]
+    if af != ef or am != em:
+        return Reason(f"flags per replay {af} (expected {ef}), weights moved {am} "
+                      f"(expected {em})", _MS_ONCE)
+    problem = compare_outputs(expected["weights"], actual["weights"], rtol=1e-4, atol=1e-5)
+    if problem:
+        return Reason(
+            "flags and skips are right, but the weights end up different from the "
+            f"reference: {problem}; are the gradients zeroed in place at every step "
+            "(backward accumulates into .grad)?", _MS_GRADS)
+    return None
+
+
+def _the_loss(expected, actual) -> Reason | None:
+    el, al = expected["losses"], actual["losses"]
+    if not all(isinstance(x, torch.Tensor) for x in al):
+        got = next(x for x in al if not isinstance(x, torch.Tensor))
+        return Reason(
+            f"flags, skips and weights are right, but step() returned "
+            f"{'None' if got is None else type(got).__name__}: the exercise's step "
+            "returns the loss, the graph's static loss: after each replay the host "
+            "reads it there (to log it, as it reads found_inf)", _MS_RETURN)
+    wrong = [i for i, (e, a) in enumerate(zip(el, al))
+             if a.shape != e.shape or not torch.allclose(a, e, equal_nan=True)]
+    if wrong:
+        i = wrong[0]
+        return Reason(
+            f"step() returned a tensor, but after replay {i} it holds {al[i].tolist()} "
+            f"where that step's loss is {el[i].tolist()}: return the loss that "
+            "forward_backward gives inside step(), the graph's static loss", _MS_RETURN)
+    return None
+
+
+#: in order, the first reason wins
+JUDGES = (_opt_keeps_the_flag, _opt_steps, _flag_is_0_or_1, _flag_kept_to_the_end,
+          _bad_steps_flagged, _bad_steps_skipped, _later_steps_clean, _flags_and_weights,
+          _the_loss)
+
+
 def check_make_step(fn, *, trials: int = 2) -> CheckResult:
     """``fn(model, opt, found_inf, static_batch)`` returns a whole-step function whose
     capture skips a step with a non-finite loss (``opt`` is torch's fused AdamW with
@@ -210,201 +447,5 @@ def check_make_step(fn, *, trials: int = 2) -> CheckResult:
     a step of another optimizer than ``opt`` are named as such. ``step()``
     must return the loss (the graph's static loss), and each failure's first hint is about
     the mistake seen."""
-
-    def observe(make_step):
-        def run(bad, n, seed):
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)                # tiny tensors: one thread is faster
-            try:
-                out = _run_guarded(make_step, bad, n, seed)
-            except NotImplementedError as exc:
-                if _float_flag_error(exc):          # torch's, not the exercise's stub
-                    return {"raised": exc}
-                raise
-            except LearnerTimeout:
-                raise
-            except Exception as exc:                # named with its first cause below
-                return {"raised": exc}
-            finally:
-                torch.set_num_threads(threads)
-            out["bad"] = bad
-            out["seed"] = seed
-            return out
-        return run
-
-    def flags_alone(kind: str, seed: int) -> float | None:
-        """The learner's flag after one bad step of ``kind`` alone (replay 1 of 3), or
-        None if that run fails: tells which kind of bad loss the learner's test misses."""
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return _run_guarded(fn, [(1, kind)], 3, seed)["flags"][1]
-        except LearnerTimeout:
-            raise
-        except Exception:
-            return None
-        finally:
-            torch.set_num_threads(threads)
-
-    def compare(expected, actual) -> str | None:
-        if "raised" in actual:
-            root = exception_chain(actual["raised"])[0]
-            if _float_flag_error(root):
-                return Reason(
-                    f"your code raised {describe_exception(root)}\n   found_inf is a float32 "
-                    "tensor here (0.0 or 1.0), the flag torch's fused AdamW reads, and a "
-                    "float tensor has no bitwise or: `found_inf |= ...` (in your "
-                    "update_found_inf of exercise 3?) fails on it. Update it with "
-                    "found_inf.logical_or_(...), which writes 1.0 or 0.0 into a float flag",
-                    _MS_FLOAT)
-            text = str(root)
-            if "capturable is False" in text:
-                return Reason(
-                    f"your code raised {describe_exception(root)}\n   step() runs an "
-                    "optimizer built without capturable=True, which keeps its step count "
-                    "on the host, so torch refuses to capture its step. Use the optimizer "
-                    "make_step is given: `opt`, torch's fused AdamW built capturable (its "
-                    "state on the device), which also reads found_inf and skips a bad "
-                    "step. Call opt.step()", _MS_OPT)
-            if "Expected grad_scale and found_inf to be None" in text:
-                return Reason(
-                    f"your code raised {describe_exception(root)}\n   step() runs an "
-                    "AdamW that is not the fused one, with a found_inf: only torch's "
-                    "fused AdamW reads found_inf (the foreach and for-loop updates refuse "
-                    "it, as here). The `opt` make_step is given is that fused AdamW, "
-                    "already holding found_inf as opt.found_inf: call opt.step()", _MS_OPT)
-            host = isinstance(root, RuntimeError) and any(
-                w in text for w in ("capture", "captur", "sync", "Boolean value"))
-            return Reason(
-                f"your code raised {describe_exception(root)}"
-                + ("\n   The step runs inside a capture: nothing there may read a tensor's "
-                   "value on the host (an `if` on a tensor, .item(), bool(), print)."
-                   if host else ""),
-                _MS_HOST if host else _MS_GENERAL)
-        bad = expected["bad"]
-        ef, af, em, am = expected["flags"], actual["flags"], expected["moved"], actual["moved"]
-        lossof = {k: _loss_text(expected["losses"][k]) for k, _ in bad}
-        steps = ("(the bad steps are "
-                 + " and ".join(f"replay {k} (loss {lossof[k]})" for k, _ in bad)
-                 + f" of {len(ef)})")
-        if actual["replaced"]:
-            now = ("step() deletes opt.found_inf" if actual["replaced"] == "deleted" else
-                   "step() puts a new tensor into opt.found_inf (opt.found_inf = ...)")
-            return Reason(
-                f"{now} instead of updating the flag it was given: at capture the "
-                "optimizer reads whatever tensor opt.found_inf holds then, and the host "
-                "reads found_inf, the tensor given to make_step, after each replay; "
-                f"flags per replay in that one: {af} {steps}. Leave opt.found_inf alone "
-                "(it already holds found_inf) and update found_inf in place "
-                "(found_inf.logical_or_(...))", _MS_REPLACED)
-        if not actual["stepped"]:
-            if any(am):
-                return Reason(
-                    "the weights moved, but the `opt` given to make_step never stepped "
-                    "(its state is still empty): step() runs another optimizer. Only the "
-                    "`opt` passed in skips a bad step on the device: it is torch's fused, "
-                    "capturable AdamW and holds found_inf as opt.found_inf (an AdamW you "
-                    "build reads no flag unless it is fused and holds found_inf: the `opt` "
-                    "given is that one). Call opt.step(), on the opt given", _MS_OPT)
-            return Reason(
-                "the `opt` given to make_step never stepped and the weights never moved: "
-                "step() must call opt.step(), the optimizer passed in, after setting "
-                "found_inf", _MS_OPT)
-        odd = [(i, v) for i, v in enumerate(af) if v not in (0.0, 1.0)]
-        if odd:
-            i, v = odd[0]
-            return Reason(
-                f"after replay {i} found_inf holds {v:g} {steps}: torch's fused AdamW "
-                "skips a step only when the flag is exactly 1.0 (and then takes the flag "
-                "off its step count), so the flag must be 0.0 or 1.0. Set it with "
-                "found_inf.logical_or_(...), which writes 1.0, not with a sum or a count",
-                _MS_VALUE)
-        for k, _ in bad:
-            if not af[k] and not am[k]:
-                return Reason(
-                    f"the optimizer did skip the bad step of replay {k} {steps}, but when "
-                    "its replay ends found_inf is 0.0 again: you clear the flag after "
-                    "opt.step(), so the host, which reads the flag after the replay "
-                    "(lesson section 6.2), never sees a bad step. The flag must hold the "
-                    "step's verdict until the next step starts: clear it at the start of "
-                    "step(), not at the end", _MS_WHEN)
-        for k, kind in bad:
-            if af[k]:
-                continue
-            head = (f"the bad step was not flagged {steps}: replay {k}'s loss was "
-                    f"{lossof[k]}, yet after that replay found_inf is 0.0 and the weights "
-                    "moved")
-            other = "inf" if kind == "nan" else "nan"
-            caught = next((j for j, kd in bad if kd == other and j < k and af[j]), None)
-            if caught is not None or flags_alone(other, actual["seed"]) == 1.0:
-                seen = (f"replay {caught}, whose loss was {other}," if caught is not None
-                        else f"a step whose loss is {other}")
-                return Reason(
-                    f"{head}, while {seen} is flagged: your test of the "
-                    f"loss misses {lossof[k]} ("
-                    + ("torch.isinf, or a comparison, is False for NaN"
-                       if kind == "nan" else "torch.isnan, or loss != loss, is False for "
-                       "inf") + "). ~torch.isfinite(loss) is True for NaN, inf and -inf "
-                    "alike", _MS_TEST)
-            return Reason(
-                f"{head}, so the verdict never reached opt.step(). Is the flag set after "
-                "the loss is known, is nothing clearing it between the verdict and "
-                "opt.step(), does your test catch a loss of "
-                f"{lossof[k]}, and is it the very tensor the optimizer holds "
-                "(opt.found_inf)?", _MS_ORDER)
-        for k, _ in bad:
-            if am[k]:
-                return Reason(
-                    f"the bad step of replay {k} changed the weights {steps} although "
-                    "found_inf was set: the flag must be set before opt.step() reads it",
-                    _MS_ORDER)
-        badset = {k for k, _ in bad}
-        after = [i for i in range(bad[0][0] + 1, len(ef)) if i not in badset]
-        if any(af[i] for i in after) and not any(am[i] for i in after):
-            return Reason(
-                f"after the first bad step, found_inf stays 1.0 and the weights never move "
-                f"again {steps}; flags per replay: {af}. Something that must happen at "
-                "the start of every step happens only once. Which lines of make_step run "
-                "at every replay, and which ran only once, before the capture?", _MS_ONCE)
-        if any(af[i] for i in after):
-            return Reason(
-                f"found_inf is 1.0 again on a step after a bad one, whose data is "
-                f"finite {steps}; flags per replay: {af}, expected {ef}. Something of the "
-                "bad step leaks into later ones: backward accumulates into .grad, so "
-                "are the gradients zeroed in place at every step?", _MS_GRADS)
-        if af != ef or am != em:
-            return Reason(f"flags per replay {af} (expected {ef}), weights moved {am} "
-                          f"(expected {em})", _MS_ONCE)
-        problem = compare_outputs(expected["weights"], actual["weights"], rtol=1e-4,
-                                  atol=1e-5)
-        if problem:
-            return Reason(
-                "flags and skips are right, but the weights end up different from the "
-                f"reference: {problem}; are the gradients zeroed in place at every step "
-                "(backward accumulates into .grad)?", _MS_GRADS)
-        el, al = expected["losses"], actual["losses"]
-        if not all(isinstance(x, torch.Tensor) for x in al):
-            got = next(x for x in al if not isinstance(x, torch.Tensor))
-            return Reason(
-                f"flags, skips and weights are right, but step() returned "
-                f"{'None' if got is None else type(got).__name__}: the exercise's step "
-                "returns the loss, the graph's static loss: after each replay the host "
-                "reads it there (to log it, as it reads found_inf)", _MS_RETURN)
-        wrong = [i for i, (e, a) in enumerate(zip(el, al))
-                 if a.shape != e.shape or not torch.allclose(a, e, equal_nan=True)]
-        if wrong:
-            i = wrong[0]
-            return Reason(
-                f"step() returned a tensor, but after replay {i} it holds {al[i].tolist()} "
-                f"where that step's loss is {el[i].tolist()}: return the loss that "
-                "forward_backward gives inside step(), the graph's static loss",
-                _MS_RETURN)
-        return None
-
-    return check(
-        observe(fn), observe(_reference_make_step), _make_inputs, trials=trials,
-        name="make_step", compare=compare,
-        hint="compare what runs at capture time (once) with what the graph replays "
-             "(lesson section 4: capture records the step and runs its Python once)",
-        more_hints=_MS_GENERAL,
-    )
+    return EXERCISE.check(_observe(fn), _observe(_reference_make_step), _make_inputs,
+                          trials=trials, judges=JUDGES)

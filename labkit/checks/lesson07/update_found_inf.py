@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.checks import CheckResult, check
+from labkit.checks import CheckResult, Exercise, attempt, describe_exception, extra_probe
 from labkit.core.errors import in_library
 
 __all__ = ["check_update_found_inf"]
@@ -35,12 +35,23 @@ def _reference_update_found_inf(found_inf, loss):
     found_inf.logical_or_(~torch.isfinite(loss))
 
 
+def _raised(exc: BaseException) -> str:
+    return f"your code raised {describe_exception(_trim_traceback(exc))}"
+
+
+def _record(update, flag: torch.Tensor, losses: list) -> None:
+    """What the graph records: the flag cleared, then one update per microbatch."""
+    flag.zero_()
+    for loss in losses:
+        update(flag, loss)
+
+
 def _captured_flag(update, values_per_replay: list[list[float]]) -> list[bool]:
     """Capture ``flag.zero_(); update(flag, loss_k) for each k`` on the emulator, replay it
     once per entry of ``values_per_replay`` and return the flag after each replay.
 
     A capture that raises (a host read, a Python ``if`` on a tensor) is cleaned up with
-    :func:`labkit.backend.recover` and re-raised with the learner's line on top."""
+    :func:`labkit.backend.recover` and rejects the trial with the learner's line."""
     from labkit import backend
 
     E = backend.get("emulated")
@@ -53,17 +64,10 @@ def _captured_flag(update, values_per_replay: list[list[float]]) -> list[bool]:
     E.set_stream(E.default_stream())
     with E.stream(E.Stream()):
         g.capture_begin()
-        try:
-            flag.zero_()
-            for loss in losses:          # one call per microbatch, in the graph
-                update(flag, loss)
-        except BaseException as exc:     # the learner's own error, not capture_end's
-            try:
-                g.capture_end()
-            except Exception:
-                pass
-            backend.recover(E)           # default stream back, RNG out of capture mode
-            raise _trim_traceback(exc) from None
+        # the learner's own error, not capture_end's: the capture is ended and the
+        # emulator recovered (default stream back, RNG out of capture mode) first
+        attempt(_record, (update, flag, losses), B=E,
+                on_error=lambda: extra_probe(g.capture_end), reason=_raised)
         g.capture_end()
     seen = []
     for vals in values_per_replay:
@@ -78,12 +82,10 @@ def _diagnose_found_inf(update) -> str:
     """Probe single cases to name the mistake: NaN alone, +inf, -inf, finite, a bad
     microbatch followed by a good one."""
     nan, inf = float("nan"), float("inf")
-    try:
-        one = _captured_flag(update, [[1.0], [nan], [inf], [-inf], [2.0]])
-        two = _captured_flag(update, [[nan, 1.0], [1.0, 1.0]])
-    except BaseException:
-        one, two = None, None
-    if one is None:
+    one = extra_probe(_captured_flag, (update, [[1.0], [nan], [inf], [-inf], [2.0]]))
+    two = extra_probe(_captured_flag, (update, [[nan, 1.0], [1.0, 1.0]])) \
+        if one is not None else None
+    if one is None or two is None:
         return "found_inf is wrong for some replays"
     finite, f_nan, f_inf, f_ninf, finite2 = one
     if not any(one) and not any(two):
@@ -117,41 +119,46 @@ def _diagnose_found_inf(update) -> str:
     return "found_inf is wrong for some replays"
 
 
+EXERCISE = Exercise(
+    "update_found_inf",
+    hint="compare with section 6.2: no `if`, .item() or bool() on a tensor inside the "
+         "captured step; in-place tensor ops only",
+    more_hints=("Which values must set the flag? torch has one test that is False for "
+                "inf, -inf and NaN alike. And the flag must remember earlier microbatches.",
+                "A bool tensor has an in-place logical or: found_inf.logical_or_(...), "
+                "of ~torch.isfinite(loss) (it also works on exercise 4's float flag, "
+                "where |= fails)"),
+)
+
+
+def _make_inputs(gen: torch.Generator):
+    m = int(torch.randint(2, 5, (), generator=gen))
+    bad = [float("nan"), float("inf"), float("-inf")]
+    replays = [(torch.rand(m, generator=gen) * 5).tolist() for _ in range(5)]
+    k = int(torch.randint(0, 3, (), generator=gen))
+    replays[1][int(torch.randint(0, m - 1, (), generator=gen))] = bad[k]   # not last
+    replays[3][m - 1] = bad[(k + 1) % 3]                                  # last
+    replays[4][0] = bad[(k + 2) % 3]
+    return (replays,)
+
+
+def _observe(update):
+    def run(replays):
+        return _captured_flag(update, replays)
+    return run
+
+
 def check_update_found_inf(fn, *, trials: int = 3) -> CheckResult:
     """``fn(found_inf, loss)`` must set the bool scalar ``found_inf`` (in place) when
     ``loss`` is inf, -inf or NaN and leave it as it was otherwise, without reading any
     value on the host. Captured on labkit's emulator, once per microbatch, then replayed;
     the process stays usable after a learner's host read."""
 
-    def make_inputs(gen: torch.Generator):
-        m = int(torch.randint(2, 5, (), generator=gen))
-        bad = [float("nan"), float("inf"), float("-inf")]
-        replays = [(torch.rand(m, generator=gen) * 5).tolist() for _ in range(5)]
-        k = int(torch.randint(0, 3, (), generator=gen))
-        replays[1][int(torch.randint(0, m - 1, (), generator=gen))] = bad[k]   # not last
-        replays[3][m - 1] = bad[(k + 1) % 3]                                  # last
-        replays[4][0] = bad[(k + 2) % 3]
-        return (replays,)
-
-    def observe(update):
-        def run(replays):
-            return _captured_flag(update, replays)
-        return run
-
-    def compare(expected, actual) -> str | None:
+    def the_flags(expected, actual) -> str | None:
         if expected == actual:
             return None
         return (f"{_diagnose_found_inf(fn)} (over 5 replays: expected {expected}, got "
                 f"{actual})")
 
-    return check(
-        observe(fn), observe(_reference_update_found_inf), make_inputs, trials=trials,
-        name="update_found_inf", compare=compare,
-        hint="compare with section 6.2: no `if`, .item() or bool() on a tensor inside the "
-             "captured step; in-place tensor ops only",
-        more_hints=["Which values must set the flag? torch has one test that is False for "
-                    "inf, -inf and NaN alike. And the flag must remember earlier microbatches.",
-                    "A bool tensor has an in-place logical or: found_inf.logical_or_(...), "
-                    "of ~torch.isfinite(loss) (it also works on exercise 4's float flag, "
-                    "where |= fails)"],
-    )
+    return EXERCISE.check(_observe(fn), _observe(_reference_update_found_inf), _make_inputs,
+                          trials=trials, judges=(the_flags,))

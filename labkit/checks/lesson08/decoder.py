@@ -31,12 +31,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from labkit import backend
 from labkit.capture import capture
 from labkit.checks import (
-    LearnerTimeout,
+    DEFAULT_TIME_LIMIT,
+    attempt,
     call_learner,
     describe_exception,
+    extra_probe,
     fail,
-    learner_raised,
-    passed,
+    outcome,
+    reject,
+    run_check,
     short_description,
 )
 from labkit.core.signature import fmt_shape
@@ -63,40 +66,39 @@ def check_decoder(cls, *, trials: int = 3, seed: int = 0, compile_on_gpu: bool =
         return fail(NAME, f"expected your class Decoder (a torch.nn.Module subclass), got "
                           f"{type(cls).__name__ if not isinstance(cls, type) else cls.__name__}")
     B = backend.get("auto")
-    gen = torch.Generator().manual_seed(seed)
-    for trial in range(trials):
-        max_len = int(torch.randint(4, 12, (), generator=gen))
-        dim = int(torch.randint(2, 9, (), generator=gen))
-        where = f"trial {trial + 1} (max_len={max_len}, dim={dim})"
-        try:
-            msg = _one_trial(cls, max_len, dim, B.device, gen)
-        except Exception as e:
-            return learner_raised(NAME, e, f"{where}: your code raised", more_hints=HINTS)
-        if msg:
-            return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
-    try:
-        msg = _moved(cls, B.device)
-    except Exception as e:
-        return learner_raised(NAME, e, "building a Decoder on the CPU to move it with .to(): "
-                              "your code raised", more_hints=HINTS)
+
+    def body() -> str:
+        gen = torch.Generator().manual_seed(seed)
+        for trial in range(trials):
+            max_len = int(torch.randint(4, 12, (), generator=gen))
+            dim = int(torch.randint(2, 9, (), generator=gen))
+            where = f"trial {trial + 1} (max_len={max_len}, dim={dim})"
+            _judged(attempt(_one_trial, (cls, max_len, dim, B.device, gen),
+                            reason=_raised(f"{where}: your code raised")), where)
+        _judged(attempt(_moved, (cls, B.device), reason=_raised(
+            "building a Decoder on the CPU to move it with .to(): your code raised")))
+        _judged(attempt(_captured, (cls, B, gen), B=B, reason=_raised(
+            "capturing a step of your Decoder: your code raised")))
+        extra = ""
+        if B.name == "cuda" and compile_on_gpu:
+            _judged(_compiled_on_gpu(cls, B))
+            extra = "; compiled with reduce-overhead on this GPU: recorded and replayed, 0 skips"
+        return (f"same values as the broken step in {trials} random trials, no argument "
+                f"written, the cache module state written in place, a step captured and "
+                f"replayed with new x and pos{extra}")
+
+    return run_check(NAME, body, more_hints=HINTS)
+
+
+def _raised(start: str):
+    """The report of an error out of the learner's code: ``start`` and the error."""
+    return lambda exc: f"{start} {describe_exception(exc)}"
+
+
+def _judged(msg: str | None, where: str = "") -> None:
+    """Reject with a probe's finding, if any (``where: msg``)."""
     if msg:
-        return fail(NAME, msg, more_hints=HINTS)
-    try:
-        msg = _captured(cls, B, gen)
-    except Exception as e:
-        return learner_raised(NAME, e, "capturing a step of your Decoder: your code raised",
-                              more_hints=HINTS, B=B)
-    if msg:
-        return fail(NAME, msg, more_hints=HINTS)
-    extra = ""
-    if B.name == "cuda" and compile_on_gpu:
-        msg = _compiled_on_gpu(cls, B)
-        if msg:
-            return fail(NAME, msg, more_hints=HINTS)
-        extra = "; compiled with reduce-overhead on this GPU: recorded and replayed, 0 skips"
-    return passed(NAME, f"same values as the broken step in {trials} random trials, no "
-                        f"argument written, the cache module state written in place, a step "
-                        f"captured and replayed with new x and pos{extra}")
+        reject(f"{where}: {msg}" if where else msg)
 
 
 _EMPTY = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
@@ -172,11 +174,8 @@ def _no_buffer(mod, max_len, dim, device):
                 f"device): its buffers are {others}. The cache is torch.zeros(max_len, "
                 f"dim): one row per position, in that order")
     # created lazily, in forward?
-    try:
-        dim_x = torch.zeros(1, dim, device=device)
-        call_learner(mod, dim_x, torch.zeros(1, dtype=torch.long, device=device))
-    except Exception:
-        pass
+    dim_x = torch.zeros(1, dim, device=device)
+    extra_probe(call_learner, (mod, dim_x, torch.zeros(1, dtype=torch.long, device=device)))
     name, _ = _cache_buffer(mod, max_len, dim)
     if name is not None:
         return (f"the cache buffer self.{name} appears only when forward first runs. Create "
@@ -301,13 +300,9 @@ def _moved(cls, device):
     pos = torch.tensor([row]).to(device)
     ref = torch.zeros(max_len, dim, device=device)
     want = reference_step(x.clone(), ref, pos.clone())
-    raised = None
-    try:
-        got = call_learner(mod, x, pos)
-    except (NotImplementedError, LearnerTimeout):
-        raise
-    except Exception as e:          # a tensor left behind on the CPU, met by x on device
-        raised, got = e, None
+    # an error is an answer here: a tensor left behind on the CPU, met by x on device
+    kind, got = outcome(call_learner, (mod, x, pos))
+    raised, got = (got, None) if kind == "raised" else (None, got)
     _, now = _cache_buffer(mod, max_len, dim)
     if (raised is None and torch.allclose(now, ref) and isinstance(got, torch.Tensor)
             and got.shape == want.shape and got.device.type == device.type
@@ -351,12 +346,7 @@ def _captured(cls, B, gen):
     pos = torch.tensor([2]).to(B.device)
     ref = torch.zeros(max_len, dim, device=B.device)
     reference_step(x.clone(), ref, pos.clone())             # what the warm-up writes
-    try:
-        g, out = call_learner(capture, mod, x, pos, B=B, warmup=1)
-    except (NotImplementedError, LearnerTimeout):
-        raise
-    except Exception as e:
-        backend.recover(B)
+    def failed(e: BaseException) -> str:
         text = short_description(e)
         host = any(w in text for w in ("capturing", "graph capture", "on the host",
                                         "host memory", "_local_scalar_dense"))
@@ -365,6 +355,10 @@ def _captured(cls, B, gen):
                                                    "`if` on a tensor", name=name)
                    if host else "\n   forward must run inside a capture as it is (§1: "
                                 "torch.compile's graph trees capture it)"))
+
+    g, out = attempt(capture, (mod, x, pos), {"B": B, "warmup": 1}, B=B,
+                     time_limit=DEFAULT_TIME_LIMIT, not_done=False,
+                     passthrough=(NotImplementedError,), kind="mismatch", reason=failed)
     for step, p in enumerate((4, 0, 2)):
         new_x = torch.randn(1, dim, generator=gen).to(B.device)
         x.copy_(new_x)

@@ -24,13 +24,14 @@ import torch
 
 from labkit import backend
 from labkit.checks import (
-    NOT_DONE,
-    LearnerTimeout,
+    attempt,
     call_learner,
     compare_outputs,
     describe_exception,
+    extra_probe,
     fail,
-    passed,
+    reject,
+    run_check,
 )
 from labkit.checks.host_reads import HostReads
 from labkit.compiled import ReduceOverhead
@@ -133,20 +134,18 @@ def _mixed(static, arity) -> bool:
 
 @contextlib.contextmanager
 def _watch_answer_used():
-    """Notice a use of labkit.compiled.ReduceOverhead, the lesson's own answer."""
-    used, init, call = [], ReduceOverhead.__init__, ReduceOverhead.__call__
+    """Refuse a use of labkit.compiled.ReduceOverhead, the lesson's own answer, when it
+    happens (it ends the check, whatever the trials would have found)."""
+    init, call = ReduceOverhead.__init__, ReduceOverhead.__call__
 
-    def spy_init(self, *a, **k):
-        used.append(True)
-        init(self, *a, **k)
+    def refused(*a, **k):
+        reject("your code calls labkit.compiled.ReduceOverhead, the lesson's own answer. "
+               "Write the life cycle yourself; labkit.capture.capture (warm-up and capture "
+               "in one call) is allowed", hints=HINTS)
 
-    def spy_call(self, *a, **k):
-        used.append(True)
-        return call(self, *a, **k)
-
-    ReduceOverhead.__init__, ReduceOverhead.__call__ = spy_init, spy_call
+    ReduceOverhead.__init__, ReduceOverhead.__call__ = refused, refused
     try:
-        yield used
+        yield
     finally:
         ReduceOverhead.__init__, ReduceOverhead.__call__ = init, call
 
@@ -155,42 +154,38 @@ def check_reduce_overhead(fn, *, trials: int = 4, seed: int = 0):
     """Run the learner's ``reduce_overhead(fn, static, B)`` through the rules of lesson 08 §1."""
     if not callable(fn):
         return fail(NAME, f"expected your function reduce_overhead, got {type(fn).__name__}")
-    with _watch_answer_used() as used:
-        verdict = _run_trials(fn, trials, seed)     # (message, kind), or None: all passed
-    if used:
-        return fail(NAME, "your code calls labkit.compiled.ReduceOverhead, the lesson's own "
-                          "answer. Write the life cycle yourself; labkit.capture.capture (warm-"
-                          "up and capture in one call) is allowed", more_hints=HINTS)
-    if verdict:
-        message, kind = verdict
-        return fail(NAME, message, kind=kind, more_hints=HINTS)
-    return passed(NAME, f"warm-up, record, copy-and-replay and re-record all right in {trials} "
-                        f"random trials (any static positions, one or two outputs)")
+
+    def body() -> str:
+        with _watch_answer_used():
+            gen = torch.Generator().manual_seed(seed)
+            for trial in range(trials):
+                _one_trial(fn, trial, gen)
+        return (f"warm-up, record, copy-and-replay and re-record all right in {trials} "
+                f"random trials (any static positions, one or two outputs)")
+
+    return run_check(NAME, body, more_hints=HINTS)
 
 
-def _run_trials(fn, trials, seed):
-    gen = torch.Generator().manual_seed(seed)
-    for trial in range(trials):
-        f, arity, label = _functions(gen)
-        static = _static_sets(gen, arity)[trial % 4]
-        where = f"trial {trial + 1} (fn = {label}, static={static})"
-        try:
-            msg = _Trial(fn, f, arity, label, static, gen, trial).run()
-        except NotImplementedError:
-            return NOT_DONE, "not_implemented"
-        except LearnerTimeout as e:
-            return str(e), "timeout"
-        except Exception as e:      # the learner's code raised
-            backend.recover(backend.get("emulated"))    # e.g. a capture left half-open
-            cause = capture_cause(e)
-            tip = ("\n   Exercise 1 runs on labkit's CPU emulator: capture with the backend B "
-                   "you are given (capture(..., B=B), B.CUDAGraph, B.graph), not torch.cuda"
-                   if any(t in str(cause) for t in _TORCH_CUDA) else "")
-            return f"{where}: your code raised {describe_exception(cause)}{tip}", "exception"
-        if msg:
-            misread = _misread_static(fn, f, arity, static, gen)
-            return f"{where}: {misread or msg}", "mismatch"
-    return None
+def _raised(where: str):
+    def reason(e: BaseException) -> str:
+        cause = capture_cause(e)
+        tip = ("\n   Exercise 1 runs on labkit's CPU emulator: capture with the backend B "
+               "you are given (capture(..., B=B), B.CUDAGraph, B.graph), not torch.cuda"
+               if any(t in str(cause) for t in _TORCH_CUDA) else "")
+        return f"{where}: your code raised {describe_exception(cause)}{tip}"
+    return reason
+
+
+def _one_trial(fn, trial: int, gen: torch.Generator) -> None:
+    f, arity, label = _functions(gen)
+    static = _static_sets(gen, arity)[trial % 4]
+    where = f"trial {trial + 1} (fn = {label}, static={static})"
+    # an error recovers the emulator: a capture may be left half-open
+    msg = attempt(_Trial(fn, f, arity, label, static, gen, trial).run,
+                  B=backend.get("emulated"), hints=HINTS, reason=_raised(where))
+    if msg:
+        misread = _misread_static(fn, f, arity, static, gen)
+        reject(f"{where}: {misread or msg}", hints=HINTS)
 
 
 def _treated_static(learner, f, arity, static, gen):
@@ -198,7 +193,8 @@ def _treated_static(learner, f, arity, static, gen):
     probed one position at a time on a fresh ``reduce_overhead(f, static, B)`` after its
     warm-up and recording; None when the probe itself fails."""
     B, counter = _counting_backend()
-    try:
+
+    def probe():
         call = call_learner(learner, _probe(f, B, counter), static, B)
         args = _args(gen, arity, B.device)
         for _ in range(2):
@@ -211,9 +207,8 @@ def _treated_static(learner, f, arity, static, gen):
             if counter["captures"] > was:
                 seen.append(p)
         return tuple(seen)
-    except Exception:           # noqa: BLE001 - a probe: the trial's own message stands
-        backend.recover(B)
-        return None
+
+    return extra_probe(probe, B=B)     # a probe: the trial's own message stands
 
 
 def _misread_static(learner, f, arity, static, gen) -> str | None:

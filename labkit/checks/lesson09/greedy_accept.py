@@ -32,13 +32,12 @@ import torch
 from labkit import backend
 from labkit.capture import capture
 from labkit.checks import (
-    LearnerTimeout,
-    Reason,
-    call_learner,
+    DEFAULT_TIME_LIMIT,
+    attempt,
     describe_exception,
     fail,
-    learner_raised,
-    passed,
+    reject,
+    run_check,
 )
 from labkit.checks.lesson09._common import one_thread, short_description
 from labkit.core.signature import fmt_shape
@@ -223,92 +222,82 @@ def check_greedy_accept(fn, *, B=None, trials: int = 6, seed: int = 0):
 
 
 def _check(fn, B, trials, seed):
-    gen = torch.Generator().manual_seed(seed)
-    def draw(lo, hi):
-        return int(torch.randint(lo, hi, (), generator=gen))
-    shapes = [(draw(3, 7), draw(2, 6), draw(6, 40)) for _ in range(trials)]
-    if trials > 1:
-        shapes[1] = (shapes[1][0], 1, shapes[1][2])        # k = 1
-    if trials > 2:
-        shapes[2] = (1,) + shapes[2][1:]                     # one request
-    for t, (bs, k, vocab) in enumerate(shapes):
-        dtypes = _dtypes(gen, t)
-        where = (f"trial {t + 1} (bs={bs}, k={k}, vocab={vocab}, draft_tokens "
-                 f"{str(dtypes[0]).removeprefix('torch.')}, target_logits "
-                 f"{str(dtypes[1]).removeprefix('torch.')})")
-        d, logits = _case(gen, bs, k, vocab, B.device, dtypes, some=(t == 0))
-        d0, l0 = d.clone(), logits.clone()
-        versions = (d._version, logits._version)
-        try:
-            got = call_learner(fn, d, logits)
-        except Exception as e:
-            return learner_raised(NAME, e, f"{where}: your code raised", more_hints=HINTS)
-        if not (torch.equal(d, d0) and torch.equal(logits, l0)) or versions != (
-                d._version, logits._version):
-            return fail(NAME, f"{where}: your code changed its inputs (draft_tokens or "
-                              f"target_logits): read them, write nothing into them",
-                        more_hints=HINTS)
-        msg = _judge(d0, l0, got)
-        if msg:
-            return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
-        try:
-            msg = _captured(fn, B, gen, bs, k, vocab, where, dtypes)
-        except (NotImplementedError, LearnerTimeout) as e:     # _captured judges the rest
-            return learner_raised(NAME, e, where, more_hints=HINTS)
-        if msg:
-            return fail(NAME, msg, kind=msg.kind, more_hints=msg.hints or HINTS)
-    return passed(NAME, f"the accepted prefix and the target's tokens right in {trials} random "
-                        f"batches (all accepted, none, a mismatch anywhere), captured without "
-                        f"a host read, and the replays follow new inputs")
+    def body() -> str:
+        gen = torch.Generator().manual_seed(seed)
+
+        def draw(lo, hi):
+            return int(torch.randint(lo, hi, (), generator=gen))
+        shapes = [(draw(3, 7), draw(2, 6), draw(6, 40)) for _ in range(trials)]
+        if trials > 1:
+            shapes[1] = (shapes[1][0], 1, shapes[1][2])        # k = 1
+        if trials > 2:
+            shapes[2] = (1,) + shapes[2][1:]                     # one request
+        for t, shape in enumerate(shapes):
+            _one_trial(fn, B, gen, t, *shape)
+        return (f"the accepted prefix and the target's tokens right in {trials} random "
+                f"batches (all accepted, none, a mismatch anywhere), captured without "
+                f"a host read, and the replays follow new inputs")
+
+    return run_check(NAME, body, more_hints=HINTS)
 
 
-class _Found(Reason):
-    """A message of the captured trial, with its kind (for the report) and hints."""
+def _one_trial(fn, B, gen, t: int, bs: int, k: int, vocab: int) -> None:
+    """Trial ``t``: ``fn`` eagerly on a random batch (inputs left alone, the right
+    answer), then captured and replayed (:func:`_captured`)."""
+    dtypes = _dtypes(gen, t)
+    where = (f"trial {t + 1} (bs={bs}, k={k}, vocab={vocab}, draft_tokens "
+             f"{str(dtypes[0]).removeprefix('torch.')}, target_logits "
+             f"{str(dtypes[1]).removeprefix('torch.')})")
+    d, logits = _case(gen, bs, k, vocab, B.device, dtypes, some=(t == 0))
+    d0, l0 = d.clone(), logits.clone()
+    versions = (d._version, logits._version)
+    got = attempt(fn, (d, logits), time_limit=DEFAULT_TIME_LIMIT,
+                  reason=lambda e: f"{where}: your code raised {describe_exception(e)}")
+    if not (torch.equal(d, d0) and torch.equal(logits, l0)) or versions != (
+            d._version, logits._version):
+        reject(f"{where}: your code changed its inputs (draft_tokens or target_logits): "
+               "read them, write nothing into them")
+    msg = _judge(d0, l0, got)
+    if msg:
+        reject(f"{where}: {msg}")
+    _captured(fn, B, gen, bs, k, vocab, where, dtypes)
 
-    def __new__(cls, text, kind="mismatch", hints=()):
-        self = super().__new__(cls, text, hints)
-        self.kind = kind
-        return self
+
+def _capture_failed(where: str):
+    def reason(e: BaseException) -> str:
+        return (f"{where}: capturing your greedy_accept failed: {short_description(e)}\n"
+                f"   Inside a captured graph nothing may wait for the device: no .item(), "
+                f".tolist(), int(t), nonzero() or `if`/`for` over a tensor's values (each "
+                f"reads a value on the host). Use tensor ops only: compare, cumprod, sum")
+    return reason
 
 
-def _captured(fn, B, gen, bs, k, vocab, where, dtypes) -> _Found | None:
+def _captured(fn, B, gen, bs, k, vocab, where, dtypes) -> None:
     """Capture ``fn`` on B and replay it with new inputs: no host read, results that follow.
     Before each replay ``fn`` runs eagerly on the same new inputs: a wrong eager result is
     a mistake in the logic, named as the eager trials name it."""
     d, logits = _case(gen, bs, k, vocab, B.device, dtypes)
-    try:
-        g, out = call_learner(capture, fn, d, logits, B=B, warmup=1)
-    except (NotImplementedError, LearnerTimeout):
-        raise
-    except Exception as e:
-        backend.recover(B)
-        return _Found(f"{where}: capturing your greedy_accept failed: {short_description(e)}\n"
-                      f"   Inside a captured graph nothing may wait for the device: no .item(), "
-                      f".tolist(), int(t), nonzero() or `if`/`for` over a tensor's values (each "
-                      f"reads a value on the host). Use tensor ops only: compare, cumprod, sum",
-                      "exception", _HOST_READ_HINTS)
+    g, out = attempt(capture, (fn, d, logits), {"B": B, "warmup": 1},
+                     time_limit=DEFAULT_TIME_LIMIT, B=B, reason=_capture_failed(where),
+                     hints=_HOST_READ_HINTS)
     for r in range(2):
         nd, nl = _case(gen, bs, k, vocab, B.device, dtypes)
         again = f"{where}, called again with new draft tokens and logits"
-        try:
-            eager = call_learner(fn, nd.clone(), nl.clone())
-        except (NotImplementedError, LearnerTimeout):
-            raise
-        except Exception as e:
-            return _Found(f"{again}: your code raised {describe_exception(e)}", "exception")
+        eager = attempt(fn, (nd.clone(), nl.clone()), time_limit=DEFAULT_TIME_LIMIT,
+                        reason=lambda e, again=again: f"{again}: your code raised "
+                        f"{describe_exception(e)}")
         msg = _judge(nd, nl, eager)
         if msg:
-            return _Found(f"{again}: {msg}")
+            reject(f"{again}: {msg}")
         d.copy_(nd)
         logits.copy_(nl)
         g.replay()
         B.synchronize()
         msg = _judge(nd, nl, out)
         if msg:
-            return _Found(f"{where}: after capture, replay {r + 1} with new draft tokens and "
-                          f"logits is wrong (your function called eagerly on them is right): "
-                          f"{msg}. The graph replays only the device work: a value your code "
-                          f"worked out on the host while capturing (.numpy(), a Python loop, a "
-                          f"result kept from an earlier call) stays what it was then",
-                          hints=_REPLAY_HINTS)
-    return None
+            reject(f"{where}: after capture, replay {r + 1} with new draft tokens and "
+                   f"logits is wrong (your function called eagerly on them is right): "
+                   f"{msg}. The graph replays only the device work: a value your code "
+                   f"worked out on the host while capturing (.numpy(), a Python loop, a "
+                   f"result kept from an earlier call) stays what it was then",
+                   hints=_REPLAY_HINTS)

@@ -43,14 +43,15 @@ import torch
 from labkit import backend
 from labkit.capture import capture
 from labkit.checks import (
-    LearnerTimeout,
     Reason,
+    attempt,
     call_learner,
     compare_outputs,
     describe_exception,
     fail,
-    learner_raised,
-    passed,
+    outcome,
+    reject,
+    run_check,
 )
 from labkit.checks.lesson09._common import HostReads, one_thread, short_description
 from labkit.core.errors import in_library
@@ -249,6 +250,15 @@ class _Trial:
                           f"({read}): a device→host sync on every step; decide by data_ptr() "
                           f"whether a tensor moved (new.data_ptr() != static.data_ptr()), and "
                           f"compare only the non-tensor arguments by value", _HOST_READ_HINTS)
+        return (self._replayed_once(where, seen)
+                or self._callers_untouched(where, moved, caller, args)
+                or self._real_rows(where, moved, args, seen[0], before, n)
+                or self._copied_moved_only(where, same, moved, args, before, n)
+                or self.judge_output(where, got, want, n))
+
+    def _replayed_once(self, where, seen):
+        """One replay, and the captured tensors still the ones captured."""
+        statics = self.static_args
         if not seen:
             if any(a is not b for a, b in zip(statics, self.static_kept)):
                 return self.replaced(where)
@@ -259,6 +269,10 @@ class _Trial:
             times = _ORDINAL.get(len(seen), f"{len(seen)} times")
             return (f"{where}: your code replayed the graph {times}. "
                     f"Replay once per call: each replay runs every kernel of the piece again")
+        return None
+
+    def _callers_untouched(self, where, moved, caller, args):
+        """The caller's new tensors are read, not written."""
         for i in moved:
             v, val = caller[i]
             # a view shares its buffer's version counter with the captured rows: values only
@@ -268,7 +282,12 @@ class _Trial:
                         f"{'attention output' if self.kinds[i] == 'attn' else 'tensor'} "
                         f"(the caller's tensor). Copy it INTO the captured tensor: "
                         f"static[:new.size(0)].copy_(new)")
-        at = seen[0]
+        return None
+
+    def _real_rows(self, where, moved, args, at, before, n):
+        """What the replay read: the new tensors' rows, copied before it, the padding rows
+        left alone."""
+        statics = self.static_args
         if any(a is not b for a, b in zip(statics, self.static_kept)):
             return self.replaced(where)
         for i in moved:
@@ -287,6 +306,11 @@ class _Trial:
                         f"tensor of argument {i}: only the first {n} rows are real tokens (the "
                         f"rest is the bucket's padding, which no op outside attention mixes "
                         f"in). Copy the real rows only: static[:new.size(0)].copy_(new)")
+        return None
+
+    def _copied_moved_only(self, where, same, moved, args, before, n):
+        """Only the tensors in new memory are copied (by data_ptr, not by shape)."""
+        statics = self.static_args
         if n < self.b:
             self.copied_fewer = True
         extra = [i for i in same if statics[i]._version != before[i][0]]
@@ -308,7 +332,7 @@ class _Trial:
                     f"data_ptr(). Copying it onto itself is a wasted kernel per piece per step: "
                     f"copy only where new.data_ptr() != static.data_ptr() (comparing the "
                     f"objects, `is`, says that every view moved)")
-        return self.judge_output(where, got, want, n)
+        return None
 
     def wrong_rows(self, where, i, new, held, n):
         """Argument i moved and your code wrote its captured tensor, but its first n rows do
@@ -409,15 +433,11 @@ class _Trial:
         i = self.kinds.index("num")
         replays = []
         self.spy.on_replay = lambda: replays.append(1)
-        err = None
-        try:
-            self.call(args)
-        except (NotImplementedError, LearnerTimeout):
-            raise
-        except Exception as e:
-            err = e
+        try:                    # a raise is the answer asked for: judged below
+            kind, err = outcome(self.call, (args,))
         finally:
             self.spy.on_replay = lambda: None
+        err = err if kind == "raised" else None
         given = (f"argument {i} was the {type(other).__name__} {other!r}, but the graph was "
                  f"captured with {self.num!r}")
         if err is None:
@@ -538,36 +558,42 @@ def check_replay_piece(fn, *, B=None, trials: int = 6, seed: int = 0):
 
 
 def _check(fn, B, trials, seed):
-    gen = torch.Generator().manual_seed(seed)
-    for t in range(trials):
-        try:
-            number = (int, float)[t % 2] if t < 2 else (
-                int if bool(torch.rand((), generator=gen) < 0.5) else float)
-            trial = _Trial(fn, B, gen, number, out_kind=_OUT_KINDS[t] if t < 3 else None)
-        except Exception as e:       # a bug in the checker, not in the learner's code
-            backend.recover(B)
-            return fail(NAME, f"the checker itself failed (not your fault): "
-                              f"{type(e).__name__}: {e}", kind="checker_error")
-        where = f"trial {t + 1} ({trial.label()})"
-        b = trial.b
-        steps = [int(torch.randint(2, b, (), generator=gen)), b, 1,
-                 int(torch.randint(1, b + 1, (), generator=gen))]
-        try:
-            for n in steps:
-                msg = trial.step(n)
-                if msg:
-                    return fail(NAME, f"{where}: {msg}",
-                                more_hints=getattr(msg, "hints", None) or HINTS)
-            # the first float trial changes its float by a hair: rounding misses it
-            msg = trial.changed_number(small=(t == 1) or bool(torch.rand((), generator=gen)
-                                                             < 0.5))
-        except Exception as e:
-            return learner_raised(NAME, e, f"{where}, {trial.current}: your code raised",
-                                  describe=lambda e: _explain(e, trial), more_hints=HINTS,
-                                  B=B)
-        if msg:
-            return fail(NAME, f"{where}: {msg}", more_hints=_REFUSE_HINTS)
-    return passed(NAME, f"copies only the moved arguments' real rows, reads no value on the "
-                        f"host, replays once, returns output itself, refuses a changed number "
-                        f"with a RuntimeError naming it ({trials} random pieces, "
-                        f"{4 * trials} steps)")
+    def body() -> str:
+        gen = torch.Generator().manual_seed(seed)
+        for t in range(trials):
+            _one_trial(fn, B, gen, t)
+        return (f"copies only the moved arguments' real rows, reads no value on the host, "
+                f"replays once, returns output itself, refuses a changed number with a "
+                f"RuntimeError naming it ({trials} random pieces, {4 * trials} steps)")
+
+    return run_check(NAME, body, more_hints=HINTS)
+
+
+def _one_trial(fn, B, gen, t: int) -> None:
+    """Trial ``t``: a random captured piece, four steps, then a changed number."""
+    try:
+        number = (int, float)[t % 2] if t < 2 else (
+            int if bool(torch.rand((), generator=gen) < 0.5) else float)
+        trial = _Trial(fn, B, gen, number, out_kind=_OUT_KINDS[t] if t < 3 else None)
+    except Exception as e:       # a bug in the checker, not in the learner's code
+        backend.recover(B)
+        reject(f"the checker itself failed (not your fault): {type(e).__name__}: {e}",
+               hints=[], kind="checker_error")
+    where = f"trial {t + 1} ({trial.label()})"
+    b = trial.b
+    steps = [int(torch.randint(2, b, (), generator=gen)), b, 1,
+             int(torch.randint(1, b + 1, (), generator=gen))]
+
+    def run() -> str | None:
+        for n in steps:
+            msg = trial.step(n)
+            if msg:
+                reject(f"{where}: {msg}", hints=getattr(msg, "hints", None) or HINTS)
+        # the first float trial changes its float by a hair: rounding misses it
+        return trial.changed_number(small=(t == 1) or bool(torch.rand((), generator=gen)
+                                                           < 0.5))
+
+    msg = attempt(run, B=B, reason=lambda e: f"{where}, {trial.current}: your code raised "
+                  f"{_explain(e, trial)}")
+    if msg:
+        reject(f"{where}: {msg}", hints=_REFUSE_HINTS)

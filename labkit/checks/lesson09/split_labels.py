@@ -38,11 +38,13 @@ import torch.nn as nn
 from torch.fx.passes.split_module import split_module
 
 from labkit.checks import (
-    call_learner,
+    DEFAULT_TIME_LIMIT,
+    attempt,
     compare_outputs,
+    describe_exception,
     fail,
-    learner_raised,
-    passed,
+    reject,
+    run_check,
 )
 from labkit.checks.lesson09._common import one_thread
 
@@ -351,22 +353,25 @@ _VARIANTS = {
 }
 
 
-def judge_labels(gm, ops, got, want) -> str | None:
-    """Why ``got`` is not ``want`` (the reference's labels of ``gm``), or None."""
+def _label_form(gm, got) -> str | None:
+    """A dict from the graph's own nodes."""
     if got is None:
         return "returned None (did you forget `return labels`?)"
     if not isinstance(got, dict):
         return (f"returned a {type(got).__name__}; expected a dict {{fx.Node: int}} with one "
                 f"entry per labelled node")
-    nodes = list(gm.graph.nodes)
-    index = {n: i for i, n in enumerate(nodes)}
+    index = {n: i for i, n in enumerate(gm.graph.nodes)}
     for k in got:
         if not isinstance(k, fx.Node):
             return (f"the keys must be the graph's fx.Node objects (labels[node] = id), got "
                     f"{type(k).__name__} keys such as {k!r}")
         if k not in index:
             return f"labels holds node `{k.name}`, which is not a node of gm.graph"
-    got = {n: v for n, v in got.items() if n.op not in _UNLABELLED}   # never read: ignored
+    return None
+
+
+def _label_values(nodes, got, want) -> str | None:
+    """A label for every node that needs one, each an int."""
     for n in nodes:
         if n in want and n not in got:
             return (f"node {_desc(n)} has no label: every node except the placeholders, the "
@@ -375,9 +380,11 @@ def judge_labels(gm, ops, got, want) -> str | None:
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             return (f"the label of `{n.name}` is {v!r} ({type(v).__name__}); labels are "
                     f"subgraph ids, ints")
-    main = [n for n in nodes if n in want and n.op != "get_attr"]
-    splits = [n for n in main if _is_split(n, ops)]
-    # 1. the two ways of missing some split ops, recognised by the labels they give
+    return None
+
+
+def _split_variants(gm, ops, got, want, main, splits) -> str | None:
+    """The two ways of missing some split ops, recognised by the labels they give."""
     for variant, is_split in _VARIANTS.items():
         other = _labels_by(gm, lambda n, f=is_split: f(n, ops))
         if any(other[n] != want[n] for n in main) and all(got[n] == other[n] for n in main):
@@ -399,9 +406,12 @@ def judge_labels(gm, ops, got, want) -> str | None:
             return (f"the calls of {op} (such as {_desc(s)}) were not split out, although "
                     f"those of {ops[0].__name__} were: {op} is in ops too. Split at a call "
                     f"of ANY function in ops (node.target in ops)")
-    # 2. each split op alone
+    return None
+
+
+def _each_split(ops, got, main, splits, index) -> str | None:
+    """Each split op alone, with an id of its own."""
     for s in splits:
-        op = getattr(s.target, "__name__", str(s.target))
         sharing = [n for n in main if n is not s and got[n] == got[s]]
         if not sharing:
             continue
@@ -422,7 +432,11 @@ def judge_labels(gm, ops, got, want) -> str | None:
         return (f"the split op {_desc(s)} shares id {got[s]} with {_names(before)} "
                 f"before it: add 1 before labelling a split op, so that it gets an id of its "
                 f"own")
-    # 3. the pieces: one id each, a new one after every split op
+    return None
+
+
+def _pieces(ops, got, main, splits) -> str | None:
+    """The pieces: one id each, a new one after every split op."""
     segments, seg = [], []
     for n in main:
         if _is_split(n, ops):
@@ -447,7 +461,11 @@ def judge_labels(gm, ops, got, want) -> str | None:
                 return (f"{_desc(first)} before the split op {_desc(cut)} and {_desc(seg[0])} "
                         f"after it share id {ids[0]}: {_RULE}")
             seen[ids[0]] = (i, seg[0])
-    # 4. ids increase in node order
+    return None
+
+
+def _increasing(got, main) -> str | None:
+    """Ids increase in node order."""
     last, prev = None, None
     for n in main:
         if last is not None and got[n] != last and got[n] < last:
@@ -455,6 +473,23 @@ def judge_labels(gm, ops, got, want) -> str | None:
                     f"{_desc(prev)} with id {last} (pieces run in the order of their ids)")
         last, prev = got[n], n
     return None
+
+
+def judge_labels(gm, ops, got, want) -> str | None:
+    """Why ``got`` is not ``want`` (the reference's labels of ``gm``), or None."""
+    why = _label_form(gm, got)
+    if why:
+        return why
+    got = {n: v for n, v in got.items() if n.op not in _UNLABELLED}   # never read: ignored
+    nodes = list(gm.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    main = [n for n in nodes if n in want and n.op != "get_attr"]
+    splits = [n for n in main if _is_split(n, ops)]
+    return (_label_values(nodes, got, want)
+            or _split_variants(gm, ops, got, want, main, splits)
+            or _each_split(ops, got, main, splits, index)
+            or _pieces(ops, got, main, splits)
+            or _increasing(got, main))
 
 
 def _numbering(gm, ops, got, want) -> str | None:
@@ -495,30 +530,36 @@ def check_split_labels(fn, *, trials: int = 12, seed: int = 0):
 def _check(fn, trials, seed):
     if not callable(fn):
         return fail(NAME, f"expected your function split_labels, got {type(fn).__name__}")
-    gen = torch.Generator().manual_seed(seed)
-    for trial in range(trials):
-        case = CASES[trial % len(CASES)]
-        try:
-            # the text's examples: attend, attend_1, add first (an empty piece), then relu, ...
-            which = 1 - (trial // len(CASES)) % 2
-            gm, ops, label, inputs = (_model_case() if case == "model"
-                                      else _hand_built(gen, case, which))
-            want = reference_split_labels(gm, ops)
-        except Exception as e:      # a bug in the checker, not in the learner's code
-            return fail(NAME, f"the checker itself failed (not your fault): "
-                              f"{type(e).__name__}: {e}", kind="checker_error")
-        where = f"trial {trial + 1} ({label})"
-        try:
-            got = call_learner(fn, gm, ops)
-        except Exception as e:
-            return learner_raised(NAME, e, f"{where}: your code raised", more_hints=HINTS)
-        msg = judge_labels(gm, ops, got, want)
-        if not msg:
-            labels = {n: v for n, v in got.items() if n.op not in _UNLABELLED}
-            msg = _same_output(gm, labels, inputs) or _numbering(gm, ops, labels, want)
-        if msg:
-            return fail(NAME, f"{where}: {msg}", more_hints=HINTS)
-    return passed(NAME, f"vLLM's labels in {trials} graphs (lesson 09's model, the text's "
-                        f"examples, no split op, one, several, two in a row, first and last, "
-                        f"two ops in ops, get_attr nodes anywhere), and split_module of them "
-                        f"computes what gm does")
+
+    def body() -> str:
+        gen = torch.Generator().manual_seed(seed)
+        for trial in range(trials):
+            _one_trial(fn, gen, trial)
+        return (f"vLLM's labels in {trials} graphs (lesson 09's model, the text's examples, "
+                f"no split op, one, several, two in a row, first and last, two ops in ops, "
+                f"get_attr nodes anywhere), and split_module of them computes what gm does")
+
+    return run_check(NAME, body, more_hints=HINTS)
+
+
+def _one_trial(fn, gen, trial: int) -> None:
+    """Trial ``trial``: a case's graph, the learner's labels judged, then split_module."""
+    case = CASES[trial % len(CASES)]
+    try:
+        # the text's examples: attend, attend_1, add first (an empty piece), then relu, ...
+        which = 1 - (trial // len(CASES)) % 2
+        gm, ops, label, inputs = (_model_case() if case == "model"
+                                  else _hand_built(gen, case, which))
+        want = reference_split_labels(gm, ops)
+    except Exception as e:      # a bug in the checker, not in the learner's code
+        reject(f"the checker itself failed (not your fault): {type(e).__name__}: {e}",
+               hints=[], kind="checker_error")
+    where = f"trial {trial + 1} ({label})"
+    got = attempt(fn, (gm, ops), time_limit=DEFAULT_TIME_LIMIT,
+                  reason=lambda e: f"{where}: your code raised {describe_exception(e)}")
+    msg = judge_labels(gm, ops, got, want)
+    if not msg:
+        labels = {n: v for n, v in got.items() if n.op not in _UNLABELLED}
+        msg = _same_output(gm, labels, inputs) or _numbering(gm, ops, labels, want)
+    if msg:
+        reject(f"{where}: {msg}")
