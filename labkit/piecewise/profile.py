@@ -93,3 +93,51 @@ def host_breakdown(runner, batch, repeats: int = 20) -> dict[str, float]:
                 p.__exit__(None, None, None)
     # Means, not medians: the parts of a step then add up to its total.
     return {k: round(1e6 * statistics.fmean(v), 1) for k, v in samples.items()}
+
+
+def stored_breakdowns(path=None) -> dict | None:
+    """The H200 breakdowns ``tools/piecewise_host_profile.py`` stored, before and after
+    the runner's host work was cut (``labkit/bench/data/piecewise_host.json``, a copy of
+    ``docs/benchmarks/piecewise_host.json``): ``{"runs": {"before": ..., "after": ...}}``,
+    each with ``workloads`` mapping a workload to its :func:`host_breakdown` plus
+    ``gpu_busy`` and ``kernels``. None when none is stored."""
+    import json
+    from pathlib import Path
+
+    p = Path(path) if path is not None else (
+        Path(__file__).parents[1] / "bench" / "data" / "piecewise_host.json")
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def plot_breakdowns(runs: dict, ax=None):
+    """Stacked bars: the host time of each part of a step, per workload, one bar per run
+    (``stored_breakdowns()["runs"]``), and each step's GPU busy time as a tick."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4.2))
+    names = list(runs)
+    workloads = list(runs[names[0]]["workloads"])
+    colors = ("#9ecae1", "#3182bd", "#fd8d3c", "#bdbdbd")
+    y, labels = 0, []
+    for w in workloads:
+        for name in names:
+            parts = runs[name]["workloads"][w]
+            left = 0.0
+            for part, color in zip(PARTS, colors):
+                ax.barh(y, parts[part], left=left, color=color,
+                        label=part if not labels else None)
+                left += parts[part]
+            busy = parts.get("gpu_busy")
+            if busy:
+                ax.plot([busy, busy], [y - 0.4, y + 0.4], color="black", lw=2,
+                        label="GPU busy" if not labels else None)
+            labels.append(f"{w} · {name}")
+            y += 1
+        y += 0.5
+    ticks = [i + 0.5 * (i // len(names)) for i in range(len(labels))]
+    ax.set_yticks(ticks, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("host µs per step (means)")
+    ax.legend(fontsize=8, loc="lower right")
+    return ax
