@@ -211,7 +211,7 @@ def test_offline_theme_has_no_web_fonts(tmp_path):
     assert "@import" not in copy and ".reveal { font-family" in copy
     page = ('<head><link href="vendor/reveal.js/dist/theme/simple.css" id="theme" '
             'rel="stylesheet"/></head><script>Reveal.initialize({\n width: 1280,\n});</script>')
-    out = sl._finish(page, offline=True)
+    out = sl.finish_page(page, offline=True)
     assert f'href="vendor/{sl.THEME_COPY}" id="theme"' in out and "dist/theme" not in out
 
 

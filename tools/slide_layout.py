@@ -1,12 +1,13 @@
 """Cutting a deck's cells into slides that fit (``tools/slides.py build``, at build time).
 
-An authoring tool, not part of ``labkit``: ``tools/slides.py`` hands the copy of each
-notebook it renders to ``paginate`` (the notebooks are never rewritten).
+An authoring tool, not part of ``labkit``: ``tools/slide_build.py`` hands the copy of each
+notebook it renders to ``paginate`` (the notebooks are never rewritten). The heights that
+decide what fits are estimated here too (``md_height``, ``cell_height``).
 
-The rules, on the cells as ``tools/slides.py tag`` tagged them:
+The rules, on the cells as ``tools/slides.py tag`` (``tools/slide_tags.py``) tagged them:
 
 * a Markdown cell is cut at its ``#``, ``##`` and ``###`` headings (outside fenced code):
-  each heading starts a slide or subslide by the tagging rules (``tools/slides.py``),
+  each heading starts a slide or subslide by the tagging rules (``tools/slide_tags.py``),
   wherever it sits in a cell;
 * a slide (a ``WIDTH`` × ``HEIGHT`` area, 16:9, which reveal.js scales to fit the window)
   whose content is estimated taller than the area continues on a subslide below it
@@ -24,7 +25,7 @@ The rules, on the cells as ``tools/slides.py tag`` tagged them:
   wrapped to the line's start) is escaped: it is text, not an ``<h1>``.
 
 The heights are estimates (no browser runs at build time); ``SLIDE_JS`` in
-``tools/slides.py`` zooms out a slide the estimates let run a little long.
+``tools/slide_build.py`` zooms out a slide the estimates let run a little long.
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ PADDING = 20                   # reveal.js's padding above and below a slide's c
 ROOM = HEIGHT - 2 * PADDING    # what a slide's content may fill before it continues below
 
 
-def _is_picture(output) -> bool:
+def is_picture(output) -> bool:
+    """Whether a code cell's output holds a picture (PNG, JPEG or SVG)."""
     return any(k in output.get("data", {}) for k in PICTURES)
 
 
-def _heading_type(line: str) -> str | None:
+def heading_type(line: str) -> str | None:
     """``slide`` for a ``#``/``##`` heading line, ``subslide`` for ``###``, else None."""
     if re.match(r"#{1,2} ", line):
         return "slide"
@@ -87,7 +89,7 @@ def md_blocks(source: str) -> list[str]:
     def flush():
         nonlocal cur
         if cur:
-            if blocks and cur[0][:1] in (" ", "\t") and not _heading_type(blocks[-1][0]):
+            if blocks and cur[0][:1] in (" ", "\t") and not heading_type(blocks[-1][0]):
                 blocks[-1] += [""] + cur
             else:
                 blocks.append(cur)
@@ -97,7 +99,7 @@ def md_blocks(source: str) -> list[str]:
         fence, code = _fence(line, fence)
         if not code and not line.strip():
             flush()
-        elif not code and _heading_type(line):
+        elif not code and heading_type(line):
             flush()
             cur.append(line)
             flush()
@@ -231,7 +233,7 @@ def output_height(o) -> int:
     """Estimated height of one output of a code cell."""
     data = o.get("data", {})
     height = OUTPUT
-    if _is_picture(o):
+    if is_picture(o):
         height += _picture_height(o)
     elif o.get("output_type") == "stream":
         height += CODE_LINE * _wrapped(_text(o.get("text", "")).rstrip("\n"), OUTPUT_CHARS)
@@ -284,7 +286,7 @@ def split_pictures(cell, room: int = ROOM) -> list:
     """A code cell with a picture that is too tall for one slide, as two cells: its code
     and the outputs before its first picture, then (input hidden) the pictures on."""
     outs = cell.get("outputs", [])
-    first = next((i for i, o in enumerate(outs) if _is_picture(o)), None)
+    first = next((i for i, o in enumerate(outs) if is_picture(o)), None)
     tags = cell.get("metadata", {}).get("tags", [])
     if first is None or (first == 0 and HIDE in tags) or cell_height(cell) <= room:
         return [cell]
@@ -434,7 +436,7 @@ def units(cells, room: int = ROOM) -> list[_Unit]:
         kind = _slide_type(cell)
         if cell.cell_type == "markdown" and kind != "skip":
             for i, block in enumerate(md_blocks(cell.source)):
-                head = _heading_type(block)
+                head = heading_type(block)
                 start = head or (kind if i == 0 and kind in ("slide", "subslide") else None)
                 keep = block.rstrip().endswith(":") or (block.startswith("#") and not head)
                 if ITEM.match(block) and md_height(block) > room:    # a list taller than

@@ -3,8 +3,8 @@
 Run with ``make test-browser`` (not part of ``make test``: see tests/conftest.py), which
 sets ``LABKIT_BROWSER_TESTS=1``; it uses the system's Chromium and chromedriver and never
 downloads a browser. The decks in ``build/slides/`` are used when each is newer than its
-notebook and than ``tools/slides.py`` and ``tools/slide_layout.py``; otherwise ``make
-slides`` builds them first.
+notebook and than ``tools/slides.py`` and the ``tools/slide_*.py`` modules it runs; otherwise
+``make slides`` builds them first.
 
 Each deck (lessons 00-08 and the walkthrough) is opened from ``file://`` (as a presenter
 double-clicks it) at 1280×720 and at 1920×1080, and paged through with reveal.js's own
@@ -20,7 +20,7 @@ slide, as it is first shown:
 
 A failure names the deck, the slide (reveal's ``h/v`` and its first heading) and the
 window size, with what ran over. The run prints, per deck and size, which slides the
-deck's script zoomed out to fit (``MIN_ZOOM`` in tools/slides.py). Screenshots of the
+deck's script zoomed out to fit (``MIN_ZOOM`` in tools/slide_build.py). Screenshots of the
 failing slides go to build/browser/.
 """
 
@@ -49,8 +49,7 @@ SIZES = [(1280, 720), (1920, 1080)]
 # --- fixtures ------------------------------------------------------------------------
 
 def _fresh() -> bool:
-    tools = max((REPO / "tools" / name).stat().st_mtime
-                for name in ("slides.py", "slide_layout.py"))
+    tools = max(p.stat().st_mtime for p in (REPO / "tools").glob("slide*.py"))
     if not (SLIDES / "vendor" / "reveal.js" / "package.json").exists():
         return False
     for nb in NOTEBOOKS:
