@@ -148,7 +148,7 @@ def test_speculative_generate_graphed(on_device):
 
 def test_speculative_measure(on_device):
     rows = measure(on_device, batch_size=2, num_steps=2, max_new_tokens=4, noises=(0.1,),
-                   repeats=1)
+                   rounds=1)
     assert len(rows) == 4 and all(r["same_tokens"] for r in rows)
 
 
