@@ -25,7 +25,8 @@ from labkit.bench.rounds import METHODS, Verdict, format_us, verdict
 from labkit.bench.variants import variant as declared_variant
 
 __all__ = ["PAIRS", "BEST_LABKIT", "LABELS", "check_pairs", "Comparison", "comparisons",
-           "target_checks", "drift", "spread", "rounds_of", "DRIFT_ROWS", "drift_section", "verdict_section"]
+           "target_checks", "drift", "spread", "rounds_of", "DRIFT_ROWS", "drift_section",
+           "verdict_section"]
 
 BEST_LABKIT = "labkit_best"
 
