@@ -19,6 +19,9 @@ Every suite builds all its variants first and then times them in interleaved rou
 every variant alike; :mod:`labkit.bench.verdicts` turns the rounds into the sentences the
 lessons quote ("faster" only when one side wins 4 of 5 rounds).
 
+Every variant a suite times is declared once, with what it runs, in
+:mod:`labkit.bench.variants`; a row of an undeclared one is refused.
+
 Every number is one row (see :mod:`labkit.bench.report` for the schema), appended to
 ``docs/benchmarks/results.json`` and rendered to ``docs/benchmarks/README.md`` with a PNG
 plot per suite. How things are timed, and why, is in :mod:`labkit.core.timing`

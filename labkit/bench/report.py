@@ -10,7 +10,10 @@ Every measurement is one row, appended to ``docs/benchmarks/results.json``::
 number, e.g. a variant the installed labkit cannot run; optional ``extra`` holds
 suite-specific numbers such as pool memory, and ``extra.rounds`` the row's value in each
 interleaved round, per method; optional ``run`` names the process that timed it, so that
-only rows timed in the same rounds are compared.) Rows are only ever appended, so the file is
+only rows timed in the same rounds are compared.) A row is a :class:`labkit.bench.rows.Row`
+written as this dict; its variant must be declared in :mod:`labkit.bench.variants`, which
+also gives the tables their order and each suite its paragraph (:data:`SUITE_TEXT`). Rows
+are only ever appended, so the file is
 the history; :func:`latest` picks the newest row per (suite, config, batch size, variant,
 device) for the tables.
 
