@@ -19,6 +19,9 @@ Every suite builds all its variants first and then times them in interleaved rou
 every variant alike; :mod:`labkit.bench.verdicts` turns the rounds into the sentences the
 lessons quote ("faster" only when one side wins 4 of 5 rounds).
 
+Every variant a suite times is declared once, with what it runs, in
+:mod:`labkit.bench.variants`; a row of an undeclared one is refused.
+
 Every number is one row (see :mod:`labkit.bench.report` for the schema), appended to
 ``docs/benchmarks/results.json`` and rendered to ``docs/benchmarks/README.md`` with a PNG
 plot per suite. How things are timed, and why, is in :mod:`labkit.core.timing`
@@ -35,6 +38,8 @@ from __future__ import annotations
 import datetime as _dt
 import importlib
 import statistics
+
+from labkit.bench.rows import Row
 
 # torch is imported where it is used, so that `python -m labkit.bench --render` (and its
 # error messages) do not wait for it
@@ -62,7 +67,9 @@ def make_row(B, suite: str, config_name: str, config: dict, batch_size: int | No
              variant: str, median_us: float | None, gpu_busy_us: float | None = None,
              note: str | None = None, extra: dict | None = None,
              back_to_back_us: float | None = None, rounds: dict | None = None) -> dict:
-    """One result row in the schema of :mod:`labkit.bench.report`. ``median_us`` is the
+    """One result row (:class:`labkit.bench.rows.Row`) as the dict ``results.json`` holds;
+    :class:`~labkit.bench.variants.UndeclaredVariant` if ``variant`` is not declared for
+    ``suite`` in :mod:`labkit.bench.variants`. ``median_us`` is the
     synced per-call time; ``back_to_back_us``, where a suite measures it, the per-call time
     of calls issued back to back (:func:`labkit.core.timing.back_to_back_us`).
 
@@ -84,23 +91,18 @@ def make_row(B, suite: str, config_name: str, config: dict, batch_size: int | No
             if m not in kept and m != "host_us":
                 kept[m] = [round(float(v), 3) for v in vals]
         extra["rounds"] = kept
-    row = {"suite": suite, "config_name": config_name, "config": dict(config),
-           "batch_size": batch_size, "variant": variant,
-           "median_us": None if median_us is None else round(float(median_us), 3)}
-    if back_to_back_us is not None:
-        row["back_to_back_us"] = round(float(back_to_back_us), 3)
-    if gpu_busy_us is not None:
-        row["gpu_busy_us"] = round(float(gpu_busy_us), 3)
     import torch
 
     from labkit.core.timing import device_name
 
-    row.update(device=device_name(B), torch=torch.__version__, date=_now(), run=RUN_ID)
-    if note:
-        row["note"] = note
-    if extra:
-        row["extra"] = extra
-    return row
+    return Row(suite=suite, config_name=config_name, config=dict(config),
+               batch_size=batch_size, variant=variant,
+               median_us=None if median_us is None else round(float(median_us), 3),
+               back_to_back_us=None if back_to_back_us is None
+               else round(float(back_to_back_us), 3),
+               gpu_busy_us=None if gpu_busy_us is None else round(float(gpu_busy_us), 3),
+               device=device_name(B), torch=torch.__version__, date=_now(), run=RUN_ID,
+               note=note or None, extra=extra or None).to_dict()
 
 
 def skipped_row(B, suite, config_name, config, batch_size, variant, why: str) -> dict:

@@ -35,6 +35,8 @@ import torch
 from labkit import full_step as FS
 from labkit.bench import make_row
 from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
+from labkit.bench.variants import declared
+from labkit.bench.variants import variant as declared_variant
 from labkit.capture import on_side_stream, recorded_kernels
 
 N_LAYERS, D_MODEL, N_HEADS, SEQ = 6, 256, 4, 64
@@ -136,13 +138,16 @@ def run(B, quick: bool = False, log=print, batch_sizes=None, d_model: int = D_MO
                 "capture_seconds": got["extra"]["capture_seconds"]}
 
     contenders = {}
+    pools = [v for v in declared("capture") if v.option("shared") is not None]
     for bs in batch_sizes:
-        for variant, shared in (("separate_pools", False), ("shared_pool", True)):
-            contenders[(variant, bs)] = (lambda bs=bs, shared=shared: chain(bs, shared))
-    attentions = ["torch_native"] + (["triton"] if triton_available(B.device) else [])
-    for attention in attentions:
-        contenders[(f"decode_runner_{attention}", decode_max_bs)] = (
-            lambda attention=attention: decode(attention))
+        for v in pools:
+            contenders[(v.name, bs)] = (lambda bs=bs, shared=v.option("shared"):
+                                        chain(bs, shared))
+    for v in declared("capture"):
+        attention = v.option("attention")
+        if attention is None or (attention == "triton" and not triton_available(B.device)):
+            continue
+        contenders[(v.name, decode_max_bs)] = (lambda attention=attention: decode(attention))
 
     def time_one(fn):
         out = fn()
@@ -153,7 +158,7 @@ def run(B, quick: bool = False, log=print, batch_sizes=None, d_model: int = D_MO
     rows = []
     for (variant, bs), fn in contenders.items():
         got = first[fn]
-        if variant.startswith("decode_runner_"):
+        if declared_variant("capture", variant).option("attention"):
             cfg = {**model_args, "dtype": got["got"]["dtype"], "buckets": "sglang",
                    "graph": "decode step, one per bucket"}
             name = f"gpt_{model_args['n_layer']}L_d{model_args['dim']}"

@@ -14,7 +14,8 @@ times every (variant, batch size) once, in a shuffled order), and **both ways**:
     in between, as in a loop whose next input stays on the device. Host work hides behind
     the device wherever it is shorter.
 
-Variants (each row's ``config`` records what it ran):
+Variants (declared, with what each runs, in :mod:`labkit.bench.variants`; each row's
+``config`` records what it ran):
 
 ``eager`` / ``eager_triton``
     ``EagerRunner.forward`` with stock torch attention (gather + SDPA) / with the Triton
@@ -77,17 +78,15 @@ from labkit.bench import (
     unmeasured_rows,
 )
 from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
+from labkit.bench.variants import check_names, declared, defaults, gpu_only
+from labkit.bench.variants import variant as declared_variant
 from labkit.core.timing import back_to_back_us, events_busy_us, measure_us, profile_gpu_events
 from labkit.timeline import chain_steps
 
-VARIANTS = ("eager", "eager_triton", "reference_eager", "labkit_graph",
-            "labkit_graph_torch_attn", "labkit_graph_compiled", "compile_reduce_overhead",
-            "compile_reduce_overhead_static")
-STAGED = ("labkit_graph", "labkit_graph_compiled")   # also timed through stage(): *_staged
-GPU_ONLY = {"eager_triton": "the Triton kernel needs CUDA",
-            "labkit_graph_compiled": "compiling before capture is measured on a GPU only",
-            "compile_reduce_overhead": "reduce-overhead records CUDA graphs only on a GPU",
-            "compile_reduce_overhead_static": "reduce-overhead records CUDA graphs only on a GPU"}
+# the variants are declared in labkit.bench.variants; these are read from there
+VARIANTS = defaults("decode")
+STAGED = {v.staged_of: v.name for v in declared("decode") if v.staged_of}  # runner -> staged
+GPU_ONLY = gpu_only("decode")
 MODEL = dict(vocab_size=1024, n_layer=8, n_head=8, n_local_heads=8, dim=512, max_seq_len=256)
 CPU_MODEL = dict(vocab_size=128, n_layer=2, n_head=4, n_local_heads=4, dim=64, max_seq_len=64)
 
@@ -178,21 +177,23 @@ def _check_close(diffs: dict, dtype, what: str) -> None:
 
 
 def _build(variant, D, B, model, batches, batch_sizes, compile_mode, skips) -> dict:
-    """``{variant name: Built}`` for one variant (two for a staged one)."""
+    """``{variant name: Built}`` for one variant (two for a staged one), built from its
+    declared record's options (:mod:`labkit.bench.variants`)."""
     from labkit.bench.reference import ReferenceGPT
 
-    on_gpu = B.name == "cuda"
-    if variant in GPU_ONLY and not on_gpu:
-        raise SuiteSkip(GPU_ONLY[variant])
+    v = declared_variant("decode", variant)
+    runs = v.option("runs")
+    if v.gpu_only and B.name != "cuda":
+        raise SuiteSkip(v.gpu_only)
     dtype = model.output.weight.dtype
-    if variant in ("eager", "eager_triton"):
-        eager = D.EagerRunner(model, "torch_native" if variant == "eager" else "triton")
+    if runs == "eager":
+        eager = D.EagerRunner(model, v.option("attention"))
         return {variant: Built({bs: (lambda b=b: eager.forward(b)) for bs, b in batches.items()},
                                {"attention": eager.attn.name, "runs": "EagerRunner.forward"})}
-    if variant.startswith("labkit_graph"):
-        compiled = variant == "labkit_graph_compiled"
-        attention = "torch_native" if variant == "labkit_graph_torch_attn" else "auto"
-        runner = _runner(D, model, B, batch_sizes, attention, compile_mode if compiled else None)
+    if runs == "graph":
+        compiled = v.option("compiled", False)
+        runner = _runner(D, model, B, batch_sizes, v.option("attention"),
+                         compile_mode if compiled else None)
 
         def full_path(b, runner=runner):
             b.metadata_ready = False       # time the full path, not the fast path
@@ -205,7 +206,7 @@ def _build(variant, D, B, model, batches, batch_sizes, compile_mode, skips) -> d
         replays = {bs: runner.backend.graphs[bs].replay for bs in batch_sizes}
         out = {variant: Built({bs: (lambda b=b: full_path(b)) for bs, b in batches.items()},
                               cfg, replays=replays, cleanup=runner.backend.cleanup)}
-        if variant in STAGED:   # the same graphs, the serving loop's path
+        if variant in STAGED:   # the same graphs, the serving loop's path: *_staged
             host_values = {bs: (b.req_pool_indices.tolist(), b.positions.tolist(),
                                 b.input_ids.tolist()) for bs, b in batches.items()}
 
@@ -213,12 +214,12 @@ def _build(variant, D, B, model, batches, batch_sizes, compile_mode, skips) -> d
                 runner.stage(*host_values[bs])
                 return runner.replay_staged()
 
-            out[variant + "_staged"] = Built(
+            out[STAGED[variant]] = Built(
                 {bs: (lambda bs=bs: staged(bs)) for bs in batch_sizes},
                 {**cfg, "runs": "DecodeGraphRunner.stage(host ints: one pinned copy) + "
                                 "replay_staged()"}, replays=replays)
         return out
-    if variant == "compile_reduce_overhead":
+    if runs == "compile":
         er = D.EagerRunner(model)
         er.model = torch.compile(model, mode="reduce-overhead", dynamic=False)
 
@@ -234,14 +235,14 @@ def _build(variant, D, B, model, batches, batch_sizes, compile_mode, skips) -> d
         return {variant: Built(fns, {"attention": "torch_native",
                                      "runs": "EagerRunner.forward, model under torch.compile("
                                              "mode='reduce-overhead')"}, note=note)}
-    if variant in ("reference_eager", "compile_reduce_overhead_static"):
+    if runs == "reference":
         ref = ReferenceGPT(model, max(batch_sizes))
         ref.load_kv(model, list(range(1, max(batch_sizes) + 1)))
         eager = D.EagerRunner(model)
         diffs, fns = {}, {}
         for bs, b in batches.items():
             ids, pos = b.input_ids, b.positions
-            if variant == "reference_eager":
+            if not v.option("compiled", False):
                 def f(ids=ids, pos=pos):
                     return ref(ids, pos)
             else:
@@ -256,7 +257,7 @@ def _build(variant, D, B, model, batches, batch_sizes, compile_mode, skips) -> d
             diffs[bs] = (got - want).abs().max().item()
             fns[bs] = torch.no_grad()(f)
         _check_close(diffs, dtype, "the reference model")
-        if variant == "reference_eager":
+        if not v.option("compiled", False):
             cfg = {"attention": "sdpa over a dense KV cache (gpt-fast)",
                    "runs": "ReferenceGPT eagerly (no compile)"}
             note = None
@@ -268,12 +269,14 @@ def _build(variant, D, B, model, batches, batch_sizes, compile_mode, skips) -> d
                     if cudagraph_skips() > skips else None)
         return {variant: Built(fns, cfg, note=note,
                                extra_of=lambda bs: {"max_abs_diff": float(f"{diffs[bs]:.3g}")})}
-    raise ValueError(f"unknown decode variant {variant!r}: choose from {', '.join(VARIANTS)}")
+    raise ValueError(f"decode variant {variant!r} declares runs={runs!r}: this suite builds "
+                     "'eager', 'graph', 'compile' or 'reference'")
 
 
 def run(B, quick: bool = False, log=print, model_args: dict | None = None,
         batch_sizes=None, variants=VARIANTS, compile_mode: str = "default",
         rounds: int = DEFAULT_ROUNDS, seed: int = 0) -> list[dict]:
+    variants = check_names("decode", variants)
     try:
         from labkit import decode as D
     except ImportError as e:

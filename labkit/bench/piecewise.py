@@ -34,10 +34,11 @@ import torch
 
 from labkit.bench import SuiteSkip, make_row, round_timer, unmeasured_rows
 from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
+from labkit.bench.variants import check_names, defaults, gpu_only
 from labkit.core.timing import events_busy_us, profile_gpu_events
 
-VARIANTS = ("eager", "piecewise", "compile_dynamic", "full_graph")
-GPU_ONLY = {"compile_dynamic": "torch.compile is measured on a GPU only"}
+VARIANTS = defaults("piecewise")   # declared in labkit.bench.variants
+GPU_ONLY = gpu_only("piecewise")
 MODEL = dict(vocab_size=1024, n_layer=8, n_head=8, n_local_heads=8, dim=512, max_seq_len=256)
 CPU_MODEL = dict(vocab_size=128, n_layer=2, n_head=4, n_local_heads=4, dim=64, max_seq_len=64)
 
@@ -131,7 +132,8 @@ def _build(variant, D, P, B, model, batches, tokens, log) -> tuple[dict, dict, d
             return full.forward(b)
         return ({w: (lambda b=b: fn(b)) for w, b in dec.items()},
                 {"runs": "DecodeGraphRunner.forward"}, {}, [full.backend.cleanup])
-    raise ValueError(f"unknown piecewise variant {variant!r}: choose from {', '.join(VARIANTS)}")
+    raise ValueError(f"piecewise variant {variant!r} is declared but _build has no branch "
+                     "for it: add one")
 
 
 def run(B, quick: bool = False, log=print, model_args: dict | None = None,
@@ -140,6 +142,7 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
     from labkit import decode as D
     from labkit import piecewise as P
 
+    variants = check_names("piecewise", variants)
     on_gpu = B.name == "cuda"
     model_args = model_args or (MODEL if on_gpu else CPU_MODEL)
     workloads = workloads or (WORKLOADS if on_gpu else CPU_WORKLOADS)

@@ -10,7 +10,10 @@ Every measurement is one row, appended to ``docs/benchmarks/results.json``::
 number, e.g. a variant the installed labkit cannot run; optional ``extra`` holds
 suite-specific numbers such as pool memory, and ``extra.rounds`` the row's value in each
 interleaved round, per method; optional ``run`` names the process that timed it, so that
-only rows timed in the same rounds are compared.) Rows are only ever appended, so the file is
+only rows timed in the same rounds are compared.) A row is a :class:`labkit.bench.rows.Row`
+written as this dict; its variant must be declared in :mod:`labkit.bench.variants`, which
+also gives the tables their order and each suite its paragraph (:data:`SUITE_TEXT`). Rows
+are only ever appended, so the file is
 the history; :func:`latest` picks the newest row per (suite, config, batch size, variant,
 device) for the tables.
 
@@ -37,6 +40,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from labkit.bench.rounds import format_us
+from labkit.bench.rows import REQUIRED_KEYS, Row
+from labkit.bench.variants import SUITE_ORDER, SUITE_TEXT, rank
 from labkit.bench.verdicts import (
     BEST_LABKIT,
     METHODS,
@@ -51,112 +56,6 @@ __all__ = ["REQUIRED_KEYS", "SUITE_ORDER", "ResultsError", "default_results_path
            "checkout_results_path", "packaged_results_path", "load_results",
            "append_results", "validate_row", "latest", "speedups", "markdown_table",
            "render", "format_us", "quote"]
-
-REQUIRED_KEYS = ("suite", "config_name", "config", "batch_size", "variant", "median_us",
-                 "device", "torch", "date")
-
-SUITE_ORDER = ("launch", "decode", "serve", "train", "capture", "piecewise", "tp")
-VARIANT_ORDER = {
-    "launch": ("eager", "graph"),
-    "decode": ("eager", "eager_triton", "reference_eager", "labkit_graph",
-               "labkit_graph_staged",
-               "labkit_graph_torch_attn", "labkit_graph_compiled",
-               "labkit_graph_compiled_staged", "compile_reduce_overhead",
-               "compile_reduce_overhead_static"),
-    "serve": ("eager", "labkit_graph", "labkit_graph_overlap", "labkit_graph_overlap_piecewise",
-              "labkit_graph_compiled", "labkit_graph_compiled_overlap"),
-    "train": ("eager", "labkit_bridge", "labkit_bridge_no_clone", "torch_make_graphed_callables",
-              "labkit_full_step",
-              "labkit_full_step_compiled", "compile_reduce_overhead"),
-    "capture": ("separate_pools", "shared_pool", "decode_runner_torch_native",
-                "decode_runner_triton"),
-    "piecewise": ("eager", "piecewise", "compile_dynamic", "full_graph"),
-    "tp": ("eager", "labkit_graph", "tp1_eager", "tp1_graph", "tp2_eager", "tp2_graph"),
-}
-
-SUITE_TEXT = {
-    "launch": (
-        "Launch cost: a chain of 100 dependent tiny adds (256 floats each), eager vs one "
-        "graph replay. `median_us` is the whole chain; per kernel = median / 100. Lesson 01."),
-    "decode": (
-        "Decode step of an 8-layer, d=512, 8-head fp16 GPT (`labkit.decode`) at batch sizes "
-        "1, 8, 64, each row timed two ways in one run: **synced** = the device synchronized "
-        "before every call (a loop that needs each step's tokens on the host; the *synced* "
-        "column), **back to back** = 50 calls between two events, no sync between them (a "
-        "loop whose next input stays on the device). `eager` = `EagerRunner` with stock "
-        "torch attention (gather + SDPA), `eager_triton` = with the Triton decode kernel; "
-        "`reference_eager` = the baseline's model (below) run eagerly, a plain model's eager "
-        "step; "
-        "`labkit_graph` = `DecodeGraphRunner` (pad to bucket, fill static buffers, page "
-        "table out of graph, replay, slice) with the Triton kernel; "
-        "`*_staged` = the same graphs through the serving loop's path: `runner.stage(...)` "
-        "from host ints (one pinned buffer, one non-blocking copy) + `replay_staged()`; "
-        "`labkit_graph_torch_attn` = the same runner with stock torch attention; "
-        "`labkit_graph_compiled` = the model compiled (`mode=\"default\"`, no cudagraphs) "
-        "then captured by the runner (SGLang's compile-then-capture); "
-        "`compile_reduce_overhead` = `torch.compile(mode=\"reduce-overhead\")` on labkit's "
-        "eager path; `compile_reduce_overhead_static` = the baseline to beat: the same "
-        "weights in gpt-fast's shape (dense KV cache as buffers, positions on the device, "
-        "SDPA) under `torch.compile(mode=\"reduce-overhead\")`, one callable per batch "
-        "size (`labkit.bench.reference`). Floors (in *notes*, drawn on the plot): "
-        "`bytes_floor_us` = weights + KV entries in use ÷ the measured copy bandwidth; "
-        "`kernel_floor_us` = the call's kernels × the measured time per node of a graph of "
-        "tiny kernels. Lesson 06."),
-    "serve": (
-        "`labkit.decode.serve` over a seeded workload (Poisson arrivals, prompts and "
-        "outputs of varied length, up to 64 requests at once) on the decode suite's model: "
-        "*synced* = the median decode step of the loop (host wall clock); notes: decode "
-        "tokens/s over the run, end-to-end tokens/s. `_overlap` = `serve(..., "
-        "overlap=True)`: the next step is staged with one copy and queued before the last "
-        "step's tokens are read back; an admission's first token stays on the device too. "
-        "`_piecewise` = admissions prefilled through a `PiecewiseGraphRunner` "
-        "(`serve(..., prefill=...)`, token buckets up to 256, one Triton attention kernel "
-        "per layer). Notes also hold `gpu_busy_fraction`: GPU busy time of one profiled run "
-        "over the median wall time of the rounds. Variants that run the same kernels are "
-        "checked to generate the same tokens (the plain graphs against `eager`, the "
-        "compiled pair against each other; a piecewise row records the share of requests "
-        "whose tokens equal its family's without piecewise prefill). Lesson 06."),
-    "train": (
-        "One training step of a 6-layer, d=256 transformer LM, 4 microbatches of 4×64 "
-        "tokens, AdamW (`labkit.full_step`, config \"bench\"): eager; `labkit_bridge` = "
-        "per-layer fwd/bwd graphs from `labkit.bridge` (lesson 04), each weight gradient "
-        "cloned as Megatron does; `labkit_bridge_no_clone` = the same returning the static "
-        "buffers (`clone_wgrads=False`), as torch's function does; "
-        "`torch_make_graphed_callables` = the same per layer with torch's function; "
-        "`labkit_full_step` = fwd+bwd of all microbatches as one graph + AdamW(capturable) "
-        "as a second (lesson 07); `labkit_full_step_compiled` = the same around "
-        "`torch.compile(model)` (compile-then-capture); `compile_reduce_overhead` = the "
-        "model under `torch.compile(mode=\"reduce-overhead\")`. Synced and back to back "
-        "(20 steps) as for decode. Batch size = sequences per microbatch."),
-    "capture": (
-        "Capturing N graphs one after another (the forward of each of 6 transformer layers, "
-        "fp16, batch × 64 tokens): `median_us` = capture time per graph; `extra` = pool "
-        "memory after all captures, one shared pool vs a private pool per graph. Lesson 05. "
-        "`decode_runner_*`: every SGLang bucket of max_bs=256 (batch column) for the decode "
-        "model, captured largest first into one pool by `DecodeGraphRunner` with each "
-        "attention backend; `median_us` = time per bucket (2 warm-ups + capture), `extra` = "
-        "graphs, total seconds, pool memory. Lesson 06."),
-    "piecewise": (
-        "Prefill and mixed prefill + decode batches on the decode suite's model, one table "
-        "row per workload (config column: its prompt lengths and decode requests; batch = "
-        "requests): `eager` = `EagerRunner` (every request's queries padded into one SDPA per "
-        "layer); `piecewise` = "
-        "`PiecewiseGraphRunner` (the pieces between attentions replayed per token bucket, "
-        "vLLM's sizes; attention eager on the real tokens, one Triton kernel per layer "
-        "(`attention=\"auto\"`) in rows from 2026-12-03 17:00 on, stock torch ops "
-        "before); `compile_dynamic` = the model "
-        "under `torch.compile(dynamic=True)`; `full_graph` = lesson 06's "
-        "`DecodeGraphRunner`, for the pure decode batch only. GPU busy = the union of the "
-        "call's kernel intervals. Lesson 09."),
-    "tp": (
-        "A decode step of the decode suite's model split tensor-parallel over N GPUs "
-        "(`labkit.tp`: column-parallel QKV and MLP-up, row-parallel output and MLP-down, two "
-        "NCCL all-reduces per layer), one process per GPU: `eager` / `labkit_graph` = the "
-        "1-rank model (lesson 06's runner); `tpN_eager` / `tpN_graph` = the split model, "
-        "eager or replayed with its all-reduces inside the graph (config `ranks`). Rank 0's "
-        "times, all ranks timing the same variants in the same rounds. `tp1_*`: one NCCL "
-        "rank, the cost of the collective alone. Lesson 10."),
-}
 
 TARGETS = {
     "decode": "Targets (medians over rounds, one run): labkit's best row at most 0.90× "
@@ -267,38 +166,9 @@ def load_results(path: str | Path | None = None, *, missing_ok: bool = True) -> 
 
 
 def validate_row(row: dict) -> None:
-    """Raise ValueError if ``row`` lacks a required key or has a wrong type."""
-    if not isinstance(row, dict):
-        raise ValueError(f"a benchmark row must be an object with keys "
-                         f"{', '.join(REQUIRED_KEYS)}, got {type(row).__name__}: {row!r}")
-    missing = [k for k in REQUIRED_KEYS if k not in row]
-    if missing:
-        raise ValueError(f"benchmark row lacks {missing}: {row}")
-    if row["median_us"] is not None and (isinstance(row["median_us"], bool) or
-                                         not isinstance(row["median_us"], (int, float))):
-        raise ValueError(f"median_us must be a number or null: {row}")
-    if row["median_us"] is None and not row.get("note"):
-        raise ValueError(f"a row without a number needs a note saying why: {row}")
-    for key in ("suite", "config_name", "variant", "device", "torch", "date"):
-        if not isinstance(row[key], str):
-            raise ValueError(f"{key} must be a string, got {row[key]!r}: {row}")
-    if row["batch_size"] is not None and (isinstance(row["batch_size"], bool) or
-                                          not isinstance(row["batch_size"], int)):
-        raise ValueError(f"batch_size must be an integer or null, got {row['batch_size']!r}")
-    if "run" in row and not isinstance(row["run"], str):
-        raise ValueError(f"run must be a string naming the process, got {row['run']!r}")
-    rounds = (row.get("extra") or {}).get("rounds") if isinstance(row.get("extra"), dict) \
-        else None
-    if rounds is not None:
-        if not isinstance(rounds, dict) or not all(
-                isinstance(v, list) and v and all(isinstance(x, (int, float))
-                                                  and not isinstance(x, bool) for x in v)
-                for v in rounds.values()):
-            raise ValueError("extra.rounds must map each method to a non-empty list of "
-                             f"numbers, one per round, got {rounds!r}")
-        if len({len(v) for v in rounds.values()}) > 1:
-            raise ValueError("extra.rounds must hold the same number of rounds for every "
-                             f"method, got {({k: len(v) for k, v in rounds.items()})}")
+    """Raise ValueError if ``row`` lacks a required key, has an unknown one or a wrong type,
+    or names an undeclared variant (:meth:`labkit.bench.rows.Row.from_dict`)."""
+    Row.from_dict(row)
 
 
 def append_results(rows: Iterable[dict], path: str | Path | None = None) -> Path:
@@ -323,18 +193,16 @@ def append_results(rows: Iterable[dict], path: str | Path | None = None) -> Path
     return path
 
 
-def _order(seq: Sequence[str], value: str) -> tuple[int, str]:
-    return (seq.index(value) if value in seq else len(seq), value)
-
-
 def _key(r: dict) -> tuple:
     return (r["suite"], r["config_name"], r["batch_size"], r["variant"], r["device"])
 
 
 def _sort_key(r: dict) -> tuple:
-    return (_order(SUITE_ORDER, r["suite"]), r["device"], r["config_name"],
-            r["batch_size"] if r["batch_size"] is not None else -1,
-            _order(VARIANT_ORDER.get(r["suite"], ()), r["variant"]))
+    """Suite, device, config, batch size, then the declared variant order (an undeclared
+    suite or variant raises :class:`~labkit.bench.variants.UndeclaredVariant`)."""
+    variant_rank = rank(r["suite"], r["variant"])
+    return (SUITE_ORDER.index(r["suite"]), r["device"], r["config_name"],
+            r["batch_size"] if r["batch_size"] is not None else -1, variant_rank)
 
 
 def latest(rows: Iterable[dict], suite: str | None = None) -> list[dict]:
@@ -434,8 +302,8 @@ def plot_suite(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
         g = (r["config_name"], r["batch_size"])
         if g not in groups:
             groups.append(g)
-    order = VARIANT_ORDER.get(rows[0]["suite"], ()) if rows else ()
-    variants = sorted({r["variant"] for r in rows}, key=lambda v: _order(order, v))
+    variants = sorted({(rank(r["suite"], r["variant"]), r["variant"]) for r in rows})
+    variants = [v for _, v in variants]
     by = {(r["config_name"], r["batch_size"], r["variant"]): r for r in rows}
     methods = [("median_us", "median per call")]
     if any(r.get("back_to_back_us") for r in rows):
@@ -537,9 +405,7 @@ def render(results_path: str | Path | None = None, out_dir: str | Path | None = 
           "call from `torch.profiler`; *median − GPU busy* is the time the GPU sat idle. "
           "*vs eager* = eager median ÷ this median.", ""]
     md += drift_section(load_results(results_path, missing_ok=False))
-    suites = sorted(set(SUITE_ORDER) | {r["suite"] for r in rows},
-                    key=lambda s: _order(SUITE_ORDER, s))
-    for suite in suites:
+    for suite in SUITE_ORDER:
         srows = [r for r in rows if r["suite"] == suite]
         md += [f"## {suite}", "", SUITE_TEXT.get(suite, ""), ""]
         if suite in TARGETS:

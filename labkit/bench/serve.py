@@ -47,10 +47,11 @@ import torch
 from labkit.bench import SuiteSkip, make_row, unmeasured_rows
 from labkit.bench.decode import CPU_MODEL, MODEL
 from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
+from labkit.bench.variants import check_names, defaults
+from labkit.bench.variants import variant as declared_variant
 from labkit.core.timing import profile_gpu_busy_us
 
-VARIANTS = ("eager", "labkit_graph", "labkit_graph_overlap", "labkit_graph_overlap_piecewise",
-            "labkit_graph_compiled", "labkit_graph_compiled_overlap")
+VARIANTS = defaults("serve")       # declared, with their options, in labkit.bench.variants
 PIECEWISE_TOKENS = 256      # the prefill runner's largest token bucket (GPU)
 WORKLOAD = dict(num_requests=192, arrival_rate=8.0, prompt_len=(16, 64), output_len=(48, 128))
 CPU_WORKLOAD = dict(num_requests=24, arrival_rate=2.0, prompt_len=(4, 12), output_len=(4, 16))
@@ -82,6 +83,7 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
         variants=VARIANTS, rounds: int = DEFAULT_ROUNDS, seed: int = 0) -> list[dict]:
     from labkit import decode as D
 
+    variants = check_names("serve", variants)
     on_gpu = B.name == "cuda"
     model_args = model_args or (MODEL if on_gpu else CPU_MODEL)
     workload = dict(workload or (WORKLOAD if on_gpu else CPU_WORKLOAD))
@@ -123,13 +125,14 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
 
     for variant in variants:                 # build and warm up everything first
         try:
-            compiled = "compiled" in variant
-            if compiled and not on_gpu:
-                raise SuiteSkip("compiling before capture is measured on a GPU only")
-            runner = (D.EagerRunner(model, "auto") if variant == "eager"
+            v = declared_variant("serve", variant)
+            compiled = v.option("compiled", False)
+            if v.gpu_only and not on_gpu:
+                raise SuiteSkip(v.gpu_only)
+            runner = (D.EagerRunner(model, "auto") if v.option("runs") == "eager"
                       else runner_for(compiled))
-            overlap = "_overlap" in variant
-            prefill = prefill_runner() if variant.endswith("_piecewise") else None
+            overlap = v.option("overlap", False)
+            prefill = prefill_runner() if v.option("piecewise") else None
             D.serve(model, wl[:8], runner=runner, max_running=max_running, overlap=overlap,
                     prefill=prefill)
 
@@ -147,7 +150,7 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
                    "attention": runner.attn.name}
             if prefill is not None:
                 cfg["prefill_buckets"] = prefill.buckets
-            if variant != "eager":
+            if v.option("runs") != "eager":
                 cfg["buckets"] = runner.buckets
                 if compiled:
                     cfg["compile_mode"] = "default"
@@ -163,8 +166,9 @@ def run(B, quick: bool = False, log=print, model_args: dict | None = None,
         res = results[variant]
         # Same kernels, same tokens. Piecewise prefill runs its GEMMs at the bucket's token
         # count, and cuBLAS may round another shape differently: a family of its own.
-        base_family = "compiled" if "compiled" in variant else "plain"
-        piecewise = variant.endswith("_piecewise")
+        v = declared_variant("serve", variant)
+        base_family = "compiled" if v.option("compiled") else "plain"
+        piecewise = bool(v.option("piecewise"))
         family = base_family + (" + piecewise" if piecewise else "")
         first = reference.setdefault(family, (variant, res.tokens))
         note = (None if res.tokens == first[1] else

@@ -46,10 +46,11 @@ import torch
 from labkit import full_step as FS
 from labkit.bench import SuiteSkip, cudagraph_skips, make_row, round_timer, unmeasured_rows
 from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
+from labkit.bench.variants import check_names, defaults
+from labkit.bench.variants import variant as declared_variant
 from labkit.core.timing import profile_gpu_busy_us
 
-VARIANTS = ("eager", "labkit_bridge", "labkit_bridge_no_clone", "torch_make_graphed_callables",
-            "labkit_full_step", "labkit_full_step_compiled", "compile_reduce_overhead")
+VARIANTS = defaults("train")       # declared in labkit.bench.variants
 LR = 1e-3
 
 
@@ -64,7 +65,11 @@ def _graph_layers(model: FS.TinyLM, graphed) -> None:
 
 
 def build(variant: str, cfg: FS.LMConfig, B):
-    """A fresh model and a ``step(batch)`` callable for one variant."""
+    """A fresh model and a ``step(batch)`` callable for one variant (declared in
+    :mod:`labkit.bench.variants`)."""
+    why_not = declared_variant("train", variant).gpu_only
+    if why_not and B.name != "cuda":
+        raise SuiteSkip(why_not)
     model = FS.build_lm(cfg, B.device)
     blocks = tuple(model.blocks)
     samples = tuple((_sample(cfg, B),) for _ in blocks)
@@ -90,23 +95,21 @@ def build(variant: str, cfg: FS.LMConfig, B):
         return FS.FullStepTrainer(model, FS.lm_loss, opt, B, cfg.num_microbatches,
                                   warmup_steps=2)
     if variant == "labkit_full_step_compiled":
-        if B.name != "cuda":
-            raise SuiteSkip("compiling before capture is measured on a GPU only")
         opt = FS.make_capturable_optimizer(model.parameters(), B, lr=LR)
         return FS.FullStepTrainer(torch.compile(model), FS.lm_loss, opt, B,
                                   cfg.num_microbatches, warmup_steps=2)
     if variant == "compile_reduce_overhead":
-        if B.name != "cuda":
-            raise SuiteSkip("reduce-overhead records CUDA graphs only on a GPU")
         FS.ensure_grads(model.parameters())    # .grad allocated outside the cudagraph pool
         compiled = torch.compile(model, mode="reduce-overhead")
         return FS.EagerTrainer(compiled, FS.lm_loss,
                                torch.optim.AdamW(model.parameters(), lr=LR))
-    raise ValueError(f"unknown train variant {variant!r}")
+    raise ValueError(f"train variant {variant!r} is declared but train.build has no branch "
+                     "for it: add one")
 
 
 def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
         variants=VARIANTS, rounds: int = DEFAULT_ROUNDS, seed: int = 0) -> list[dict]:
+    variants = check_names("train", variants)
     if cfg is None:
         cfg = "bench" if B.name == "cuda" else "tiny"
     name = cfg if isinstance(cfg, str) else "custom"

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from labkit.bench.rounds import METHODS, Verdict, format_us, verdict
+from labkit.bench.variants import variant as declared_variant
 
-__all__ = ["PAIRS", "BEST_LABKIT", "LABELS", "Comparison", "comparisons", "target_checks",
-           "drift", "spread", "rounds_of", "DRIFT_ROWS", "drift_section", "verdict_section"]
+__all__ = ["PAIRS", "BEST_LABKIT", "LABELS", "check_pairs", "Comparison", "comparisons",
+           "target_checks", "drift", "spread", "rounds_of", "DRIFT_ROWS", "drift_section",
+           "verdict_section"]
 
 BEST_LABKIT = "labkit_best"
 
@@ -57,6 +59,24 @@ PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
 
 # what a method measured in a suite, where METHODS' name would mislead
 LABELS = {("serve", "median_us"): "decode step"}
+
+
+def check_pairs(suite: str, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``pairs`` as a list, each name a declared variant of ``suite``
+    (:mod:`labkit.bench.variants`) or :data:`BEST_LABKIT`;
+    :class:`~labkit.bench.variants.UndeclaredVariant` otherwise (a mistyped name would
+    compare nothing, in silence)."""
+    out = []
+    for pair in pairs:
+        for name in pair:
+            if name != BEST_LABKIT:
+                declared_variant(suite, name)
+        out.append(tuple(pair))
+    return out
+
+
+for _suite, _pairs in PAIRS.items():      # the lessons' comparisons name declared variants
+    check_pairs(_suite, _pairs)
 
 
 def rounds_of(row: dict, method: str) -> list[float] | None:
@@ -108,6 +128,8 @@ def comparisons(rows: Iterable[dict], suite: str | None = None,
     ``pairs`` (with ``suite``) judges those ``(a, b)`` pairs instead of the suite's."""
     if pairs is not None and suite is None:
         raise ValueError("comparisons: pairs= names variants of one suite; pass suite= too")
+    if pairs is not None:
+        pairs = check_pairs(suite, pairs)
     out = []
     for (s, config, bs, device, run), group in _groups(rows).items():
         if (suite is not None and s != suite) or run is None:
@@ -258,6 +280,8 @@ DRIFT_ROWS = (("decode", "compile_reduce_overhead_static", 1),
               ("decode", "compile_reduce_overhead_static", 8),
               ("train", "torch_make_graphed_callables", 4),
               ("piecewise", "compile_dynamic", 8))
+for _suite, _variant, _ in DRIFT_ROWS:
+    declared_variant(_suite, _variant)
 
 
 def drift_section(all_rows: Sequence[dict]) -> list[str]:
