@@ -22,7 +22,13 @@ from __future__ import annotations
 
 import bisect
 
-from labkit.checks import CheckResult, call_learner, fail, learner_raised, passed
+from labkit.checks import (
+    CheckResult,
+    Exercise,
+    attempt,
+    describe_exception,
+    reject,
+)
 from labkit.checks.lesson06._common import _as_int_list, _short
 from labkit.checks.lesson10.buckets import (
     MIB,
@@ -55,6 +61,8 @@ _HINTS = [
     "maximizes (padded(buckets) - padded(sorted(buckets + [b]))) / graph_bytes[b]; stop when "
     "none saves anything; else add it.",
 ]
+
+EXERCISE = Exercise(NAME, more_hints=tuple(_HINTS))
 
 
 def trials() -> list[tuple[str, Scenario]]:
@@ -139,24 +147,30 @@ def judge(sc: Scenario, raw) -> tuple[bool, str]:
     return True, text
 
 
+def _answer(fn, label: str, sc: Scenario, time_limit: float):
+    """``fn``'s answer on ``sc``, under ``time_limit``; an error names the trial (a
+    timeout says how long it ran, the stub is :data:`~labkit.checks.NOT_DONE`)."""
+    where = _where(label, sc)
+    return attempt(fn, sc.args(), time_limit=time_limit,
+                   reason=lambda exc: f"{where}: your code raised {describe_exception(exc)}")
+
+
 def check_choose_buckets(fn, *, quiet: bool = False, time_limit: float = 10.0) -> CheckResult:
     """Run ``fn(traffic, max_bs, graph_bytes, budget_bytes)`` on every scenario of
     :func:`trials` and judge each answer by the module's criterion (see its docstring).
     Passes when every trial passes."""
-    if not callable(fn):
-        return fail(NAME, f"expected a function, got {type(fn).__name__}", more_hints=_HINTS,
-                    quiet=quiet)
-    texts = []
-    for label, sc in trials():
-        try:
-            raw = call_learner(fn, *sc.args(), time_limit=time_limit)
-        except Exception as exc:  # noqa: BLE001
-            return learner_raised(NAME, exc, f"{_where(label, sc)}: your code raised",
-                                  more_hints=_HINTS, quiet=quiet)
-        ok, text = judge(sc, raw)
-        if not ok:
-            return fail(NAME, f"{_where(label, sc)}: {text}", more_hints=_HINTS, quiet=quiet)
-        texts.append(text)
-    return passed(NAME, f"{len(texts)} servers, each within its budget and within "
-                        f"{100 * SLACK:.0f} point of the least padding; the lesson's server: "
-                        f"{texts[0]}", quiet=quiet)
+
+    def body() -> str:
+        if not callable(fn):
+            reject(f"expected a function, got {type(fn).__name__}")
+        texts = []
+        for label, sc in trials():
+            ok, text = judge(sc, _answer(fn, label, sc, time_limit))
+            if not ok:
+                reject(f"{_where(label, sc)}: {text}")
+            texts.append(text)
+        return (f"{len(texts)} servers, each within its budget and within "
+                f"{100 * SLACK:.0f} point of the least padding; the lesson's server: "
+                f"{texts[0]}")
+
+    return EXERCISE.run(body, quiet=quiet)
