@@ -5,6 +5,7 @@ Re-exported by :mod:`labkit.checks`, whose checkers run every learner call under
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -12,7 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEFAULT_TIME_LIMIT", "LearnerTimeout", "call_learner"]
+import torch
+
+__all__ = ["DEFAULT_TIME_LIMIT", "LearnerTimeout", "call_learner", "one_thread"]
 
 DEFAULT_TIME_LIMIT = 10.0  # seconds a learner's function may run in one trial
 _ALARM_REPEAT_S = 0.25     # after the budget, the timeout is raised again this often
@@ -90,3 +93,20 @@ def call_learner(fn: Callable, *args: Any, time_limit: float | None = DEFAULT_TI
         raise LearnerTimeout(time_limit, name) from None
     finally:
         sys.settrace(old_trace)
+
+
+@contextlib.contextmanager
+def one_thread(device="cpu"):
+    """One intra-op thread while a checker runs on the CPU (on host tensors, or on the
+    emulated device, whose data lives in host memory; labkit's only other device is
+    CUDA): its tensors are tiny, and two threads make each op several times slower (more
+    so on a busy machine)."""
+    if torch.device(device).type == "cuda":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -53,8 +53,8 @@ def pinned_zeros(shape, dtype: torch.dtype, device) -> torch.Tensor:
     return host if torch.device(device).type == "cpu" else host.pin_memory()
 
 
-def ints_to_device(rows, device) -> list[torch.Tensor]:
-    """Lists of host ints → int64 tensors on ``device``, in ONE non-blocking copy.
+def ints_to_device(rows, device, dtype: torch.dtype = torch.int64) -> list[torch.Tensor]:
+    """Lists of host ints → ``dtype`` tensors on ``device``, in ONE non-blocking copy.
 
     ``torch.tensor(values, device="cuda")`` copies from pageable memory, and PyTorch makes
     a blocking host→device copy wait for the stream: every such call drains the GPU's
@@ -63,7 +63,7 @@ def ints_to_device(rows, device) -> list[torch.Tensor]:
     returned tensors are views of the one device tensor.
     """
     rows = [list(r) for r in rows]
-    flat = torch.tensor([v for r in rows for v in r], dtype=torch.int64, device="cpu")
+    flat = torch.tensor([v for r in rows for v in r], dtype=dtype, device="cpu")
     if torch.device(device).type == "cpu":
         whole = flat
     else:

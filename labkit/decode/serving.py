@@ -201,12 +201,18 @@ def land(inflight: tuple | None) -> None:
 def prefill_logits(runner, admitted: list[Request]) -> torch.Tensor:
     """Prefill ``admitted`` (each in its slot) in one EXTEND batch; the logits of each
     request's last prompt token, (len(admitted), vocab), still on the device."""
+    return _prefill(runner, admitted)[0]
+
+
+def _prefill(runner, admitted: list[Request]) -> tuple:
+    """:func:`prefill_logits` and the batch it ran (its ``req_pool_indices``: the slots,
+    already on the device)."""
     batch = make_extend_batch(runner.model, [r.slot for r in admitted],
                               [r.prompt for r in admitted])
     logits = runner.forward(batch)
     last, = ints_to_device([np.cumsum([len(r.prompt) for r in admitted]) - 1],
                            logits.device)
-    return logits.index_select(0, last)
+    return logits.index_select(0, last), batch
 
 
 def prefill_overlapped(runner, admitted: list[Request], next_tokens: torch.Tensor) -> tuple:
@@ -215,9 +221,11 @@ def prefill_overlapped(runner, admitted: list[Request], next_tokens: torch.Tenso
     Queue the prefill of ``admitted`` without waiting for it: each first token goes
     into ``next_tokens`` (the table the next decode step reads its input from) and
     starts its copy to the host. Returns what :func:`land` appends once it has arrived."""
-    toks = greedy(prefill_logits(runner, admitted))
-    slots, = ints_to_device([[r.slot for r in admitted]], next_tokens.device)
-    next_tokens.index_copy_(0, slots, toks)
+    logits, batch = _prefill(runner, admitted)
+    toks = greedy(logits)
+    next_tokens.index_copy_(0, batch.req_pool_indices, toks)
+    # A pinned buffer of its own: TokenReadback's two take turns between decode steps,
+    # and a third user would overwrite one before it lands.
     host = pinned_zeros(len(admitted), torch.int64, next_tokens.device)
     host.copy_(toks, non_blocking=True)
     arrived = runner.B.Event()

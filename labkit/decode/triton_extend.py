@@ -19,10 +19,13 @@ No autotuner: the block sizes are fixed (``BLOCK_M`` follows the longest extend)
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 import torch
+
+from .buffers import ints_to_device
 
 __all__ = ["ExtendKernelMetadata", "extend_attention", "extend_metadata"]
 
@@ -50,17 +53,14 @@ class ExtendKernelMetadata:
 
 def extend_metadata(batch, device) -> ExtendKernelMetadata:
     """Plan a prefill (or mixed) batch for :func:`extend_attention`, from its host lists:
-    one pinned host tensor, one non-blocking copy (no sync, no per-layer work)."""
+    one non-blocking copy (:func:`~labkit.decode.buffers.ints_to_device`; no sync, no
+    per-layer work)."""
     lens = list(batch.extend_lens)
-    starts, s = [], 0
-    for e in lens:
-        starts.append(s)
-        s += e
-    host = torch.tensor([starts, lens, list(batch.seq_lens_cpu), [0] * len(lens)],
-                        dtype=torch.int32, device="cpu")
-    if torch.device(device).type != "cpu":
-        host = host.pin_memory()
-    info = host.to(device, non_blocking=True)
+    starts = list(itertools.accumulate(lens, initial=0))[:-1]
+    n = len(lens)
+    flat, = ints_to_device([starts + lens + list(batch.seq_lens_cpu) + [0] * n], device,
+                           torch.int32)
+    info = flat.view(4, n)
     info[3].copy_(batch.req_pool_indices)            # the slots are on the device already
     return ExtendKernelMetadata(info, max(lens))
 

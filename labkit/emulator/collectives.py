@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["NAMESPACES", "record", "pending", "UNSUPPORTED_MESSAGE"]
+__all__ = ["NAMESPACES", "record", "UNSUPPORTED_MESSAGE"]
 
 #: The op namespaces whose ops are collectives.
 NAMESPACES = ("_c10d_functional", "c10d")
@@ -43,11 +43,6 @@ UNSUPPORTED_MESSAGE = (
     "or labkit.tp.all_reduce), one tensor in, one tensor out. {why}")
 
 
-def pending(cap) -> list[str]:
-    """The collectives of capture ``cap`` whose results were never waited for."""
-    return list(cap.pending_collectives.values())
-
-
 def record(cap, func, args, kwargs):
     """Record a collective (or its wait) into capture ``cap``; return what the op returns."""
     name = func._schema.name.split("::")[-1]
@@ -56,9 +51,7 @@ def record(cap, func, args, kwargs):
             op=f"{func}", why="torch.distributed's own collectives return a Work object, "
             "which an emulated graph cannot hold: use the functional form."))
     if name == "wait_tensor":
-        t = args[0]
-        cap.pending_collectives.pop(_key(t), None)   # the stream join: an edge, no step
-        return t
+        return args[0]                           # on a GPU an edge of the graph, no step
     rets = func._schema.returns
     if len(rets) != 1 or str(rets[0].type) != "Tensor":
         raise RuntimeError(UNSUPPORTED_MESSAGE.format(
@@ -77,9 +70,5 @@ def record(cap, func, args, kwargs):
     cap._node()
     cap.ops.append(str(func))
     cap.steps.append(step)
-    cap.pending_collectives[_key(out)] = f"{func} of a {tuple(out.shape)} tensor"
     return out
 
-
-def _key(t: torch.Tensor) -> tuple:
-    return (t.data_ptr(), tuple(t.shape), t.dtype)

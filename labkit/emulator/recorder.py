@@ -184,7 +184,6 @@ class Capture:
         # streams in this capture -> the recorded nodes their next op depends on
         self.members: dict = {stream: ()}
         self.parents: list[tuple] = []       # node -> the nodes it depends on
-        self.pending_collectives: dict = {}  # collectives not yet waited for (collectives.py)
         self._aliases: dict[tuple, torch.Tensor] = {}
         self._modes = (_CaptureFunctionMode(self), _CaptureDispatchMode(self))
 

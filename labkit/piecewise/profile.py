@@ -9,16 +9,16 @@ to what the host spends queueing the step (the GPU may still be running it).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from contextlib import contextmanager
 
 __all__ = ["PARTS", "host_breakdown"]
 
 PARTS = ("plan attention", "pieces (replays)", "attention (eager)", "rest")
 
 
-@contextmanager
+@contextlib.contextmanager
 def _timed(obj, name: str, spent: list):
     """Replace ``obj.name`` by a wrapper adding its host time to ``spent[0]``."""
     own = vars(obj).get(name)          # an attribute of the instance itself, if any
@@ -70,27 +70,23 @@ def host_breakdown(runner, batch, repeats: int = 20) -> dict[str, float]:
     B = runner.B
     samples: dict[str, list[float]] = {p: [] for p in PARTS + ("total",)}
     plan, rep, att = [0.0], [0.0], [0.0]
-    with _timed(runner.attn, "init_forward_metadata", plan):
-        patches = [_timed(m, "forward", rep) for m in pieces]
-        patches += [_timed(m, "forward", att) for m in attns]
-        for p in patches:
-            p.__enter__()
-        try:
-            runner.replay(batch)                       # warm: allocator, caches
-            for _ in range(repeats):
-                B.synchronize()
-                plan[0] = rep[0] = att[0] = 0.0
-                t0 = time.perf_counter()
-                runner.replay(batch)
-                total = time.perf_counter() - t0
-                parts = (plan[0], rep[0], att[0])
-                for name, v in zip(PARTS, parts + (total - sum(parts),)):
-                    samples[name].append(v)
-                samples["total"].append(total)
+    with contextlib.ExitStack() as patched:
+        patched.enter_context(_timed(runner.attn, "init_forward_metadata", plan))
+        for mods, spent in ((pieces, rep), (attns, att)):
+            for m in mods:
+                patched.enter_context(_timed(m, "forward", spent))
+        runner.replay(batch)                           # warm: allocator, caches
+        for _ in range(repeats):
             B.synchronize()
-        finally:
-            for p in reversed(patches):
-                p.__exit__(None, None, None)
+            plan[0] = rep[0] = att[0] = 0.0
+            t0 = time.perf_counter()
+            runner.replay(batch)
+            total = time.perf_counter() - t0
+            parts = (plan[0], rep[0], att[0])
+            for name, v in zip(PARTS, parts + (total - sum(parts),)):
+                samples[name].append(v)
+            samples["total"].append(total)
+        B.synchronize()
     # Means, not medians: the parts of a step then add up to its total.
     return {k: round(1e6 * statistics.fmean(v), 1) for k, v in samples.items()}
 

@@ -11,8 +11,6 @@ optimizer given must be the one that steps, and ``opt.found_inf`` must stay the 
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from labkit import full_step as FS
@@ -26,6 +24,7 @@ from labkit.checks import (
     extra_probe,
     recovering,
 )
+from labkit.checks.budget import one_thread
 from labkit.core.errors import exception_chain
 
 __all__ = ["check_make_step"]
@@ -206,17 +205,6 @@ EXERCISE = Exercise(
 )
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """Tiny tensors: one thread is faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _raised(exc: BaseException) -> str | None:
     """An error out of the learner's step, named by its first cause (None: the stub)."""
     root = exception_chain(exc)[0]
@@ -260,7 +248,7 @@ def _observe(make_step):
     """The trial: :func:`_run_guarded` on ``make_step``; an error in it rejects the
     trial, named by :func:`_raised`."""
     def run(bad, n, seed):
-        with _one_thread():
+        with one_thread():
             out = attempt(_run_guarded, (make_step, bad, n, seed), explain=_raised)
         return dict(out, bad=bad, seed=seed, make_step=make_step)
     return run
@@ -269,7 +257,7 @@ def _observe(make_step):
 def _flag_alone(make_step, kind: str, seed: int) -> float | None:
     """The learner's flag after one bad step of ``kind`` alone (replay 1 of 3), or None if
     that run fails: tells which kind of bad loss the learner's test misses."""
-    with _one_thread():
+    with one_thread():
         return extra_probe(lambda: _run_guarded(make_step, [(1, kind)], 3, seed)["flags"][1])
 
 
