@@ -19,6 +19,7 @@ and :func:`format_pool_stats` show what a graph recorded and what its pool holds
 from __future__ import annotations
 
 import contextlib
+import gc
 import re
 import warnings
 from typing import Any, Callable, NamedTuple
@@ -39,7 +40,7 @@ from labkit.core.validate import check_int
 
 __all__ = [
     "on_side_stream", "side_stream_warmup", "capture", "cleanup_on_failure", "Captured",
-    "fresh_cublas_workspaces", "own_cublas_workspace",
+    "fresh_cublas_workspaces", "own_cublas_workspace", "paused_gc",
     "StaticGraph",
     "recorded_kernels",
     "short_kernel_name", "format_pool_stats",
@@ -186,10 +187,35 @@ def capture(fn: Callable, *args, B=None, pool=None, stream=None, warmup: int = 3
     if warmup:
         side_stream_warmup(fn, *args, B=B, iters=warmup, **kwargs)
     g = B.CUDAGraph()
-    with cleanup_on_failure(B), own_cublas_workspace(B, g, pool):
+    with cleanup_on_failure(B), paused_gc(), own_cublas_workspace(B, g, pool):
         with B.graph(g, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
             out = fn(*args, **kwargs)
     return Captured(g, out)
+
+
+@contextlib.contextmanager
+def paused_gc():
+    """Pause Python's cyclic garbage collector for the body (a capture), then restore it.
+
+    A graph that only a dead reference cycle still holds (a runner from an earlier cell,
+    an exercise's trial) is freed when the collector next runs. If that happens in the
+    middle of a capture, its destructor resets the graph, a CUDA call that is not permitted
+    while a stream captures: the capture under way is invalidated ("operation failed due
+    to a previous error during capture"), though nothing in it was wrong.
+
+    .. warning::
+        ``torch.cuda.graph`` used to run ``gc.collect()`` before every capture; it no
+        longer does unless ``torch.compiler.config.force_cudagraph_gc`` is set (the
+        collection is slow when many graphs are captured in a row), so a collection can
+        now fall inside a capture. Every labkit capture runs inside this.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @contextlib.contextmanager

@@ -306,6 +306,28 @@ def test_serve_sample_times_a_whole_run_per_round():
         serve_sample(lambda: FakeServe([], 1.0))
 
 
+def test_time_loops_prints_medians_ranges_and_the_last_loops_verdicts():
+    from labkit.bench.serve import time_loops
+
+    lines = []
+    walls = iter([1.0, 2.0, 1.1, 2.1, 1.2, 1.9, 0.9, 2.2, 1.0, 2.0] * 2)
+    runs = {"eager": lambda: FakeServe([0.004, 0.004, 0.004], next(walls)),
+            "graphed": lambda: FakeServe([0.001, 0.001, 0.001], next(walls))}
+    out = time_loops(runs, where="on a fake host", rounds=5, log=lines.append)
+    assert set(out) == {"eager", "graphed"} and all(len(v["median_us"]) == 5
+                                                    for v in out.values())
+    assert lines[0] == "median (min–max) over 5 interleaved rounds, on a fake host"
+    assert lines[1].startswith("decode step p50 eager 4.00 ms (4.00 ms–4.00 ms)")
+    assert "graphed 1.0 µs" not in lines[1] and "graphed 1.00 ms" in lines[1]
+    assert lines[4] == "verdicts (faster = ahead in at least 4 of 5 rounds):"
+    assert lines[5].startswith("decode step:  graphed faster than eager: 5/5 rounds")
+    # the whole run's walls alternate between the loops in a shuffled order: whatever it
+    # says, it is a verdict line for the whole run of the last loop against the first
+    assert lines[6].startswith("whole run:    ") and "graphed" in lines[6]
+    with pytest.raises(ValueError, match="at least two"):
+        time_loops({"eager": runs["eager"]}, where="x")
+
+
 def test_a_lesson_may_quote_a_pair_outside_the_suites_list():
     rows = [_row("labkit_graph", [5, 5, 5, 5, 5], [3, 3, 3, 3, 3], bs=1),
             _row("reference_eager", [6, 4, 6, 4, 6], [50, 50, 50, 50, 50], bs=1),

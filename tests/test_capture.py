@@ -204,3 +204,90 @@ def test_static_graph_nested_arguments(B):
     assert "captured for ([Tensor(3) float32, Tensor(3) float32], float 2.0)" in repr(sg)
     with pytest.raises(GraphArgumentError, match=r"received shape \(4,\), captured \(3,\)"):
         sg([torch.ones(3, device=d), torch.ones(4, device=d)], 2.0)
+
+
+# ---- the garbage collector during a capture ------------------------------------------------
+
+def test_paused_gc_pauses_the_collector_and_restores_it():
+    import gc
+
+    from labkit.capture import paused_gc
+    assert gc.isenabled()
+    with paused_gc():
+        assert not gc.isenabled()
+        with paused_gc():                   # nested: the inner exit must not re-enable it
+            pass
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ZeroDivisionError), paused_gc():
+        1 / 0
+    assert gc.isenabled(), "a body that raised left the collector off"
+    gc.disable()
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled(), "paused_gc turned on a collector its caller had turned off"
+    finally:
+        gc.enable()
+
+
+def test_labkit_captures_run_with_the_collector_paused(B):
+    import gc
+
+    from labkit import bridge
+    seen = []
+
+    def fn(x):
+        seen.append(gc.isenabled())
+        return x * 2
+
+    capture(fn, torch.ones(3, device=B.device), B=B, warmup=2)
+    assert seen == [True, True, False], seen      # two warm-ups, then the capture
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            seen.append(gc.isenabled())
+            return self.lin(x)
+
+    seen.clear()
+    blk = Block().to(B.device)
+    bridge.make_graphed_callables(blk, (torch.randn(2, 4, device=B.device,
+                                                    requires_grad=True),),
+                                  num_warmup_iters=1, B=B)
+    assert seen[-1] is False and gc.isenabled(), seen
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_dead_cycle_holding_a_graph_does_not_break_a_later_capture_cuda():
+    # torch.cuda.graph no longer collects garbage before a capture (unless
+    # torch.compiler.config.force_cudagraph_gc): a collection that falls inside a capture
+    # and frees a graph resets it mid-capture, which invalidates the capture under way
+    import gc
+
+    from labkit import backend
+    Bc = backend.get("cuda")
+    x = torch.ones(16, device=Bc.device)
+    thresholds = gc.get_threshold()
+
+    def fn(t):
+        gc.set_threshold(1, 1, 1)            # from here, collect at almost every allocation
+        return [t * k for k in range(50)]
+
+    try:
+        gc.set_threshold(10**6, 10**6, 10**6)      # nothing is collected before the capture
+        old = capture(lambda t: t + 1, x, B=Bc)
+        holder = {"graph": old.graph}
+        holder["self"] = holder              # a cycle: only the collector frees it
+        del old, holder
+        new = capture(fn, x, B=Bc, warmup=0)
+        new.graph.replay()
+        torch.cuda.synchronize()
+        assert float(new.output[3][0]) == 3.0
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.collect()

@@ -27,6 +27,7 @@ KEY_FIGURES = {
     "00": [r"-> static_y \[1\.0, 3\.0, 5\.0, 7\.0\]", r"-> static_y \[21\.0, 41\.0, 61\.0, 81\.0\]",
            r"every replay gave 2·x \+ 1 for the new x: True"],
     "01": [r"µs per kernel, this run\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d×",
+           r"verdict over 5 interleaved rounds: graph faster than eager: \d/5 rounds",
            r"CPU cost to issue one eager op: \d+\.\d+ µs",
            r"eager: 20 adds of 256 elements \[simulated \(H200\)\]\s+step\s+\d+\.\d µs",
            r"graphed: 20 adds of 256 elements \[simulated \(H200\)\]",

@@ -213,6 +213,8 @@ def test_measurements_need_a_backend_object():
     (dict(repeats=0), ValueError, "repeats must be >= 1, got 0"),
     (dict(n_ops=-3), ValueError, "n_ops must be >= 1, got -3"),
     (dict(numel=-1), ValueError, "numel must be >= 1"),
+    (dict(rounds=0), ValueError, "rounds must be >= 1, got 0"),
+    (dict(rounds=2.5), TypeError, "rounds"),
 ])
 def test_measure_launch_cost_rejects_bad_counts(B, kw, err, words):
     with pytest.raises(err, match=words):

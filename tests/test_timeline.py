@@ -280,6 +280,18 @@ def test_measure_launch_cost_keys_and_sanity(B):
         assert "emulator" in m["note"]
 
 
+def test_measure_launch_cost_times_in_interleaved_rounds(B):
+    import statistics
+    m = T.measure_launch_cost(B, n_ops=10, numel=16, repeats=2, rounds=3)
+    eager, graph = m["rounds"]["eager_step_us"], m["rounds"]["graph_step_us"]
+    assert len(eager) == len(graph) == 3             # one value per round, per side
+    assert m["eager_step_us"] == statistics.median(eager)
+    assert m["graph_step_us"] == statistics.median(graph)
+    v = m["verdict"]
+    assert (v.a, v.b, len(v.a_rounds)) == ("graph", "eager", 3)
+    assert list(v.a_rounds) == graph and list(v.b_rounds) == eager
+
+
 def test_sweep_measured_runs(B):
     rows = T.sweep_measured(B, [16, 256], n_ops=5, repeats=2)
     assert [r["numel"] for r in rows] == [16, 256]

@@ -40,13 +40,14 @@ the share of requests whose tokens equal the family without it
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 
 import torch
 
 from labkit.bench import SuiteSkip, make_row, unmeasured_rows
 from labkit.bench.decode import CPU_MODEL, MODEL
-from labkit.bench.rounds import DEFAULT_ROUNDS, interleave
+from labkit.bench.rounds import DEFAULT_ROUNDS, WIN_SHARE, interleave, median_range, verdict
 from labkit.bench.variants import check_names, defaults
 from labkit.bench.variants import variant as declared_variant
 from labkit.core.timing import profile_gpu_busy_us
@@ -76,6 +77,41 @@ def serve_sample(run_once) -> dict[str, float]:
     return {"median_us": 1e6 * lat[len(lat) // 2],
             "decode_tokens_per_s": s["decode_tokens_per_s"],
             "tokens_per_s": s["tokens_per_s"], "wall_s": res.wall_s}
+
+
+def time_loops(loops, *, where: str, rounds: int = DEFAULT_ROUNDS, seed: int = 0,
+               log=print) -> dict:
+    """Run each serving loop once per round, interleaved; print each loop's median and
+    min–max over the rounds, then the verdicts of the last loop against the first.
+
+    Args:
+        loops: name → a callable that runs the whole workload once and returns its
+            :class:`labkit.decode.ServeResult` (e.g. ``lambda: serve(model, workload)``);
+            at least two, the baseline first.
+        where: what measured it, for the header line (``"measured on NVIDIA H200"``).
+        rounds, seed: as for :func:`labkit.bench.rounds.interleave`.
+        log: where the lines go.
+
+    Returns:
+        :func:`~labkit.bench.rounds.interleave`'s result: name → ``{method: [one value
+        per round]}`` (methods of :func:`serve_sample`).
+    """
+    if not isinstance(loops, dict) or len(loops) < 2:
+        raise ValueError(f"time_loops compares serving loops: give a dict of at least two "
+                         f"name -> callable, the baseline first; got {loops!r:.80}")
+    timed = interleave(loops, serve_sample, rounds=rounds, seed=seed)
+    log(f"median (min–max) over {rounds} interleaved rounds, {where}")
+    for method, label in (("median_us", "decode step p50"), ("wall_s", "whole run"),
+                          ("decode_tokens_per_s", "decode tokens")):
+        log((f"{label:16s}" + "".join(f"{name} {median_range(t[method], method):29s}"
+                                      for name, t in timed.items())).rstrip())
+    (first, t0), (last, t1) = list(timed.items())[0], list(timed.items())[-1]
+    need = math.ceil(WIN_SHARE * rounds - 1e-9)
+    log(f"verdicts (faster = ahead in at least {need} of {rounds} rounds):")
+    for method, label in (("median_us", "decode step"), ("wall_s", "whole run")):
+        v = verdict(last, t1[method], first, t0[method], method=method)
+        log(f"{label + ':':13s} {v.short()}")
+    return timed
 
 
 def run(B, quick: bool = False, log=print, model_args: dict | None = None,

@@ -54,6 +54,8 @@ def _demo_01(B, small):
     print(f"{'':26s}{'eager':>9s}{'graph':>9s}{'ratio':>8s}")
     print(f"{'µs per kernel, this run':26s}{m['eager_us_per_kernel']:9.2f}"
           f"{m['graph_us_per_kernel']:9.2f}{m['speedup']:7.1f}×  ({m['timer']}, {m['device']})")
+    print(f"verdict over {len(m['rounds']['eager_step_us'])} interleaved rounds: "
+          f"{m['verdict'].short()}")
     print(f"CPU cost to issue one eager op: {m['cpu_us_per_launch']:.2f} µs")
     if B.is_emulated:
         print("emulated: the 'graph' column is the emulator replaying the recorded ops on "

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
 from labkit import backend
-from labkit.capture import cleanup_on_failure, side_stream_warmup
+from labkit.capture import cleanup_on_failure, paused_gc, side_stream_warmup
+from labkit.core.rounds import DEFAULT_ROUNDS, interleave, verdict
 from labkit.core.timing import device_name, time_call
 from labkit.core.validate import check_int
 from labkit.timeline.model import _check_dtype
@@ -68,14 +70,14 @@ def chain_steps(B, n_ops: int = 100, numel: int = 256, dtype: torch.dtype = torc
     x = torch.zeros(numel, device=B.device, dtype=dtype)
     side_stream_warmup(chain, x, n_ops, B=B, iters=warmup)
     g = B.CUDAGraph()
-    with cleanup_on_failure(B), B.graph(g):
+    with cleanup_on_failure(B), paused_gc(), B.graph(g):
         out = chain(x, n_ops)
     B.synchronize()
     return ChainSteps(eager=lambda: chain(x, n_ops), graphed=g.replay, graph=g, x=x, out=out,
                       n_ops=n_ops)
 
 
-def _check_chain_args(B, *, n_ops, numel, dtype, warmup, repeats=1):
+def _check_chain_args(B, *, n_ops, numel, dtype, warmup, repeats=1, rounds=1):
     """The backend (``B`` or ``get("auto")``), after the arguments every measurement of a
     chain shares are checked, before any capture."""
     B = backend.ensure(B)
@@ -83,27 +85,36 @@ def _check_chain_args(B, *, n_ops, numel, dtype, warmup, repeats=1):
     check_int("numel", numel, 1)
     check_int("warmup", warmup, 0)
     check_int("repeats", repeats, 1)
+    check_int("rounds", rounds, 1)
     _check_dtype(dtype)
     return B
 
 
 def measure_launch_cost(B, n_ops: int = 100, numel: int = 256, repeats: int = 20,
-                        warmup: int = 3, dtype: torch.dtype = torch.float32) -> dict:
+                        warmup: int = 3, dtype: torch.dtype = torch.float32,
+                        rounds: int = DEFAULT_ROUNDS, seed: int = 0) -> dict:
     """Per-kernel cost of a chain of ``n_ops`` tiny adds, eager vs one graph replay.
 
-    Both are timed by :func:`labkit.core.timing.time_call` (the median of ``repeats``).
+    The two are timed in interleaved rounds (:func:`labkit.core.rounds.interleave`): each
+    round times both, in a shuffled order, by :func:`labkit.core.timing.time_call` (the
+    median of ``repeats`` samples). A figure is the median over rounds.
 
     Args:
         B: the backend (``None``: ``labkit.backend.get("auto")``).
         n_ops, numel, dtype, warmup: the chain, as for :func:`chain_steps`.
-        repeats: timed samples of each.
+        repeats: timed samples of each, per round.
+        rounds: interleaved rounds (a ``verdict`` wants at least 5).
+        seed: the seed of the rounds' shuffled orders.
 
     Returns:
         A dict: ``eager_step_us`` / ``graph_step_us`` (one step), ``eager_us_per_kernel`` /
         ``graph_us_per_kernel`` (a step / ``n_ops``), their ratio ``speedup``,
         ``cpu_us_per_launch`` (issuing one eager op: the ``launch_us`` that a
         :func:`simulate` of this machine wants), ``cpu_us_per_replay`` (issuing one
-        ``g.replay()``), ``timer``, ``device`` and the arguments.
+        ``g.replay()``), ``rounds`` (``{"eager_step_us": [...], "graph_step_us": [...]}``,
+        one value per round), ``verdict`` (a :class:`labkit.core.rounds.Verdict`: is the
+        replay faster in at least 4 of 5 rounds?), ``timer``, ``device`` and the
+        arguments.
 
     .. warning::
         On the emulator the step times are CPU wall times: the eager number is the real
@@ -112,14 +123,18 @@ def measure_launch_cost(B, n_ops: int = 100, numel: int = 256, repeats: int = 20
         ops), not what a GPU gains; the ``note`` key says so.
     """
     B = _check_chain_args(B, n_ops=n_ops, numel=numel, dtype=dtype, warmup=warmup,
-                          repeats=repeats)
+                          repeats=repeats, rounds=rounds)
     steps = chain_steps(B, n_ops=n_ops, numel=numel, dtype=dtype, warmup=warmup)
     for _ in range(warmup):
         steps.eager()
         steps.graphed()
-    eager_step, eager_cpu = time_call(steps.eager, B, warmup=0, repeats=repeats)
-    graph_step, graph_cpu = time_call(steps.graphed, B, warmup=0, repeats=repeats)
+    timed = interleave({"eager": steps.eager, "graph": steps.graphed},
+                       lambda fn: time_call(fn, B, warmup=0, repeats=repeats)._asdict(),
+                       rounds=rounds, seed=seed)
     B.synchronize()
+    eager_step, eager_cpu, graph_step, graph_cpu = (
+        statistics.median(timed[name][method])
+        for name in ("eager", "graph") for method in ("device_us", "host_us"))
     # Replay must have computed what the eager chain computes: x + n_ops in fp32, but in
     # fp16/bf16 the sum stops growing once 1 is below its precision (2048 in fp16), so the
     # reference is the eager result in the same dtype, not the number n_ops.
@@ -140,6 +155,10 @@ def measure_launch_cost(B, n_ops: int = 100, numel: int = 256, repeats: int = 20
         "speedup": eager_step / graph_step if graph_step > 0 else math.inf,
         "cpu_us_per_launch": eager_cpu / n_ops,
         "cpu_us_per_replay": graph_cpu,
+        "rounds": {"eager_step_us": timed["eager"]["device_us"],
+                   "graph_step_us": timed["graph"]["device_us"]},
+        "verdict": verdict("graph", timed["graph"]["device_us"],
+                           "eager", timed["eager"]["device_us"]),
     }
     if B.name != "cuda":
         result["note"] = ("emulated: eager = real per-op dispatch cost on this CPU; graph = the "
@@ -148,18 +167,22 @@ def measure_launch_cost(B, n_ops: int = 100, numel: int = 256, repeats: int = 20
 
 
 def sweep_measured(B, numels: Sequence[int], n_ops: int = 50, repeats: int = 10,
-                   dtype: torch.dtype = torch.float32) -> list[dict]:
-    """:func:`measure_launch_cost` at each size in ``numels``: one row per size.
+                   dtype: torch.dtype = torch.float32, rounds: int = 1) -> list[dict]:
+    """:func:`measure_launch_cost` at each size in ``numels``: one row per size, each the
+    median over ``rounds`` interleaved rounds (one by default: a sweep draws where the two
+    curves meet, it ranks nothing).
 
     .. warning::
         Meaningful on a GPU only. On the emulator both curves are CPU compute once tensors
         grow; :func:`sweep_simulated` draws the GPU picture there.
     """
     numels = _check_numels(numels)
-    B = _check_chain_args(B, n_ops=n_ops, numel=1, dtype=dtype, warmup=0, repeats=repeats)
+    B = _check_chain_args(B, n_ops=n_ops, numel=1, dtype=dtype, warmup=0, repeats=repeats,
+                          rounds=rounds)
     rows = []
     for numel in numels:
-        m = measure_launch_cost(B, n_ops=n_ops, numel=int(numel), repeats=repeats, dtype=dtype)
+        m = measure_launch_cost(B, n_ops=n_ops, numel=int(numel), repeats=repeats, dtype=dtype,
+                                rounds=rounds)
         rows.append({"numel": int(numel), "eager_us": m["eager_step_us"],
                      "graph_us": m["graph_step_us"], "n_kernels": n_ops,
                      "source": "measured", "device": m["device"],
