@@ -9,13 +9,17 @@ import pytest
 import torch
 
 from labkit import backend
+from labkit.capture import paused_gc
 from labkit.guards import error_text
 
 
 def capture(B, fn, pool=None):
-    """Capture ``fn()`` into a new graph on a side stream; return (graph, fn's result)."""
+    """Capture ``fn()`` into a new graph on a side stream; return (graph, fn's result).
+
+    The collector is paused during the capture (``labkit.capture.paused_gc``): a graph of
+    an earlier test freed mid-capture would invalidate it for a reason not under test."""
     g = B.CUDAGraph()
-    with B.graph(g, pool=pool):
+    with paused_gc(), B.graph(g, pool=pool):
         out = fn()
     return g, out
 
@@ -704,7 +708,9 @@ def test_repr_of_a_device_tensor_outside_capture(B):
 # ---- streams in capture ------------------------------------------------------------------
 
 def _fork(B):
-    cur, side = B.current_stream(), B.Stream()
+    # a high-priority stream: torch hands out pooled streams round-robin, so after enough
+    # of them a B.Stream() of the default priority is the capture stream itself
+    cur, side = B.current_stream(), B.Stream(priority=-1)
     side.wait_stream(cur)
     return cur, side
 
@@ -730,7 +736,7 @@ def test_a_fork_joined_by_events_is_captured(B):
     x = torch.arange(4.0, device=B.device)
 
     def body():
-        cur, side = B.current_stream(), B.Stream()
+        cur, side = B.current_stream(), B.Stream(priority=-1)
         forked = B.Event()
         forked.record(cur)
         side.wait_event(forked)
@@ -750,7 +756,7 @@ def test_a_fork_through_two_side_streams_joined_at_the_end(B):
     x = torch.arange(4.0, device=B.device)
 
     def body():
-        cur, s1, s2 = B.current_stream(), B.Stream(), B.Stream()
+        cur, s1, s2 = B.current_stream(), B.Stream(priority=-1), B.Stream(priority=-1)
         s1.wait_stream(cur)
         with B.stream(s1):
             y = x * 2
@@ -794,7 +800,7 @@ def _work_after_the_join(B, x):
 
 
 def _one_of_two_forks_joined(B, x):
-    cur, s1, s2 = B.current_stream(), B.Stream(), B.Stream()
+    cur, s1, s2 = B.current_stream(), B.Stream(priority=-1), B.Stream(priority=-1)
     s1.wait_stream(cur)
     with B.stream(s1):
         x * 2
