@@ -36,7 +36,8 @@ KEY_FIGURES = {
            r"aten\.gelu\.default, aten\.addmm\.default",
            r"3 replays, each equal to model\(batch\): True",
            r"now holds replay 3's result: True",
-           r"eager forward\s+\d+\.\d µs \| graph replay\s+\d+\.\d µs"],
+           r"eager forward\s+\d+\.\d µs \| graph replay\s+\d+\.\d µs",
+           r"medians of 5 interleaved rounds; verdict: graph replay "],
     "03": [r"capture by hand stops at the first hazard: CUDA error: operation not permitted "
            r"when stream is capturing",
            r"lint_capture\(step\): 10 findings \(7 fails capture, 2 silently wrong, 1 check\)",

@@ -3,6 +3,8 @@ the pitfalls of capture."""
 
 from __future__ import annotations
 
+import statistics
+
 from labkit.demo.common import _device, _measure_us
 
 # --------------------------------------------------------------------------- 00
@@ -96,6 +98,7 @@ def _demo_02(B, small):
     import torch
 
     from labkit.capture import capture, recorded_kernels
+    from labkit.core.rounds import interleave, verdict
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(),
@@ -118,11 +121,17 @@ def _demo_02(B, small):
         print(f"3 replays, each equal to model(batch): {all(ok)}")
         print("a reference kept from replay 1 now holds replay 3's result: "
               f"{torch.allclose(kept[0][1], model(kept[2][0]), atol=1e-5)} (clone() what you keep)")
-        eager_us = _measure_us(lambda: model(static_x), B, small)
-        replay_us = _measure_us(g.replay, B, small)
+        # both timed in interleaved rounds, so that a drifting host slows both alike
+        timed = interleave({"eager forward": lambda: model(static_x), "graph replay": g.replay},
+                           lambda fn: {"median_us": _measure_us(fn, B, small)})
+    eager_us, replay_us = (statistics.median(timed[k]["median_us"])
+                           for k in ("eager forward", "graph replay"))
     ratio = eager_us / replay_us
     print(f"eager forward {eager_us:8.1f} µs | graph replay {replay_us:8.1f} µs | {ratio:.1f}× "
           f"[{_device(B)}]")
+    v = verdict("graph replay", timed["graph replay"]["median_us"],
+                "eager forward", timed["eager forward"]["median_us"])
+    print(f"medians of {len(v.a_rounds)} interleaved rounds; verdict: {v.short()}")
     if B.is_emulated:
         print("emulated: both times are this CPU's; the emulator replays the recorded ops in "
               "Python, so the ratio says nothing about a GPU (lesson 01 simulates that)")
