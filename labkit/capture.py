@@ -40,7 +40,7 @@ from labkit.core.validate import check_int
 
 __all__ = [
     "on_side_stream", "side_stream_warmup", "capture", "cleanup_on_failure", "Captured",
-    "fresh_cublas_workspaces", "own_cublas_workspace", "paused_gc",
+    "fresh_cublas_workspaces", "own_cublas_workspace", "paused_gc", "capturing",
     "StaticGraph",
     "recorded_kernels",
     "short_kernel_name", "format_pool_stats",
@@ -187,9 +187,9 @@ def capture(fn: Callable, *args, B=None, pool=None, stream=None, warmup: int = 3
     if warmup:
         side_stream_warmup(fn, *args, B=B, iters=warmup, **kwargs)
     g = B.CUDAGraph()
-    with cleanup_on_failure(B), paused_gc(), own_cublas_workspace(B, g, pool):
-        with B.graph(g, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
-            out = fn(*args, **kwargs)
+    with cleanup_on_failure(B), capturing(B, g, pool=pool, stream=stream,
+                                          capture_error_mode=capture_error_mode):
+        out = fn(*args, **kwargs)
     return Captured(g, out)
 
 
@@ -216,6 +216,16 @@ def paused_gc():
     finally:
         if was_enabled:
             gc.enable()
+
+
+@contextlib.contextmanager
+def capturing(B, g, *, pool=None, stream=None, capture_error_mode: str = "global"):
+    """``B.graph(g, ...)`` as every labkit capture runs it: with the collector paused
+    (:func:`paused_gc`) and a cuBLAS workspace of the graph's own pool
+    (:func:`own_cublas_workspace`). The arguments are ``B.graph``'s."""
+    with paused_gc(), own_cublas_workspace(B, g, pool), B.graph(
+            g, pool=pool, stream=stream, capture_error_mode=capture_error_mode):
+        yield
 
 
 @contextlib.contextmanager

@@ -40,14 +40,13 @@ the share of requests whose tokens equal the family without it
 from __future__ import annotations
 
 import gc
-import math
 import statistics
 
 import torch
 
 from labkit.bench import SuiteSkip, make_row, unmeasured_rows
 from labkit.bench.decode import CPU_MODEL, MODEL
-from labkit.bench.rounds import DEFAULT_ROUNDS, WIN_SHARE, interleave, median_range, verdict
+from labkit.bench.rounds import DEFAULT_ROUNDS, interleave, median_range, verdict, wins_needed
 from labkit.bench.variants import check_names, defaults
 from labkit.bench.variants import variant as declared_variant
 from labkit.core.timing import profile_gpu_busy_us
@@ -106,8 +105,7 @@ def time_loops(loops, *, where: str, rounds: int = DEFAULT_ROUNDS, seed: int = 0
         log((f"{label:16s}" + "".join(f"{name} {median_range(t[method], method):29s}"
                                       for name, t in timed.items())).rstrip())
     (first, t0), (last, t1) = list(timed.items())[0], list(timed.items())[-1]
-    need = math.ceil(WIN_SHARE * rounds - 1e-9)
-    log(f"verdicts (faster = ahead in at least {need} of {rounds} rounds):")
+    log(f"verdicts (faster = ahead in at least {wins_needed(rounds)} of {rounds} rounds):")
     for method, label in (("median_us", "decode step"), ("wall_s", "whole run")):
         v = verdict(last, t1[method], first, t0[method], method=method)
         log(f"{label + ':':13s} {v.short()}")

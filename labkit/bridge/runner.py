@@ -15,10 +15,9 @@ import torch
 from labkit.backend import check_graph_options, ensure
 from labkit.bridge.replay import GraphStatus, ReplayNode, replay_backward, replay_forward
 from labkit.capture import (
+    capturing,
     cleanup_on_failure,
     on_side_stream,
-    own_cublas_workspace,
-    paused_gc,
 )
 from labkit.core.main_grad import check_module as _check_module
 from labkit.core.signature import ArgMetadata as ArgMeta
@@ -354,8 +353,8 @@ class GraphRunner:
             for gen in self.generators:              # RNG the layer draws from
                 g.register_generator_state(gen)
             ctx = torch.enable_grad() if self.grad_enabled else torch.no_grad()
-            with cleanup_on_failure(B), paused_gc(), own_cublas_workspace(B, g, self.pool), \
-                    ctx, B.graph(g, pool=self.pool, stream=capture_stream(B)):
+            with cleanup_on_failure(B), ctx, capturing(B, g, pool=self.pool,
+                                                       stream=capture_stream(B)):
                 outs = self.func(*static)
         finally:
             if backup is not None:
@@ -396,8 +395,8 @@ class GraphRunner:
         flags_before = {p: p.grad_added_to_main_grad for p in self.params_to_backprop
                         if hasattr(p, "grad_added_to_main_grad")}
         try:
-            with cleanup_on_failure(B), paused_gc(), own_cublas_workspace(B, g, self.pool), \
-                    B.graph(g, pool=self.pool, stream=capture_stream(B)):
+            with cleanup_on_failure(B), capturing(B, g, pool=self.pool,
+                                                  stream=capture_stream(B)):
                 grads = torch.autograd.grad(outs, wants, grad_outputs=douts,
                                             only_inputs=True, allow_unused=True)
         except BaseException:

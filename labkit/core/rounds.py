@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Hashable, Mapping, Sequence
 
 __all__ = ["DEFAULT_ROUNDS", "WIN_SHARE", "METHODS", "interleave", "summary", "Verdict",
-           "verdict", "format_us", "median_range"]
+           "verdict", "wins_needed", "format_us", "median_range"]
 
 DEFAULT_ROUNDS = 5
 WIN_SHARE = 0.8          # 4 of 5 rounds
@@ -192,6 +192,11 @@ class Verdict:
     __str__ = text
 
 
+def wins_needed(rounds: int, share: float = WIN_SHARE) -> int:
+    """Rounds a side must win to be called faster: ``ceil(share × rounds)`` (4 of 5)."""
+    return math.ceil(share * rounds - 1e-9)
+
+
 def verdict(a: str, a_rounds: Sequence[float], b: str, b_rounds: Sequence[float], *,
             method: str = "median_us", share: float = WIN_SHARE,
             label: str | None = None) -> Verdict:
@@ -213,7 +218,7 @@ def verdict(a: str, a_rounds: Sequence[float], b: str, b_rounds: Sequence[float]
         raise ValueError(f"{a!r} has {len(a_rounds)} rounds and {b!r} {len(b_rounds)}: a "
                          "verdict pairs rows timed in the same rounds (same run, same "
                          "--rounds)")
-    need = math.ceil(share * len(a_rounds) - 1e-9)
+    need = wins_needed(len(a_rounds), share)
     wins_a = sum(x < y for x, y in zip(a_rounds, b_rounds))
     wins_b = sum(y < x for x, y in zip(a_rounds, b_rounds))
     winner = a if wins_a >= need else b if wins_b >= need else None

@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 from labkit.backend import ensure as ensure_backend
-from labkit.capture import own_cublas_workspace, paused_gc
+from labkit.capture import capturing
 from labkit.core.validate import check_int
 
 from .attention import TorchNativeAttnBackend, make_attn_backend
@@ -93,9 +93,8 @@ class FullGraphBackend:
         B = self.B
         self.warm_up(forward_fn, post_warmup_hook)
         g = B.CUDAGraph()
-        with paused_gc(), own_cublas_workspace(B, g, self.pool), B.graph(
-                g, pool=self.pool, stream=self.stream,
-                capture_error_mode=self.capture_error_mode):
+        with capturing(B, g, pool=self.pool, stream=self.stream,
+                       capture_error_mode=self.capture_error_mode):
             out = forward_fn()
         B.synchronize()
         self.graphs[key] = g

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit.backend import ensure as ensure_backend
-from labkit.capture import own_cublas_workspace, paused_gc
+from labkit.capture import capturing
 from labkit.core.validate import check_int
 
 from .batch import check_model
@@ -226,8 +226,7 @@ def measure_bill(model, B, buckets, *, pools: str = "shared", order: str = "larg
                 B.synchronize()
                 pool = shared if shared is not None else B.graph_pool_handle()
                 g = B.CUDAGraph()
-                with paused_gc(), own_cublas_workspace(B, g, pool), \
-                        B.graph(g, pool=pool, stream=stream):
+                with capturing(B, g, pool=pool, stream=stream):
                     out = fn()
                 B.synchronize()
                 secs = time.perf_counter() - t0

@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from labkit import backend
-from labkit.capture import cleanup_on_failure, on_side_stream, own_cublas_workspace, paused_gc
+from labkit.capture import capturing, cleanup_on_failure, on_side_stream
 from labkit.core.validate import check_int
 
 from .optimizer import require_optimizer_state
@@ -79,9 +79,8 @@ class FullCudaGraphWrapper:
             g.register_generator_state(gen)
         B.synchronize()                 # the barrier before: nothing in flight is captured
         self.result = None              # a capture that raises leaves no result
-        with cleanup_on_failure(B), paused_gc(), own_cublas_workspace(B, g, self.pool), B.graph(
-                g, pool=self.pool, stream=self.stream,
-                capture_error_mode=self.capture_error_mode):
+        with cleanup_on_failure(B), capturing(B, g, pool=self.pool, stream=self.stream,
+                                              capture_error_mode=self.capture_error_mode):
             self.result = self.step_fn()
         B.synchronize()                 # the barrier after: the capture has fully ended
         self.graph = g

@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 
 from labkit.backend import ensure as ensure_backend
-from labkit.capture import own_cublas_workspace, paused_gc
+from labkit.capture import capturing
 from labkit.core.validate import check_int
 from labkit.decode.attention import make_attn_backend
 from labkit.decode.batch import ForwardBatch, ForwardMode, check_batch, check_model
@@ -95,8 +95,7 @@ class PiecewiseBackend(FullGraphBackend):
     def capture_piece(self, index: int, submod: nn.Module, args: tuple):
         g = self.B.CUDAGraph()
         self.B.synchronize()
-        with paused_gc(), own_cublas_workspace(self.B, g, self.pool), \
-                self.B.graph(g, pool=self.pool, stream=self.stream):
+        with capturing(self.B, g, pool=self.pool, stream=self.stream):
             out = submod(*args)
         key = (self.bucket, index)
         self.graphs[key], self.inputs[key], self.outputs[key] = g, args, out

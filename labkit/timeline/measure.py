@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from labkit import backend
-from labkit.capture import cleanup_on_failure, paused_gc, side_stream_warmup
+from labkit.capture import capturing, cleanup_on_failure, side_stream_warmup
 from labkit.core.rounds import DEFAULT_ROUNDS, interleave, verdict
 from labkit.core.timing import device_name, time_call
 from labkit.core.validate import check_int
@@ -70,7 +70,7 @@ def chain_steps(B, n_ops: int = 100, numel: int = 256, dtype: torch.dtype = torc
     x = torch.zeros(numel, device=B.device, dtype=dtype)
     side_stream_warmup(chain, x, n_ops, B=B, iters=warmup)
     g = B.CUDAGraph()
-    with cleanup_on_failure(B), paused_gc(), B.graph(g):
+    with cleanup_on_failure(B), capturing(B, g):
         out = chain(x, n_ops)
     B.synchronize()
     return ChainSteps(eager=lambda: chain(x, n_ops), graphed=g.replay, graph=g, x=x, out=out,
