@@ -149,6 +149,13 @@ def own_cublas_workspace(B, g, pool=None):
         not to the device. Capturing into the older pool again after that can place a
         tensor in the block those graphs still write to: finish one pool's captures before
         starting another's, as labkit's runners do.
+
+    .. warning::
+        Warm everything up before a pool's first capture. The workspace is cached per
+        (cuBLAS handle, stream), and each thread has its own handle: autograd runs a
+        backward on its device thread. A warm-up backward after the first capture caches
+        that thread's workspace from the general pool, the pool's later captures record
+        it, and the next drop frees it from under them.
     """
     if getattr(B, "name", None) == "cuda" and (
             pool is None or _pool_key(pool) not in _POOLS_WITH_WORKSPACE):

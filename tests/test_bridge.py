@@ -240,3 +240,36 @@ def _backward_without(step):
     return fn
 
 
+
+
+class _Logged(torch.nn.Module):
+    """A linear layer that logs, per forward, whether a capture was under way."""
+
+    def __init__(self, name, log, B):
+        super().__init__()
+        self.name, self.log, self.B = name, log, B
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        self.log.append((self.name, "capture" if self.B.is_current_stream_capturing()
+                         else "eager"))
+        return self.lin(x)
+
+
+def test_make_graphed_callables_warms_every_callable_before_the_first_capture(B):
+    log = []
+    layers = tuple(_Logged(n, log, B).to(B.device) for n in ("a", "b", "c"))
+    samples = tuple((torch.randn(2, 8, device=B.device, requires_grad=True),) for _ in layers)
+    bridge.make_graphed_callables(layers, samples, B=B, num_warmup_iters=2)
+    assert log == [(n, "eager") for n in "aabbcc"] + [(n, "capture") for n in "abc"]
+
+
+def test_create_fwd_graph_skips_the_warmups_warmup_ran(B):
+    log = []
+    r = GraphRunner(_Logged("a", log, B).to(B.device), B, num_warmup=2)
+    sample = (torch.randn(2, 8, device=B.device, requires_grad=True),)
+    r.warmup(sample)
+    r.create_fwd_graph(sample)
+    assert log == [("a", "eager"), ("a", "eager"), ("a", "capture")]
+    with pytest.raises(RuntimeError, match="warm up before create_fwd_graph, not after"):
+        r.warmup(sample)

@@ -6,6 +6,7 @@ GPU (``pytest -m cuda``) they free every cached workspace, return the memory, sc
 over fresh allocations and replay.
 """
 
+import pytest
 import torch
 
 from labkit import capture as C
@@ -85,3 +86,37 @@ def test_decode_graphs_survive_a_workspace_clear(B):
     eager = r.eager_forward(batch).clone()
     graphed = r.forward(batch)
     torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-4)
+
+
+def _general_pool_blocks_on(stream) -> set:
+    """(address, size) of every live block of the general pool allocated on ``stream``."""
+    return {(b["address"], b["size"])
+            for seg in torch.cuda.memory_snapshot()
+            if tuple(seg["segment_pool_id"]) == (0, 0) and seg["stream"] == stream.cuda_stream
+            for b in seg["blocks"] if b["state"] == "active_allocated"}
+
+
+def test_bridge_graphs_of_several_layers_record_no_general_pool_workspace(B):
+    """Two layers, one pool: a warm-up between two captures would cache a workspace from
+    the general pool for the autograd thread's cuBLAS handle, and every backward capture
+    after it would record that block, and the next clear frees it from under them. All
+    warm-ups run before the first capture."""
+    if B.name != "cuda":
+        pytest.skip("the emulator has no cuBLAS workspaces")
+    from labkit.bridge import capture_stream
+
+    torch.manual_seed(0)
+    layers = tuple(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(),
+                                       torch.nn.Linear(256, 256)).to(B.device)
+                   for _ in range(2))
+    samples = tuple((torch.randn(64, 256, device=B.device, requires_grad=True),)
+                    for _ in layers)
+    C.fresh_cublas_workspaces(B)
+    make_graphed_callables(layers, samples, B=B)
+    B.synchronize()
+    stream = capture_stream(B)
+    before = _general_pool_blocks_on(stream)
+    C.fresh_cublas_workspaces(B)         # frees exactly the cached workspaces
+    freed = before - _general_pool_blocks_on(stream)
+    assert not freed, (f"{len(freed)} cached cuBLAS workspace(s) of the general pool on the "
+                       f"capture stream after the captures: {sorted(freed)}")

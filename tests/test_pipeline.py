@@ -239,3 +239,20 @@ def test_pre_forward_hooks_called_by_hand_on_replay(B):
     blocks[1].register_forward_pre_hook(lambda mod, args: None)
     with pytest.raises(RuntimeError, match="would not run"):
         train_step(stages, *zip(*_data(2, 1, B)[0]), record=record, B=B)
+
+
+def test_create_cudagraphs_warms_every_runner_before_the_first_capture(B):
+    """A warm-up between two captures into the shared pool would cache a cuBLAS workspace
+    that the later captures record (see labkit.capture.own_cublas_workspace)."""
+    blocks = make_blocks(2, seed=0, hidden=16, heads=2, ffn=32, device=B.device)
+    record = GlobalRecord()
+    stages = split_stages(graph_layers(blocks, B, record, reuse=False, num_warmup=1), 2)
+    warmed = []
+
+    def create(entries):
+        warmed.extend(e[0]._warmed_up for e in entries if e[1] == "fwd")
+        __import__("labkit.pipeline.record", fromlist=["x"]).create_in_order(entries)
+
+    train_step(stages, *zip(*_data(2, 1, B)[0]), record=record, B=B,
+               create_graphs={"create": create})
+    assert warmed and all(warmed)

@@ -12,11 +12,12 @@ The model is ``labkit.full_step``'s ``"bench"`` LM: 6 pre-norm transformer layer
 ``labkit_bridge_no_clone``
     the same with ``clone_wgrads=False``: the weight gradients returned as the static
     buffers, as torch's function returns them, instead of Megatron's clone per weight
-    gradient per microbatch (safe here: each layer has its own runner and the microbatches
-    run one after another, so no replay overwrites a buffer before autograd reads it).
+    gradient per microbatch. It shows what the clone costs, and trains wrongly: over 4
+    microbatches ``.grad`` ends up aliasing the static buffer, which the next replay
+    overwrites (lesson 04 §5, pytorch#181723).
 ``torch_make_graphed_callables``
     the same with ``torch.cuda.make_graphed_callables`` (one call for all layers: one
-    pool, forwards captured in order, backwards in reverse).
+    pool, forwards captured in order, backwards in reverse); wrong in the same way.
 ``labkit_full_step``
     ``FullStepTrainer``: fwd+bwd of all microbatches as one graph and
     ``AdamW(capturable=True)`` as a second, sharing a pool (Megatron's ``full_iteration``).
@@ -33,6 +34,8 @@ into the static buffers included), timed both ways: synced before every step
 (``median_us``) and back to back (``back_to_back_us``, 20 steps between two events). All
 variants are built first and then timed in interleaved rounds
 (:mod:`labkit.bench.rounds`); GPU busy comes from one profiled step after the rounds.
+Each row records ``max_abs_diff_vs_eager``: how far the variant's weights are from
+eager's after the same build steps.
 """
 
 from __future__ import annotations
@@ -107,6 +110,21 @@ def build(variant: str, cfg: FS.LMConfig, B):
                      "for it: add one")
 
 
+def _drift_from_eager(trained: dict) -> dict:
+    """variant → ``{"max_abs_diff_vs_eager": ...}``: how far its weights are from eager's
+    after the same steps from the same weights (every variant trains; a wrong gradient
+    shows here, e.g. the static wgrad buffers under gradient accumulation)."""
+    ref = trained.get("eager")
+    if ref is None:
+        return {}
+    out = {}
+    for variant, params in trained.items():
+        if variant != "eager":
+            diff = max((a - b).abs().max().item() for a, b in zip(params, ref))
+            out[variant] = {"max_abs_diff_vs_eager": float(f"{diff:.3g}")}
+    return out
+
+
 def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
         variants=VARIANTS, rounds: int = DEFAULT_ROUNDS, seed: int = 0) -> list[dict]:
     variants = check_names("train", variants)
@@ -118,7 +136,7 @@ def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
     repeats, warmup = (4, 2) if quick else (10, 3)
     gen = torch.Generator().manual_seed(0)
     batches = [FS.random_microbatches(cfg, gen, device=B.device) for _ in range(4)]
-    rows, steps, notes = [], {}, {}
+    rows, steps, notes, trained = [], {}, {}, {}
     for variant in variants:                 # build (and warm up) everything first
         try:
             skips = cudagraph_skips()
@@ -130,6 +148,7 @@ def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
 
             for _ in range(warmup + 3):      # past FullStepTrainer's warm-up and capture
                 step()
+            trained[variant] = [p.detach().clone() for p in trainer.model.parameters()]
             if variant == "compile_reduce_overhead" and cudagraph_skips() > skips:
                 notes[variant] = "torch skipped cudagraphs for part of the model (see its log)"
             steps[variant] = step
@@ -141,10 +160,12 @@ def run(B, quick: bool = False, log=print, cfg: FS.LMConfig | str | None = None,
         timed = interleave(steps, round_timer(B, warmup=warmup, repeats=repeats, calls=20,
                                               b2b_repeats=2),
                            rounds=rounds, seed=seed, log=log)
+        drift = _drift_from_eager(trained)
         for variant, step in steps.items():
             busy = profile_gpu_busy_us(step, B)
             row = make_row(B, "train", name, config, cfg.micro_batch, variant, None, busy,
-                           note=notes.get(variant), rounds=timed[variant])
+                           note=notes.get(variant), rounds=timed[variant],
+                           extra=drift.get(variant))
             rows.append(row)
             log(f"  train {variant:30s} synced {row['median_us'] / 1e3:9.3f} ms | back to back "
                 f"{row['back_to_back_us'] / 1e3:9.3f} ms" +

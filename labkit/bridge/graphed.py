@@ -72,9 +72,10 @@ def make_graphed_callables(callables, sample_args, *, B=None, pool=None,
     The same contract as ``torch.cuda.make_graphed_callables``: ``callables`` is one
     module/function or a tuple of them, ``sample_args`` the matching tuple of argument
     tuples; the result is a graphed callable (or a tuple of them) that must be called
-    with arguments of the same shapes and dtypes. All graphs share one pool; forwards
-    are captured in the order given and backwards in reverse order, which is the order
-    a model that calls them in sequence replays them in.
+    with arguments of the same shapes and dtypes. All graphs share one pool; every
+    callable is warmed up first (:meth:`GraphRunner.warmup`), then forwards are captured
+    in the order given and backwards in reverse order, which is the order a model that
+    calls them in sequence replays them in.
 
     ``runner_kw`` is passed to each :class:`GraphRunner` (``generators``,
     ``clone_wgrads``...). Modules come back wrapped in :class:`GraphedModule`; functions
@@ -103,6 +104,8 @@ def make_graphed_callables(callables, sample_args, *, B=None, pool=None,
                              "once, at capture, not at every call. Remove them first.")
         runners.append(GraphRunner(module, B, pool=pool, func=c, num_warmup=num_warmup_iters,
                                    **runner_kw))
+    for r, args in zip(runners, sample_args):   # every warm-up before the pool's first capture
+        r.warmup(tuple(args))
     for r, args in zip(runners, sample_args):
         r.create_fwd_graph(tuple(args))
     for r in reversed(runners):

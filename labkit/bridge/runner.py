@@ -287,6 +287,7 @@ class GraphRunner:
         self.static_grad_inputs: tuple = ()
         self.groundtruth_grad_added_to_main_grad: dict = {}
         self.grad_enabled = False
+        self._warmed_up = False                     # warmup() ran: create_fwd_graph skips it
         self.replays = {"fwd": 0, "bwd": 0}
         self.copies = {"fwd": 0, "bwd": 0}          # copy_ calls made by replays
         # per-call fast path, derived from arg_metas once (see _prepare_guard)
@@ -321,18 +322,10 @@ class GraphRunner:
                                                                  for o in outs],
                                         allow_unused=True)
 
-    def create_fwd_graph(self, sample_args: Sequence) -> None:
-        """Warm up, then capture the forward into ``self.pool`` (Megatron's ``create_fwd_graph``).
-
-        ``sample_args``: tensors (their values seed the static buffers) or
-        :class:`ArgMeta` (buffers start as zeros), or non-tensor values (baked in).
-        """
-        if self.fwd_graph is not None:
-            raise RuntimeError(f"{self.name}: the forward graph already exists (a runner "
-                               "captures once; make a new GraphRunner for other arguments)")
-        B = self.B
-        sample_args = _check_arg_tuple(sample_args, f"{self.name}: create_fwd_graph(sample_args)")
-        _check_sample_devices(self.name, sample_args, B)
+    def _set_static_args(self, sample_args: Sequence, where: str) -> list:
+        """Check ``sample_args`` and make the static buffers (and baked-in values) from them."""
+        sample_args = _check_arg_tuple(sample_args, f"{self.name}: {where}(sample_args)")
+        _check_sample_devices(self.name, sample_args, self.B)
         self.arg_metas = [ArgMeta.of(a) for a in sample_args]
         static = []
         for a, m in zip(sample_args, self.arg_metas):
@@ -344,11 +337,50 @@ class GraphRunner:
                 static.append(m.value)
         self.static_args = static
         self.grad_enabled = torch.is_grad_enabled() and self.module.training
+        return static
+
+    def warmup(self, sample_args: Sequence) -> None:
+        """Run now the warm-ups that :meth:`create_fwd_graph` would run; it then skips them.
+
+        Runners that share a pool are all warmed up before the pool's first capture
+        (``make_graphed_callables`` and the pipeline's ``create_cudagraphs`` do this, as
+        torch's ``make_graphed_callables`` does).
+
+        .. warning::
+            A warm-up between two captures into one pool can leave the pool's later
+            graphs writing to a cuBLAS workspace they do not own (the backward's, cached
+            anew from the general pool; see :func:`labkit.capture.own_cublas_workspace`).
+        """
+        if self.fwd_graph is not None:
+            raise RuntimeError(f"{self.name}: the forward graph already exists: warm up "
+                               "before create_fwd_graph, not after")
+        self._set_static_args(sample_args, "warmup")
+        backup = self._backup() if self.restore_after_warmup else None
+        try:
+            self._warmup()
+        finally:
+            if backup is not None:
+                self._restore(backup)
+        self._warmed_up = True
+
+    def create_fwd_graph(self, sample_args: Sequence) -> None:
+        """Warm up, then capture the forward into ``self.pool`` (Megatron's ``create_fwd_graph``).
+
+        ``sample_args``: tensors (their values seed the static buffers) or
+        :class:`ArgMeta` (buffers start as zeros), or non-tensor values (baked in). The
+        warm-ups are skipped if :meth:`warmup` already ran them.
+        """
+        if self.fwd_graph is not None:
+            raise RuntimeError(f"{self.name}: the forward graph already exists (a runner "
+                               "captures once; make a new GraphRunner for other arguments)")
+        B = self.B
+        static = self._set_static_args(sample_args, "create_fwd_graph")
 
         # warmup pollutes buffers and main_grad: back them up (as Megatron's create_fwd_graph)
         backup = self._backup() if self.restore_after_warmup else None
         try:
-            self._warmup()
+            if not self._warmed_up:
+                self._warmup()
             g = B.CUDAGraph()
             for gen in self.generators:              # RNG the layer draws from
                 g.register_generator_state(gen)

@@ -85,7 +85,9 @@ class GlobalRecord:
         ``pool``: ``"shared"`` (one pool for all graphs, Megatron's ``global_mempool``)
         or ``"per_graph"`` (a fresh pool for every graph: safe in any order, costs
         memory). ``create(entries)`` replaces the loop that creates the graphs (the
-        exercise). Returns the entries in the order used.
+        exercise). Every runner is warmed up first (:meth:`GraphRunner.warmup`), so no
+        eager work falls between two captures into the pool. Returns the entries in the
+        order used.
         """
         if self.created:
             if self.entries:
@@ -99,6 +101,9 @@ class GlobalRecord:
                 "B, record, ...)) sharing this record, before create_cudagraphs.")
         entries = reorder(self.entries, order) if not callable(order) else order(
             list(self.entries))
+        for e in self.entries:        # every warm-up before the pool's first capture
+            if e[1] == "fwd":
+                e[0].warmup(e[2])
         if pool == "shared":
             shared = B.graph_pool_handle()
             self.pools = [shared]
