@@ -11,8 +11,8 @@ graph runner and a continuous-batching serving loop. One module per idea:
                       table; imported on demand, it needs Triton)
     buckets    default_buckets, pad_to_bucket, explore_buckets
     buffers    StaticBuffers, Pad                     (per-buffer padding policy)
-    graph_runner_base  FullGraphBackend, BaseGraphRunner, EagerRunner (every graph runner's
-               base: lessons 06 and 09 build on it)
+    graph_runner_base  GraphBackend, FullGraphBackend, BaseGraphRunner, EagerRunner
+               (every graph runner's base: lessons 06 and 09 build on it)
     options    DecodeRunnerOptions                    (the runner's options, checked at once)
     runner     DecodeGraphRunner                      (one BucketEntry per bucket, one LoadedStep)
     demos      demo_stale_tail (lesson 06's stale padding tail)
@@ -43,7 +43,7 @@ from .buckets import (
 )
 from .buffers import SEQ_LEN_FILL_VALUE, GraphSlot, Pad, StaticBuffers
 from .demos import demo_stale_tail
-from .graph_runner_base import BaseGraphRunner, EagerRunner, FullGraphBackend
+from .graph_runner_base import BaseGraphRunner, EagerRunner, FullGraphBackend, GraphBackend
 from .model import CONFIGS, DUMMY_SLOT, ModelArgs, Transformer, build_model, greedy
 from .options import DecodeRunnerOptions
 from .runner import DecodeGraphRunner
@@ -57,6 +57,6 @@ __all__ = [
     "SEQ_LEN_FILL_VALUE", "GraphSlot", "Pad", "StaticBuffers",
     "CONFIGS", "DUMMY_SLOT", "ModelArgs", "Transformer", "build_model", "greedy",
     "BaseGraphRunner", "DecodeGraphRunner", "DecodeRunnerOptions", "EagerRunner",
-    "FullGraphBackend", "demo_stale_tail",
+    "FullGraphBackend", "GraphBackend", "demo_stale_tail",
     "Request", "ServeResult", "serve", "synthetic_workload",
 ]

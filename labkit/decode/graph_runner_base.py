@@ -7,6 +7,9 @@ backend, the capture loop and the eager fallback. Lesson 06's
 Layered as SGLang's runner is (``BaseCudaGraphRunner``, ``DecodeCudaGraphRunner`` and the
 pluggable ``FullCudaGraphBackend``, sgl-project/sglang at f438a118):
 
+:class:`GraphBackend`
+    what every graph backend shares: one pool and one capture stream per capture
+    session, the warm-ups on that stream, the graphs and their outputs, the cleanup.
 :class:`FullGraphBackend`
     the pluggable graph backend: ``capture_one(key, fn)`` (two warmups on the capture
     stream, then capture into the shared pool) and ``replay(key)``. One full graph per
@@ -37,18 +40,20 @@ from .batch import ForwardBatch, check_batch, check_model
 from .capture_utils import clean_up_after_failure, frozen_gc, progress_bar
 from .validation import WARMUP_WHY, check_same_caches
 
-__all__ = ["FullGraphBackend", "BaseGraphRunner", "EagerRunner"]
+__all__ = ["GraphBackend", "FullGraphBackend", "BaseGraphRunner", "EagerRunner"]
 
 logger = logging.getLogger("labkit.decode")
 
 
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 
-class FullGraphBackend:
-    """One full CUDA graph per shape key, all in one memory pool, one capture stream."""
+class GraphBackend:
+    """A graph backend's shared part: the pool, the capture stream, the warm-ups, the
+    graphs and their outputs. A backend adds ``capture_one(key, forward_fn,
+    post_warmup_hook=None)`` and the way it replays."""
 
     def __init__(self, B, num_warmups: int = 2, capture_error_mode: str = "global"):
-        self.B = ensure_backend(B, "FullGraphBackend(B)")
+        self.B = ensure_backend(B, f"{type(self).__name__}(B)")
         self.num_warmups = check_int("num_warmups", num_warmups, 1, fix=WARMUP_WHY)
         if capture_error_mode not in CAPTURE_ERROR_MODES:
             raise ValueError(f"capture_error_mode must be one of "
@@ -86,6 +91,20 @@ class FullGraphBackend:
                 post_warmup_hook()
         B.synchronize()
 
+    def cleanup(self) -> None:
+        """Reset and drop every graph (a new capture starts from nothing)."""
+        for g in self.graphs.values():
+            try:
+                g.reset()
+            except Exception:  # a graph whose capture failed may not reset: drop it anyway
+                pass
+        self.graphs.clear()
+        self.outputs.clear()
+
+
+class FullGraphBackend(GraphBackend):
+    """One full CUDA graph per shape key, all in one memory pool, one capture stream."""
+
     def capture_one(self, key, forward_fn: Callable[[], torch.Tensor],
                     post_warmup_hook: Callable[[], None] | None = None) -> torch.Tensor:
         """Warm ``forward_fn`` up (:meth:`warm_up`), then capture it into the shared pool as
@@ -110,16 +129,6 @@ class FullGraphBackend:
         g.replay()
         return self.outputs[key]
 
-    def cleanup(self) -> None:
-        """Reset and drop every graph (a new capture starts from nothing)."""
-        for g in self.graphs.values():
-            try:
-                g.reset()
-            except Exception:  # a graph whose capture failed may not reset: drop it anyway
-                pass
-        self.graphs.clear()
-        self.outputs.clear()
-
 
 class BaseGraphRunner:
     """Phase-agnostic: buckets, the largest-first capture loop, timing and pool memory.
@@ -128,7 +137,7 @@ class BaseGraphRunner:
     that runs the forward on the static buffers for a bucket of ``bs``).
     """
 
-    def __init__(self, B, buckets: list[int], backend: FullGraphBackend | None = None,
+    def __init__(self, B, buckets: list[int], backend: GraphBackend | None = None,
                  progress: bool = True):
         self.B = B
         self.buckets = list(buckets)

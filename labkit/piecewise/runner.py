@@ -11,7 +11,8 @@ between them.
 
 :class:`PiecewiseBackend`
     the pluggable graph backend, beside lesson 06's
-    :class:`~labkit.decode.runner.FullGraphBackend`: ``capture_one(bucket, forward_fn)``
+    :class:`~labkit.decode.runner.FullGraphBackend` (both on lesson 06's
+    :class:`~labkit.decode.graph_runner_base.GraphBackend`): ``capture_one(bucket, forward_fn)``
     warms the whole forward up, then runs it once more with every piece captured as it is
     reached. vLLM's ``CUDAGraphWrapper`` around each piece's ``PiecewiseBackend``.
 :class:`PiecewiseGraphRunner`
@@ -43,7 +44,7 @@ from labkit.decode.attention import make_attn_backend
 from labkit.decode.batch import ForwardBatch, ForwardMode, check_batch, check_model
 from labkit.decode.buckets import pad_to_bucket
 from labkit.decode.capture_utils import warn_fallback_once
-from labkit.decode.graph_runner_base import BaseGraphRunner, EagerRunner, FullGraphBackend
+from labkit.decode.graph_runner_base import BaseGraphRunner, EagerRunner, GraphBackend
 from labkit.decode.model import DUMMY_SLOT, attend
 from labkit.decode.validation import check_device, check_fallback, check_same_caches
 
@@ -54,18 +55,19 @@ __all__ = ["PiecewiseBackend", "PiecewiseGraphRunner", "GraphedPiece", "EagerAtt
            "capture_batch"]
 
 
-class PiecewiseBackend(FullGraphBackend):
+class PiecewiseBackend(GraphBackend):
     """Piecewise graphs: one graph per (token bucket, piece), all in one pool.
 
-    Lesson 06's :class:`~labkit.decode.runner.FullGraphBackend` with a graph per piece
-    instead of one per bucket. The pieces themselves (:class:`GraphedPiece`) read ``mode``
+    The :class:`~labkit.decode.graph_runner_base.GraphBackend` of lesson 06's
+    :class:`~labkit.decode.runner.FullGraphBackend`, with a graph per piece instead of one
+    per bucket. The pieces themselves (:class:`GraphedPiece`) read ``mode``
     and ``bucket`` from here, as vLLM's wrappers read the forward context: ``"eager"``
     runs them as they are, ``"capture"`` captures each one as it is reached, ``"replay"``
     replays the graph of ``bucket``.
     """
 
     def __init__(self, B, num_warmups: int = 2):
-        super().__init__(ensure_backend(B, "PiecewiseBackend(B)"), num_warmups)
+        super().__init__(B, num_warmups)
         self.inputs: dict = {}       # (bucket, piece index) -> the arguments it was captured with
         self.attn_outputs: dict = {}  # (bucket, attention index) -> where it writes its output
         self.mode = "eager"
@@ -79,23 +81,21 @@ class PiecewiseBackend(FullGraphBackend):
         finally:
             self.mode, self.bucket = "eager", None
 
-    def capture_one(self, bucket: int, forward_fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-        B = self.B
-        for _ in range(self.num_warmups):
-            # Warm up the whole forward on the capture stream, pieces and attention alike.
-            B.synchronize()
-            with B.stream(self.stream):
-                forward_fn()
-        B.synchronize()
-        with B.stream(self.stream), self.running("capture", bucket):
+    def capture_one(self, bucket: int, forward_fn: Callable[[], torch.Tensor],
+                    post_warmup_hook: Callable[[], None] | None = None) -> torch.Tensor:
+        """Warm the whole forward up, pieces and attention alike (:meth:`warm_up`), then
+        run it once in ``"capture"`` mode: each piece captures its graph as it is reached."""
+        self.warm_up(forward_fn, post_warmup_hook)
+        with self.B.stream(self.stream), self.running("capture", bucket):
             out = forward_fn()
-        B.synchronize()
+        self.B.synchronize()
         return out
 
     def capture_piece(self, index: int, submod: nn.Module, args: tuple):
         g = self.B.CUDAGraph()
         self.B.synchronize()
-        with capturing(self.B, g, pool=self.pool, stream=self.stream):
+        with capturing(self.B, g, pool=self.pool, stream=self.stream,
+                       capture_error_mode=self.capture_error_mode):
             out = submod(*args)
         key = (self.bucket, index)
         self.graphs[key], self.inputs[key], self.outputs[key] = g, args, out
@@ -115,10 +115,6 @@ class PiecewiseBackend(FullGraphBackend):
                 static[: new.size(0)].copy_(new)
         self.graphs[key].replay()
         return self.outputs[key]
-
-    def replay(self, key):
-        raise TypeError("PiecewiseBackend has no one graph per bucket to replay: run the "
-                        "split model with PiecewiseGraphRunner.replay(batch)")
 
     def cleanup(self) -> None:
         super().cleanup()
