@@ -375,11 +375,13 @@ def test_reference_model_computes_labkits_logits(kv_heads):
 
 
 def test_floors_are_drawn_on_the_decode_plot(tmp_path):
+    import matplotlib.pyplot as plt
+
     rows = [r for r in synthetic_rows() if r["suite"] == "decode"]
+    open_before = set(plt.get_fignums())   # figures other tests left open are not ours
     path = report.plot_suite(rows, tmp_path / "d.png", title="decode")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    import matplotlib.pyplot as plt  # the figure was closed: nothing left open
-    assert not plt.get_fignums()
+    assert set(plt.get_fignums()) == open_before   # the figure was closed: none left open
 
 
 def test_the_bench_offers_the_compile_modes_the_runner_takes():

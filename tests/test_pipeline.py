@@ -13,6 +13,7 @@ from labkit.pipeline import (
 )
 from labkit.pipeline import schedule as S
 from labkit.pipeline.models import make_blocks
+from labkit.pipeline.record import create_in_order
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,7 +51,10 @@ def test_simulate_and_plot():
         if k == "B":
             assert (s, "F", m) in done and (s == 3 or (s + 1, "B", m) in done)
         done.add((s, k, m))
-    assert S.plot_schedule(ev) is not None
+    ax = S.plot_schedule(ev)
+    assert ax is not None
+    import matplotlib.pyplot as plt
+    plt.close(ax.figure)
     with pytest.raises(ValueError, match="deadlock"):   # each order valid, together stuck
         S.simulate([[("F", 0), ("B", 0), ("F", 1), ("B", 1)],
                     [("F", 0), ("F", 1), ("B", 0), ("B", 1)]])
@@ -251,7 +255,7 @@ def test_create_cudagraphs_warms_every_runner_before_the_first_capture(B):
 
     def create(entries):
         warmed.extend(e[0]._warmed_up for e in entries if e[1] == "fwd")
-        __import__("labkit.pipeline.record", fromlist=["x"]).create_in_order(entries)
+        create_in_order(entries)
 
     train_step(stages, *zip(*_data(2, 1, B)[0]), record=record, B=B,
                create_graphs={"create": create})

@@ -8,6 +8,7 @@ graph must produce; :func:`capture_stream` is the one stream runners warm up and
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -355,12 +356,8 @@ class GraphRunner:
             raise RuntimeError(f"{self.name}: the forward graph already exists: warm up "
                                "before create_fwd_graph, not after")
         self._set_static_args(sample_args, "warmup")
-        backup = self._backup() if self.restore_after_warmup else None
-        try:
+        with self._state_restored():
             self._warmup()
-        finally:
-            if backup is not None:
-                self._restore(backup)
         self._warmed_up = True
 
     def create_fwd_graph(self, sample_args: Sequence) -> None:
@@ -376,9 +373,7 @@ class GraphRunner:
         B = self.B
         static = self._set_static_args(sample_args, "create_fwd_graph")
 
-        # warmup pollutes buffers and main_grad: back them up (as Megatron's create_fwd_graph)
-        backup = self._backup() if self.restore_after_warmup else None
-        try:
+        with self._state_restored():
             if not self._warmed_up:
                 self._warmup()
             g = B.CUDAGraph()
@@ -388,9 +383,6 @@ class GraphRunner:
             with cleanup_on_failure(B), ctx, capturing(B, g, pool=self.pool,
                                                        stream=capture_stream(B)):
                 outs = self.func(*static)
-        finally:
-            if backup is not None:
-                self._restore(backup)
         outs, self.single_output = _flat_outputs(outs)
         if self.pool is None:
             self.pool = g.pool()                 # the backward graph shares it
@@ -448,6 +440,17 @@ class GraphRunner:
         # keep only the buffers: drop the forward's autograd graph (its saved activations
         # stay alive for the graphs, as pool memory, not as Python tensors)
         self.output_surface = tuple(o.detach() for o in self.output_surface)
+
+    @contextlib.contextmanager
+    def _state_restored(self):
+        """Warm-up pollutes buffers and ``main_grad``: back them up, put them back after
+        the body (as Megatron's ``create_fwd_graph``), if ``restore_after_warmup``."""
+        backup = self._backup() if self.restore_after_warmup else None
+        try:
+            yield
+        finally:
+            if backup is not None:
+                self._restore(backup)
 
     def _backup(self):
         bufs = [b.detach().clone() for b in self.module.buffers()]
